@@ -1,0 +1,233 @@
+"""The changelog contract: event types, validation, JSON encoding, topics and keys.
+
+Everything that crosses Kafka is defined here and nowhere else (DESIGN §3). Three
+topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``, ``follows``
+keyed by ``followee_id`` and ``users`` keyed by ``user_id``. The key is the decimal
+id as ASCII bytes, so any Kafka client with the same partitioner (murmur2, the Java
+default) puts one author's tweets and follower edges in the same partition number.
+
+``decode`` is total: it returns an event or raises :class:`InvalidEvent` with a
+reason a person can act on. Callers turn that into a dead-letter record; nothing
+here ever drops a record silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ingest.errors import InvalidEvent
+
+VERSION: Final = 1
+MAX_ID: Final = 2**63 - 1
+MAX_TEXT: Final = 280
+MAX_HANDLE: Final = 50
+MAX_NAME: Final = 100
+#: Event times are epoch milliseconds; anything past year 9999 is a unit mistake.
+MAX_CREATED_AT: Final = 253_402_300_799_999
+
+TWEETS: Final = "tweets"
+FOLLOWS: Final = "follows"
+USERS: Final = "users"
+TOPICS: Final = (TWEETS, FOLLOWS, USERS)
+#: Rank of each topic in the per-key apply order (created_at, topic, offset).
+TOPIC_RANK: Final = {FOLLOWS: 0, TWEETS: 1, USERS: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """A tweet posted by ``author_id``."""
+
+    tweet_id: int
+    author_id: int
+    created_at: int
+    text: str
+    op = "post"
+    topic = TWEETS
+
+    @property
+    def key(self) -> int:
+        return self.author_id
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A tweet deleted by its author; ``created_at`` is the time of the delete."""
+
+    tweet_id: int
+    author_id: int
+    created_at: int
+    op = "delete"
+    topic = TWEETS
+
+    @property
+    def key(self) -> int:
+        return self.author_id
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """``follower_id`` starts (``active``) or stops following ``followee_id``."""
+
+    follower_id: int
+    followee_id: int
+    created_at: int
+    active: bool = True
+    topic = FOLLOWS
+
+    @property
+    def op(self) -> str:
+        return "follow" if self.active else "unfollow"
+
+    @property
+    def key(self) -> int:
+        return self.followee_id
+
+
+@dataclass(frozen=True, slots=True)
+class UserUpsert:
+    """A user's profile, as of ``created_at`` (compacted topic: latest wins)."""
+
+    user_id: int
+    handle: str
+    name: str
+    created_at: int
+    op = "upsert"
+    topic = USERS
+
+    @property
+    def key(self) -> int:
+        return self.user_id
+
+
+Event = Post | Delete | Follow | UserUpsert
+
+
+def encode(event: Event) -> tuple[bytes, bytes]:
+    """Return the Kafka (key, value) of ``event``; the value is compact JSON."""
+    body: dict[str, Any] = {"v": VERSION, "op": event.op}
+    if isinstance(event, Post):
+        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
+                 "created_at": event.created_at, "text": event.text}
+    elif isinstance(event, Delete):
+        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
+                 "created_at": event.created_at}
+    elif isinstance(event, Follow):
+        body |= {"follower_id": event.follower_id, "followee_id": event.followee_id,
+                 "created_at": event.created_at}
+    else:
+        body |= {"user_id": event.user_id, "handle": event.handle, "name": event.name,
+                 "created_at": event.created_at}
+    return encode_key(event.key), json.dumps(body, separators=(",", ":")).encode()
+
+
+def encode_key(join_key: int) -> bytes:
+    """The Kafka key of a record whose join key is ``join_key``."""
+    return str(join_key).encode("ascii")
+
+
+def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
+    """Parse and validate one changelog record, or raise :class:`InvalidEvent`."""
+    if topic not in TOPICS:
+        raise InvalidEvent(f"unknown topic {topic!r}")
+    if value is None:
+        raise InvalidEvent("record has no value (tombstone)")
+    try:
+        body = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidEvent(f"value is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidEvent(f"value is JSON {type(body).__name__}, not an object")
+    if body.get("v") != VERSION or isinstance(body.get("v"), bool):
+        raise InvalidEvent(f"unsupported version v={body.get('v')!r} (expected {VERSION})")
+    event = _PARSERS[topic](body)
+    _check_key(key, event.key)
+    return event
+
+
+def _parse_tweet(body: dict[str, Any]) -> Event:
+    op = body.get("op")
+    if op == "post":
+        _only(body, {"v", "op", "tweet_id", "author_id", "created_at", "text"})
+        return Post(_id(body, "tweet_id"), _id(body, "author_id"), _time(body),
+                    _text(body, "text", MAX_TEXT, allow_empty=False))
+    if op == "delete":
+        _only(body, {"v", "op", "tweet_id", "author_id", "created_at"})
+        return Delete(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
+    raise InvalidEvent(f"unknown op {op!r} on topic tweets (expected post or delete)")
+
+
+def _parse_follow(body: dict[str, Any]) -> Event:
+    op = body.get("op")
+    if op not in ("follow", "unfollow"):
+        raise InvalidEvent(f"unknown op {op!r} on topic follows (expected follow or unfollow)")
+    _only(body, {"v", "op", "follower_id", "followee_id", "created_at"})
+    follower, followee = _id(body, "follower_id"), _id(body, "followee_id")
+    if follower == followee:
+        raise InvalidEvent(f"user {follower} cannot {op} themselves")
+    return Follow(follower, followee, _time(body), active=op == "follow")
+
+
+def _parse_user(body: dict[str, Any]) -> Event:
+    op = body.get("op")
+    if op != "upsert":
+        raise InvalidEvent(f"unknown op {op!r} on topic users (expected upsert)")
+    _only(body, {"v", "op", "user_id", "handle", "name", "created_at"})
+    return UserUpsert(_id(body, "user_id"), _text(body, "handle", MAX_HANDLE, allow_empty=False),
+                      _text(body, "name", MAX_NAME, allow_empty=True), _time(body))
+
+
+_PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user}
+
+
+def _only(body: dict[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise InvalidEvent(f"unexpected field(s) {', '.join(extra)}")
+
+
+def _int(body: dict[str, Any], field: str) -> int:
+    if field not in body:
+        raise InvalidEvent(f"missing field {field}")
+    value = body[field]
+    # bool is an int subclass in Python; JSON true is never an id.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidEvent(f"{field} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _id(body: dict[str, Any], field: str) -> int:
+    value = _int(body, field)
+    if not 1 <= value <= MAX_ID:
+        raise InvalidEvent(f"{field}={value} is not a positive 64-bit id")
+    return value
+
+
+def _time(body: dict[str, Any]) -> int:
+    value = _int(body, "created_at")
+    if not 0 <= value <= MAX_CREATED_AT:
+        raise InvalidEvent(f"created_at={value} is not epoch milliseconds")
+    return value
+
+
+def _text(body: dict[str, Any], field: str, limit: int, *, allow_empty: bool) -> str:
+    if field not in body:
+        raise InvalidEvent(f"missing field {field}")
+    value = body[field]
+    if not isinstance(value, str):
+        raise InvalidEvent(f"{field} must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise InvalidEvent(f"{field} is {len(value)} characters, over the limit of {limit}")
+    if not allow_empty and not value.strip():
+        raise InvalidEvent(f"{field} is empty")
+    return value
+
+
+def _check_key(key: bytes | None, expected: int) -> None:
+    # A wrong key means a wrong partition: the co-partitioned join would miss it.
+    if key is None:
+        raise InvalidEvent(f"record has no key (expected {expected})")
+    if key != encode_key(expected):
+        shown = key[:40].decode("ascii", "replace")
+        raise InvalidEvent(f"key {shown!r} does not match the join key {expected}")

@@ -1,0 +1,238 @@
+"""The pure join, checked against the DESIGN's SQL with no Spark in the loop.
+
+Random histories (posts, deletes, follows, unfollows, profiles over a small id space,
+so collisions are frequent) are duplicated, shuffled and cut into random micro-batches;
+each batch goes through ``views.join.apply_batch`` per key, exactly as the Spark
+processor calls it, into a real SQLite store; the served timelines (cache + celebrity
+merge + read-time fallback) must equal ``views.reference`` — the literal SQL.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from serving.timeline import home_page, home_top
+from views.delta import DeltaKind
+from views.join import AuthorState, Change, JoinConfig, apply_batch
+from views.reference import Reference
+from views.stores.sqlite import SQLiteStore
+
+BIG = 2**63 - 1
+ALL_USERS = [1, 2, 3, 4, BIG]
+USERS = st.sampled_from(ALL_USERS)
+TIMES = st.integers(0, 8)
+TWEETS = st.sampled_from([*range(10, 26), BIG - 1])
+
+
+@st.composite
+def events(draw: st.DrawFn) -> Event:
+    kind = draw(st.sampled_from(["post", "post", "delete", "follow", "follow", "unfollow",
+                                 "user"]))
+    author, when = draw(USERS), draw(TIMES)
+    if kind == "post":
+        tweet = draw(TWEETS)
+        # The contract: a tweet id names one post; duplicates are exact copies.
+        return Post(tweet, _author_of(tweet), (tweet * 7) % 9, f"t{tweet}")
+    if kind == "delete":
+        tweet = draw(TWEETS)
+        return Delete(tweet, _author_of(tweet), when)
+    if kind == "user":
+        return UserUpsert(author, f"h{author}_{when}", "n", when)
+    follower = draw(USERS.filter(lambda u: u != author))
+    return Follow(follower, author, when, active=kind == "follow")
+
+
+def _author_of(tweet: int) -> int:
+    return ALL_USERS[tweet % 3 + (tweet % 7 == 0)]
+
+
+class Harness:
+    """Drives the join like the Spark job: group by key, one state per key."""
+
+    def __init__(self, config: JoinConfig) -> None:
+        self.config = config
+        self.states: dict[int, AuthorState] = {}
+        self.store = SQLiteStore(":memory:", cap=config.cap).open()
+        self.offset = 0
+        self.batch_id = 0
+
+    def run(self, batch: list[Event]) -> None:
+        by_key: dict[int, list[Change]] = defaultdict(list)
+        for event in batch:
+            by_key[event.key].append(Change(event, self.offset))
+            self.offset += 1
+        deltas = []
+        for key, changes in by_key.items():
+            state, out = apply_batch(self.states.get(key), key, changes, self.config)
+            self.states[key] = state
+            deltas += out
+        self.store.apply(deltas, self.batch_id)
+        self.batch_id += 1
+
+
+def _split(items: list[Event], cuts: list[int]) -> list[list[Event]]:
+    points = sorted({c % (len(items) + 1) for c in cuts})
+    bounds = [0, *points, len(items)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _check(harness: Harness, history: list[Event]) -> None:
+    ref = Reference().add(history)
+    for user in ALL_USERS:
+        want = [(t, a, c) for t, a, c, _ in ref.home(user, harness.config.cap)]
+        got = [(e.tweet_id, e.author_id, e.created_at)
+               for e in home_top(harness.store, user, harness.config.cap, page_size=3)]
+        assert got == want, f"user {user}"
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=st.lists(events(), min_size=5, max_size=80), seed=st.integers(0, 2**32),
+       cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
+       promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2))
+def test_served_timelines_equal_the_sql(history, seed, cuts, cap, promote_at, demote_gap):
+    rng = random.Random(seed)
+    arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
+    rng.shuffle(arrivals)  # out-of-order arrival
+    config = JoinConfig(cap, promote_at, max(1, promote_at - demote_gap))
+    harness = Harness(config)
+    for batch in _split(arrivals, cuts):
+        harness.run(batch)
+    _check(harness, history)
+
+
+@settings(max_examples=100, deadline=None)
+@given(history=st.lists(events(), max_size=40), seed=st.integers(0, 2**32))
+def test_replaying_batches_changes_nothing(history, seed):
+    """A micro-batch applied twice (a crash between sink and checkpoint) is invisible."""
+    rng = random.Random(seed)
+    config = JoinConfig(3, 3, 2)
+    harness = Harness(config)
+    states_before = dict(harness.states)
+    by_key: dict[int, list[Change]] = defaultdict(list)
+    for i, event in enumerate(rng.sample(history, k=len(history))):
+        by_key[event.key].append(Change(event, i))
+    deltas = []
+    for key, changes in by_key.items():
+        _, out = apply_batch(states_before.get(key), key, changes, config)
+        deltas += out
+    harness.store.apply(deltas, 0)
+    harness.store.apply(deltas, 0)
+    _check(harness, history)
+
+
+def test_follow_backfills_and_unfollow_removes():
+    config = JoinConfig(cap=800, promote_at=100, demote_below=80)
+    h = Harness(config)
+    h.run([Post(10, 1, 1, "a"), Post(11, 1, 2, "b")])
+    h.run([Follow(2, 1, 3)])
+    assert [e.tweet_id for e in home_top(h.store, 2, 10)] == [11, 10]
+    h.run([Follow(2, 1, 4, active=False)])
+    assert home_top(h.store, 2, 10) == []
+
+
+def test_unfollow_seen_before_its_follow_wins():
+    h = Harness(JoinConfig())
+    h.run([Post(10, 1, 1, "a"), Follow(2, 1, 9, active=False)])
+    h.run([Follow(2, 1, 5)])
+    assert home_top(h.store, 2, 10) == []
+
+
+def test_delete_seen_before_post_keeps_it_gone():
+    h = Harness(JoinConfig())
+    h.run([Follow(2, 1, 1), Delete(10, 1, 9)])
+    h.run([Post(10, 1, 5, "late")])
+    assert home_top(h.store, 2, 10) == []
+    assert h.store.tweets([10])[10].deleted
+
+
+def test_celebrity_posts_are_not_fanned_out_but_are_served():
+    h = Harness(JoinConfig(cap=800, promote_at=2, demote_below=1))
+    h.run([Follow(2, 1, 1), Follow(3, 1, 1)])
+    _, deltas = apply_batch(h.states[1], 1, [Change(Post(10, 1, 5, "x"))], h.config)
+    assert not [d for d in deltas if d.kind == DeltaKind.TL_ADD]
+    h.store.apply(deltas)
+    assert h.store.cached(2, None, 10) == []
+    assert [e.tweet_id for e in home_top(h.store, 2, 10)] == [10]
+    assert h.store.celebrities() == [1]
+
+
+def test_ids_near_2_pow_63_survive():
+    h = Harness(JoinConfig())
+    h.run([Follow(BIG, BIG - 5, 1), Post(BIG - 1, BIG - 5, 2, "big")])
+    (entry,) = home_top(h.store, BIG, 10)
+    assert (entry.tweet_id, entry.author_id) == (BIG - 1, BIG - 5)
+
+
+def test_pages_concatenate_to_the_query_when_trimmed():
+    h = Harness(JoinConfig(cap=3, promote_at=100, demote_below=80))
+    h.run([Follow(2, 1, 0)] + [Post(100 + i, 1, i, "p") for i in range(10)])
+    h.run([Delete(109, 1, 20), Delete(108, 1, 20)])
+    seen, below = [], None
+    while True:
+        page = home_page(h.store, 2, below, 2)
+        seen += [e.tweet_id for e in page.entries]
+        if page.next_key is None:
+            break
+        below = page.next_key
+    assert seen == [107, 106, 105, 104, 103, 102, 101, 100]
+
+
+@st.composite
+def crowd_events(draw: st.DrawFn) -> Event:
+    """Two authors, six would-be followers: follower counts walk around the threshold."""
+    kind = draw(st.sampled_from(["post", "post", "delete", "follow", "follow", "follow",
+                                 "unfollow", "unfollow"]))
+    when = draw(st.integers(0, 6))
+    if kind in ("post", "delete"):
+        tweet = draw(st.integers(10, 24))
+        author = 1 + tweet % 2
+        if kind == "post":
+            return Post(tweet, author, tweet % 7, f"t{tweet}")
+        return Delete(tweet, author, when)
+    follower, author = draw(st.integers(3, 8)), draw(st.sampled_from([1, 2]))
+    return Follow(follower, author, when, active=kind == "follow")
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=st.lists(crowd_events(), min_size=10, max_size=120), seed=st.integers(0, 2**32),
+       cuts=st.lists(st.integers(0, 200), min_size=2, max_size=12), cap=st.integers(1, 5),
+       promote_at=st.integers(2, 5), demote_gap=st.integers(0, 2))
+def test_threshold_crossings_keep_timelines_equal_to_the_sql(
+        history, seed, cuts, cap, promote_at, demote_gap):
+    rng = random.Random(seed)
+    arrivals = history + rng.sample(history, k=len(history) // 4)
+    rng.shuffle(arrivals)
+    harness = Harness(JoinConfig(cap, promote_at, max(1, promote_at - demote_gap)))
+    for batch in _split(arrivals, cuts):
+        harness.run(batch)
+    ref = Reference().add(history)
+    for user in range(3, 9):
+        want = [(t, a, c) for t, a, c, _ in ref.home(user, cap)]
+        got = [(e.tweet_id, e.author_id, e.created_at)
+               for e in home_top(harness.store, user, cap, page_size=2)]
+        assert got == want, f"user {user}"
+
+
+def test_follow_and_unfollow_at_the_same_time_unfollow_wins_in_any_order():
+    for order in ([Follow(2, 1, 5), Follow(2, 1, 5, active=False)],
+                  [Follow(2, 1, 5, active=False), Follow(2, 1, 5)]):
+        h = Harness(JoinConfig())
+        h.run([Post(10, 1, 1, "a")])
+        for event in order:
+            h.run([event])
+        assert home_top(h.store, 2, 10) == []
+
+
+def test_demotion_backfills_remaining_followers():
+    h = Harness(JoinConfig(cap=800, promote_at=3, demote_below=2))
+    h.run([Post(12, 1, 1, "x"), Follow(2, 1, 1), Follow(3, 1, 1), Follow(4, 1, 1)])
+    assert h.states[1].celebrity and h.store.cached(2, None, 10) == []
+    h.run([Follow(3, 1, 2, active=False), Follow(4, 1, 2, active=False)])
+    assert not h.states[1].celebrity
+    assert [e.tweet_id for e in h.store.cached(2, None, 10)] == [12]
+    assert h.store.celebrities() == []

@@ -1,0 +1,245 @@
+"""The incremental join of tweets and follows, as a pure per-author state machine.
+
+Spark groups the changelogs by join key (the author) and hands each group's new
+events to :func:`apply_batch` with that author's :class:`AuthorState`; the result is
+the new state and the :class:`~views.delta.Delta` rows that bring the store in line.
+No Spark, Kafka or database here, so it is tested directly (``tests/test_join.py``).
+
+**Semantics (DESIGN §4).** The view is ``tweets ⋈ follows`` where both tables are a
+function of the *set* of events seen, whatever their arrival order or duplication:
+
+- a follower edge takes the op of its newest event by ``(created_at, op)``, with an
+  unfollow winning a tie, so an unfollow seen before its follow still wins;
+- a tweet is live once posted unless a delete for it (by its author) exists, in any
+  order: the delete leaves a tombstone that a late post cannot pass.
+
+Within a batch, events apply in ``(created_at, topic, offset)`` order, so a rerun over
+the same input gives the same result.
+
+**Paths.** A normal author's posts are fanned out to each follower's cached timeline.
+An author whose active follower count reaches ``promote_at`` becomes a celebrity
+(checked once per batch, after its events): their tweets stay in ``author_tweets`` and
+each follower gets a ``celebrity_follows`` edge, merged at read time. They return to
+fan-out below ``demote_below`` (hysteresis, so a count wobbling at the threshold does
+not flap). Both moves keep every timeline equal to the query.
+
+**Recent tweets.** The state keeps an author's newest ``cap`` live tweets, enough to
+fill a new follower's top ``cap``. When older live tweets exist (``evicted``), a
+backfill also raises the follower's horizon there: the timeline below it is read
+from ``author_tweets`` at read time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ingest.events import TOPIC_RANK, Delete, Event, Follow, Post, UserUpsert
+from views.delta import Delta, DeltaKind, Key
+
+NO_KEY: Key = (-1, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinConfig:
+    """Cap and celebrity thresholds; ``demote_below`` ≤ ``promote_at``."""
+
+    cap: int = 800
+    promote_at: int = 1000
+    demote_below: int = 800
+
+    def __post_init__(self) -> None:
+        if self.cap < 1 or not 0 < self.demote_below <= self.promote_at:
+            msg = f"invalid join config {self!r}: need cap ≥ 1, 0 < demote_below ≤ promote_at"
+            raise ValueError(msg)
+
+    @classmethod
+    def with_ratio(cls, cap: int, promote_at: int, demote_ratio: float = 0.8) -> JoinConfig:
+        """Config that demotes below ``demote_ratio × promote_at`` (at least 1)."""
+        return cls(cap, promote_at, max(1, int(promote_at * demote_ratio)))
+
+
+@dataclass(slots=True)
+class AuthorState:
+    """Everything the join remembers about one key (an author, also a user)."""
+
+    #: follower id → (created_at, active) of the edge's winning event.
+    followers: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    #: The newest ``cap`` live tweets: tweet id → created_at.
+    tweets: dict[int, int] = field(default_factory=dict)
+    #: Ids of deleted tweets, kept so a late or duplicated post stays deleted.
+    tombstones: set[int] = field(default_factory=set)
+    #: Newest key of a live tweet no longer kept in ``tweets`` (NO_KEY if none).
+    evicted: Key = NO_KEY
+    celebrity: bool = False
+    #: created_at of the newest profile applied (-1: none yet).
+    profile_at: int = -1
+
+    def follower_count(self) -> int:
+        return sum(1 for _, active in self.followers.values() if active)
+
+    def active_followers(self) -> Iterator[int]:
+        return (f for f, (_, active) in self.followers.items() if active)
+
+    def is_empty(self) -> bool:
+        return not (self.followers or self.tweets or self.tombstones) and self.profile_at < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """An event with its place in the changelog (for the apply order)."""
+
+    event: Event
+    offset: int = 0
+
+    def order(self) -> tuple[int, int, int]:
+        return (self.event.created_at, TOPIC_RANK[self.event.topic], self.offset)
+
+
+class _Out:
+    """Collects a batch's deltas and nets home-timeline changes per (user, tweet).
+
+    All timeline deltas of one key concern that author's tweets, so a wipe of user
+    ``u`` cancels every pending add for ``u``; an add after the wipe is kept and the
+    sink applies wipes before adds (see ``views.sink``).
+    """
+
+    def __init__(self) -> None:
+        self.home: dict[tuple[int, int], Delta] = {}
+        self.by_user: dict[int, set[int]] = {}
+        self.other: list[Delta] = []
+
+    def add(self, user: int, tweet: int, author: int, created_at: int) -> None:
+        self.home[(user, tweet)] = Delta(DeltaKind.TL_ADD, user, tweet, author, created_at)
+        self.by_user.setdefault(user, set()).add(tweet)
+
+    def remove(self, user: int, tweet: int, created_at: int) -> None:
+        self.home[(user, tweet)] = Delta(DeltaKind.TL_DEL, user, tweet, 0, created_at)
+        self.by_user.setdefault(user, set()).add(tweet)
+
+    def wipe(self, user: int, author: int) -> None:
+        for tweet in self.by_user.pop(user, ()):
+            del self.home[(user, tweet)]
+        self.other.append(Delta(DeltaKind.TL_WIPE, user, 0, author))
+
+    def emit(self, delta: Delta) -> None:
+        self.other.append(delta)
+
+    def deltas(self) -> list[Delta]:
+        return self.other + list(self.home.values())
+
+
+def apply_batch(
+    state: AuthorState | None, key: int, changes: Iterable[Change], config: JoinConfig
+) -> tuple[AuthorState, list[Delta]]:
+    """Apply one batch of ``key``'s changes; return the new state and the deltas."""
+    state = state if state is not None else AuthorState()
+    out = _Out()
+    for change in sorted(changes, key=Change.order):
+        _apply(state, key, change.event, config, out)
+    _settle_path(state, key, config, out)
+    return state, out.deltas()
+
+
+def _apply(state: AuthorState, key: int, event: Event, cfg: JoinConfig, out: _Out) -> None:
+    if isinstance(event, Post):
+        _post(state, key, event, cfg, out)
+    elif isinstance(event, Delete):
+        _delete(state, key, event, out)
+    elif isinstance(event, Follow):
+        _follow(state, key, event, cfg, out)
+    else:
+        _profile(state, event, out)
+
+
+def _post(state: AuthorState, key: int, post: Post, cfg: JoinConfig, out: _Out) -> None:
+    if post.tweet_id in state.tombstones or post.tweet_id in state.tweets:
+        return
+    out.emit(Delta(DeltaKind.TWEET, 0, post.tweet_id, key, post.created_at, 0, post.text))
+    _keep(state, post.tweet_id, post.created_at, cfg.cap)
+    if not state.celebrity:
+        for follower in state.active_followers():
+            out.add(follower, post.tweet_id, key, post.created_at)
+
+
+def _keep(state: AuthorState, tweet_id: int, created_at: int, cap: int) -> None:
+    """Keep the tweet among the newest ``cap``; remember the newest one let go."""
+    state.tweets[tweet_id] = created_at
+    if len(state.tweets) > cap:
+        oldest = min(state.tweets.items(), key=lambda item: (item[1], item[0]))
+        del state.tweets[oldest[0]]
+        state.evicted = max(state.evicted, (oldest[1], oldest[0]))
+
+
+def _delete(state: AuthorState, key: int, delete: Delete, out: _Out) -> None:
+    if delete.tweet_id in state.tombstones:
+        return
+    state.tombstones.add(delete.tweet_id)
+    # 0 = the tweet's time is not known here (evicted, or the post is yet to come).
+    created_at = state.tweets.pop(delete.tweet_id, 0)
+    out.emit(Delta(DeltaKind.TWEET, 0, delete.tweet_id, key, created_at, 1))
+    if not state.celebrity:
+        # The tweet may sit in any follower's cache, kept or not kept here.
+        for follower in state.active_followers():
+            out.remove(follower, delete.tweet_id, created_at)
+
+
+def _follow(state: AuthorState, key: int, follow: Follow, cfg: JoinConfig, out: _Out) -> None:
+    user = follow.follower_id
+    previous = state.followers.get(user)
+    # Newest event wins; at equal times an unfollow wins (rank 1 > 0).
+    if previous is not None and _edge_rank(previous) >= _edge_rank((follow.created_at, follow.active)):
+        return
+    state.followers[user] = (follow.created_at, follow.active)
+    was_active = previous is not None and previous[1]
+    if was_active == follow.active:
+        return
+    out.emit(Delta(DeltaKind.FOLLOW, user, 0, key, follow.created_at, int(follow.active)))
+    if state.celebrity:
+        out.emit(Delta(DeltaKind.CELEB_EDGE, user, 0, key, 0, int(follow.active)))
+    elif follow.active:
+        _backfill(state, key, user, out)
+    else:
+        out.wipe(user, key)
+
+
+def _edge_rank(edge: tuple[int, bool]) -> tuple[int, int]:
+    return (edge[0], 0 if edge[1] else 1)
+
+
+def _backfill(state: AuthorState, key: int, user: int, out: _Out) -> None:
+    for tweet_id, created_at in state.tweets.items():
+        out.add(user, tweet_id, key, created_at)
+    if state.evicted != NO_KEY:
+        out.emit(Delta(DeltaKind.HORIZON, user, state.evicted[1], 0, state.evicted[0]))
+
+
+def _profile(state: AuthorState, user: UserUpsert, out: _Out) -> None:
+    if user.created_at < state.profile_at:
+        return
+    state.profile_at = user.created_at
+    out.emit(Delta(DeltaKind.USER, user.user_id, 0, 0, user.created_at, 0, user.handle, user.name))
+
+
+def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> None:
+    """Move the author between fan-out and read-time merge, with hysteresis."""
+    count = state.follower_count()
+    if not state.celebrity and count >= cfg.promote_at:
+        state.celebrity = True
+        for follower in state.active_followers():
+            out.wipe(follower, key)
+            out.emit(Delta(DeltaKind.CELEB_EDGE, follower, 0, key, 0, 1))
+    elif state.celebrity and count < cfg.demote_below:
+        state.celebrity = False
+        for follower in state.active_followers():
+            out.emit(Delta(DeltaKind.CELEB_EDGE, follower, 0, key, 0, 0))
+            _backfill(state, key, follower, out)
+    else:
+        return
+    out.emit(Delta(DeltaKind.CELEB, 0, 0, key, 0, int(state.celebrity)))
+
+
+def newest(tweets: dict[int, int], n: int) -> list[tuple[int, int]]:
+    """The ``n`` newest (created_at, tweet_id) of a tweet id → created_at map."""
+    return heapq.nlargest(n, ((c, t) for t, c in tweets.items()))

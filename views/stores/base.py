@@ -1,0 +1,251 @@
+"""The store contract: what the sink writes and what the read path reads.
+
+:meth:`Store.apply` does the fixed work for every backend — it folds a micro-batch's
+deltas into a :class:`WritePlan` (netting, ordering, per-partition offsets) and hands
+it to the backend's one I/O hook, :meth:`Store._write`, which applies the plan
+atomically and idempotently and trims timelines to the cap. Backends implement that
+hook and the read methods; nothing else. Constructors never touch the network or the
+disk: :meth:`Store.open` does.
+
+Applying the same plan twice leaves the store as applying it once (every write is an
+upsert or a delete keyed by its primary key), which is what makes a micro-batch
+replayed after a crash invisible (DESIGN §4, exactly-once in effect).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from views.delta import Delta, DeltaKind, Key
+
+
+class Entry(NamedTuple):
+    """One timeline entry: position and author."""
+
+    created_at: int
+    tweet_id: int
+    author_id: int
+
+    @property
+    def key(self) -> Key:
+        return (self.created_at, self.tweet_id)
+
+
+class TweetRow(NamedTuple):
+    """A tweet for hydration."""
+
+    tweet_id: int
+    author_id: int
+    created_at: int
+    text: str
+    deleted: bool
+
+
+class UserRow(NamedTuple):
+    """A user's profile for hydration."""
+
+    user_id: int
+    handle: str
+    name: str
+
+
+class DeadLetter(NamedTuple):
+    """A changelog record that failed validation."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    raw: bytes
+    seen_at: int
+
+
+@dataclass
+class WritePlan:
+    """One micro-batch's deltas, netted and in apply order (see :meth:`Store.plan`)."""
+
+    tweets: dict[int, Delta] = field(default_factory=dict)
+    follows: dict[tuple[int, int], Delta] = field(default_factory=dict)
+    celeb_edges: dict[tuple[int, int], int] = field(default_factory=dict)
+    celebs: dict[int, int] = field(default_factory=dict)
+    users: dict[int, Delta] = field(default_factory=dict)
+    wipes: set[tuple[int, int]] = field(default_factory=set)
+    removes: dict[tuple[int, int], int] = field(default_factory=dict)
+    adds: dict[tuple[int, int], Delta] = field(default_factory=dict)
+    horizons: dict[int, Key] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    max_event_time: int = 0
+    dead: list[Delta] = field(default_factory=list)
+
+    def rows(self) -> int:
+        return sum(map(len, (self.tweets, self.follows, self.celeb_edges, self.celebs,
+                             self.users, self.wipes, self.removes, self.adds, self.horizons,
+                             self.dead)))
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one :meth:`Store.apply` did."""
+
+    batch_id: int
+    deltas: int
+    timeline_adds: int
+    timeline_removes: int
+    dead_letters: int
+    seconds: float
+
+
+class Store(abc.ABC):
+    """A materialized-view store; see the module docstring."""
+
+    def __init__(self, cap: int = 800) -> None:
+        self.cap = cap
+
+    # -- lifecycle ---------------------------------------------------------------
+    @abc.abstractmethod
+    def open(self) -> Store:
+        """Connect and create the schema if needed; return self."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- write side ----------------------------------------------------------------
+    def apply(self, deltas: Iterable[Delta], batch_id: int = -1) -> BatchStats:
+        """Apply one micro-batch of deltas atomically and idempotently."""
+        start = time.perf_counter()
+        plan = self.plan(deltas)
+        self._write(plan, batch_id)
+        return BatchStats(batch_id, plan.rows(), len(plan.adds), len(plan.removes),
+                          len(plan.dead), time.perf_counter() - start)
+
+    @staticmethod
+    def plan(deltas: Iterable[Delta]) -> WritePlan:
+        """Fold deltas into a plan: last write per row wins, deletes of tweets stick.
+
+        Timeline changes apply as wipes, then removes, then adds; the join already
+        cancelled any add that a later wipe of the same (user, author) undoes.
+        """
+        plan = WritePlan()
+        for d in deltas:
+            _FOLD[d.kind](plan, d)
+        return plan
+
+    @abc.abstractmethod
+    def _write(self, plan: WritePlan, batch_id: int) -> None:
+        """Apply ``plan`` in one atomic step and trim touched timelines to ``cap``."""
+
+    # -- read side -------------------------------------------------------------------
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """Reads inside see one committed state (where the backend can offer it)."""
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        """Cached home entries of ``user`` with key < ``below``, newest first."""
+
+    @abc.abstractmethod
+    def horizon(self, user: int) -> Key | None:
+        """The key below which ``user``'s cache may be incomplete (None: complete)."""
+
+    @abc.abstractmethod
+    def celebrities_followed(self, user: int) -> list[int]:
+        """Celebrities ``user`` follows (merged at read time)."""
+
+    @abc.abstractmethod
+    def followees(self, user: int) -> list[int]:
+        """Everyone ``user`` follows."""
+
+    @abc.abstractmethod
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        """Live tweets of ``authors`` with key < ``below``, newest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        """Tweets by id (deleted ones included, flagged)."""
+
+    @abc.abstractmethod
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        """Profiles by id."""
+
+    @abc.abstractmethod
+    def celebrities(self) -> list[int]:
+        """Every author on the celebrity path."""
+
+    @abc.abstractmethod
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        """Highest applied offset per (logical topic, partition)."""
+
+    @abc.abstractmethod
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest dead letters."""
+
+    @abc.abstractmethod
+    def counts(self) -> dict[str, int]:
+        """Row counts per table (for summaries and metrics)."""
+
+    def home_users(self) -> list[int]:
+        """Users with at least one followee (what verify walks)."""
+        raise NotImplementedError
+
+
+def _fold_tweet(plan: WritePlan, d: Delta) -> None:
+    old = plan.tweets.get(d.tweet_id)
+    if old is not None:
+        # A post and its delete in one batch: deleted wins, keep what is known.
+        d = d._replace(flag=max(old.flag, d.flag), created_at=d.created_at or old.created_at,
+                       text=old.text if old.text is not None else d.text)
+    plan.tweets[d.tweet_id] = d
+
+
+def _fold_remove(plan: WritePlan, d: Delta) -> None:
+    plan.adds.pop((d.user_id, d.tweet_id), None)
+    plan.removes[(d.user_id, d.tweet_id)] = d.created_at
+
+
+def _fold_add(plan: WritePlan, d: Delta) -> None:
+    plan.removes.pop((d.user_id, d.tweet_id), None)
+    plan.adds[(d.user_id, d.tweet_id)] = d
+
+
+def _fold_horizon(plan: WritePlan, d: Delta) -> None:
+    key = (d.created_at, d.tweet_id)
+    plan.horizons[d.user_id] = max(plan.horizons.get(d.user_id, key), key)
+
+
+def _fold_offset(plan: WritePlan, d: Delta) -> None:
+    where = (d.topic or "", d.partition)
+    plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
+    plan.max_event_time = max(plan.max_event_time, d.created_at)
+
+
+def _fold_wipe(plan: WritePlan, d: Delta) -> None:
+    # Adds from other keys for this user are other authors' tweets: kept.
+    plan.wipes.add((d.user_id, d.author_id))
+
+
+_FOLD = {
+    DeltaKind.TL_ADD: _fold_add,
+    DeltaKind.TL_DEL: _fold_remove,
+    DeltaKind.TL_WIPE: _fold_wipe,
+    DeltaKind.HORIZON: _fold_horizon,
+    DeltaKind.TWEET: _fold_tweet,
+    DeltaKind.FOLLOW: lambda p, d: p.follows.__setitem__((d.user_id, d.author_id), d),
+    DeltaKind.CELEB_EDGE: lambda p, d: p.celeb_edges.__setitem__((d.user_id, d.author_id), d.flag),
+    DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, d.flag),
+    DeltaKind.USER: lambda p, d: p.users.__setitem__(d.user_id, d),
+    DeltaKind.OFFSET: _fold_offset,
+    DeltaKind.DEAD: lambda p, d: p.dead.append(d),
+}

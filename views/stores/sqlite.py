@@ -1,0 +1,278 @@
+"""The embedded store: one SQLite file in WAL mode (DESIGN §6).
+
+Every micro-batch is one transaction; every statement is parameterized and keyed,
+so a replayed batch is a no-op. Readers (the API) open their own connections and see
+the last committed batch. The sink's callback runs on a Spark thread, hence
+``check_same_thread=False``; one connection is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from views.delta import TOP, Key
+from views.stores.base import DeadLetter, Entry, Store, TweetRow, UserRow, WritePlan
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS home_timeline (
+  user_id INTEGER NOT NULL, tweet_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+  author_id INTEGER NOT NULL, PRIMARY KEY (user_id, tweet_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS home_by_time ON home_timeline (user_id, created_at, tweet_id);
+CREATE TABLE IF NOT EXISTS timeline_meta (
+  user_id INTEGER PRIMARY KEY, horizon_created_at INTEGER NOT NULL,
+  horizon_tweet_id INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS author_tweets (
+  author_id INTEGER NOT NULL, created_at INTEGER NOT NULL, tweet_id INTEGER NOT NULL,
+  PRIMARY KEY (author_id, created_at, tweet_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tweets (
+  tweet_id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+  text TEXT NOT NULL, deleted INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS follows (
+  follower_id INTEGER NOT NULL, followee_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+  PRIMARY KEY (follower_id, followee_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS celebrity_follows (
+  user_id INTEGER NOT NULL, celebrity_id INTEGER NOT NULL,
+  PRIMARY KEY (user_id, celebrity_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS celebrities (author_id INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS users (
+  user_id INTEGER PRIMARY KEY, handle TEXT NOT NULL, name TEXT NOT NULL,
+  created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS applied_offsets (
+  topic TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
+  PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dead_letters (
+  topic TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
+  reason TEXT NOT NULL, raw BLOB, seen_at INTEGER NOT NULL,
+  PRIMARY KEY (topic, partition, "offset")) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batches (
+  batch_id INTEGER PRIMARY KEY, finished_at INTEGER NOT NULL, rows INTEGER NOT NULL,
+  seconds REAL NOT NULL, max_event_time INTEGER NOT NULL);
+"""
+
+_TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
+           "celebrities", "users", "dead_letters", "timeline_meta")
+
+
+class SQLiteStore(Store):
+    """Store in one SQLite file; see the module docstring."""
+
+    def __init__(self, path: str | Path, cap: int = 800) -> None:
+        super().__init__(cap)
+        self.path = str(path)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def open(self) -> SQLiteStore:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn().executescript(SCHEMA)
+        return self
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+                                   isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            self._local.conn = conn
+        return conn
+
+    # -- write side ----------------------------------------------------------------
+    def _write(self, plan: WritePlan, batch_id: int) -> None:
+        start = time.perf_counter()
+        db = self._conn()
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._write_tables(db, plan)
+                self._write_timelines(db, plan)
+                self._write_bookkeeping(db, plan, batch_id, time.perf_counter() - start)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    @staticmethod
+    def _write_tables(db: sqlite3.Connection, plan: WritePlan) -> None:
+        live = [d for d in plan.tweets.values() if not d.flag]
+        gone = [d for d in plan.tweets.values() if d.flag]
+        db.executemany(
+            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0) ON CONFLICT (tweet_id) DO NOTHING",
+            [(d.tweet_id, d.author_id, d.created_at, d.text or "") for d in live])
+        db.executemany("INSERT OR IGNORE INTO author_tweets VALUES (?, ?, ?)",
+                       [(d.author_id, d.created_at, d.tweet_id) for d in live])
+        db.executemany(
+            "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
+            [(d.author_id, d.tweet_id) for d in gone])
+        db.executemany(
+            "INSERT INTO tweets VALUES (?, ?, ?, '', 1) ON CONFLICT (tweet_id) "
+            "DO UPDATE SET deleted = 1, text = ''",
+            [(d.tweet_id, d.author_id, d.created_at) for d in gone])
+        on = [(f, a, d.created_at) for (f, a), d in plan.follows.items() if d.flag]
+        off = [(f, a) for (f, a), d in plan.follows.items() if not d.flag]
+        db.executemany("INSERT OR REPLACE INTO follows VALUES (?, ?, ?)", on)
+        db.executemany("DELETE FROM follows WHERE follower_id = ? AND followee_id = ?", off)
+        edges = plan.celeb_edges.items()
+        db.executemany("INSERT OR IGNORE INTO celebrity_follows VALUES (?, ?)",
+                       [pair for pair, flag in edges if flag])
+        db.executemany("DELETE FROM celebrity_follows WHERE user_id = ? AND celebrity_id = ?",
+                       [pair for pair, flag in edges if not flag])
+        db.executemany("INSERT OR IGNORE INTO celebrities VALUES (?)",
+                       [(a,) for a, flag in plan.celebs.items() if flag])
+        db.executemany("DELETE FROM celebrities WHERE author_id = ?",
+                       [(a,) for a, flag in plan.celebs.items() if not flag])
+        db.executemany(
+            "INSERT INTO users VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET "
+            "handle = excluded.handle, name = excluded.name, created_at = excluded.created_at "
+            "WHERE excluded.created_at >= users.created_at",
+            [(d.user_id, d.text or "", d.name or "", d.created_at) for d in plan.users.values()])
+
+    def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
+        db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND author_id = ?",
+                       sorted(plan.wipes))
+        db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ?",
+                       sorted(plan.removes))
+        db.executemany(
+            "INSERT OR REPLACE INTO home_timeline VALUES (?, ?, ?, ?)",
+            [(d.user_id, d.tweet_id, d.created_at, d.author_id) for d in plan.adds.values()])
+        horizons = dict(plan.horizons)
+        for user in sorted({u for u, _ in plan.adds}):
+            cut = self._trim(db, user)
+            if cut is not None:
+                horizons[user] = max(horizons.get(user, cut), cut)
+        db.executemany(
+            "INSERT INTO timeline_meta VALUES (?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET "
+            "horizon_created_at = excluded.horizon_created_at, "
+            "horizon_tweet_id = excluded.horizon_tweet_id "
+            "WHERE (excluded.horizon_created_at, excluded.horizon_tweet_id) > "
+            "(timeline_meta.horizon_created_at, timeline_meta.horizon_tweet_id)",
+            [(u, c, t) for u, (c, t) in horizons.items()])
+
+    def _trim(self, db: sqlite3.Connection, user: int) -> Key | None:
+        """Drop entries past the cap; return the newest key dropped."""
+        row = db.execute(
+            "SELECT created_at, tweet_id FROM home_timeline WHERE user_id = ? "
+            "ORDER BY created_at DESC, tweet_id DESC LIMIT 1 OFFSET ?",
+            (user, self.cap)).fetchone()
+        if row is None:
+            return None
+        db.execute("DELETE FROM home_timeline WHERE user_id = ? AND (created_at, tweet_id) <= (?, ?)",
+                   (user, row[0], row[1]))
+        return (row[0], row[1])
+
+    @staticmethod
+    def _write_bookkeeping(db: sqlite3.Connection, plan: WritePlan, batch_id: int,
+                           seconds: float) -> None:
+        db.executemany(
+            'INSERT INTO applied_offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) '
+            'DO UPDATE SET "offset" = max("offset", excluded."offset")',
+            [(t, p, o) for (t, p), o in plan.offsets.items()])
+        now = int(time.time() * 1000)
+        db.executemany(
+            "INSERT OR IGNORE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
+            [(d.topic or "", d.partition, d.offset, d.text or "", d.raw, now) for d in plan.dead])
+        if batch_id >= 0:
+            db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?, ?, ?, ?)",
+                       (batch_id, now, plan.rows(), seconds, plan.max_event_time))
+
+    # -- read side -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read transaction: WAL readers see one commit throughout."""
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            db.execute("COMMIT")
+
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        below = below if below is not None else TOP
+        rows = self._conn().execute(
+            "SELECT created_at, tweet_id, author_id FROM home_timeline WHERE user_id = ? "
+            "AND (created_at, tweet_id) < (?, ?) ORDER BY created_at DESC, tweet_id DESC "
+            "LIMIT ?", (user, below[0], below[1], limit)).fetchall()
+        return [Entry(*row) for row in rows]
+
+    def horizon(self, user: int) -> Key | None:
+        row = self._conn().execute(
+            "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta WHERE user_id = ?",
+            (user,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def celebrities_followed(self, user: int) -> list[int]:
+        return self._column("SELECT celebrity_id FROM celebrity_follows WHERE user_id = ?", user)
+
+    def followees(self, user: int) -> list[int]:
+        return self._column("SELECT followee_id FROM follows WHERE follower_id = ?", user)
+
+    def _column(self, sql: str, *args: object) -> list[int]:
+        return [row[0] for row in self._conn().execute(sql, args)]
+
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        below = below if below is not None else TOP
+        db, out = self._conn(), []
+        for author in authors:
+            out.extend(Entry(c, t, author) for c, t in db.execute(
+                "SELECT created_at, tweet_id FROM author_tweets WHERE author_id = ? "
+                "AND (created_at, tweet_id) < (?, ?) ORDER BY created_at DESC, tweet_id DESC "
+                "LIMIT ?", (author, below[0], below[1], limit)))
+        out.sort(reverse=True)
+        return out[:limit]
+
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        return {r[0]: TweetRow(r[0], r[1], r[2], r[3], bool(r[4])) for r in self._many(
+            "SELECT tweet_id, author_id, created_at, text, deleted FROM tweets "
+            "WHERE tweet_id IN ({})", ids)}
+
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        return {r[0]: UserRow(*r) for r in self._many(
+            "SELECT user_id, handle, name FROM users WHERE user_id IN ({})", ids)}
+
+    def _many(self, sql: str, ids: Sequence[int]) -> list[tuple]:
+        ids = list(dict.fromkeys(ids))
+        out: list[tuple] = []
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            out.extend(self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk))
+        return out
+
+    def celebrities(self) -> list[int]:
+        return self._column("SELECT author_id FROM celebrities ORDER BY author_id")
+
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        rows = self._conn().execute('SELECT topic, partition, "offset" FROM applied_offsets')
+        return {(t, p): o for t, p, o in rows}
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        rows = self._conn().execute(
+            'SELECT topic, partition, "offset", reason, raw, seen_at FROM dead_letters '
+            'ORDER BY seen_at DESC, topic, partition, "offset" LIMIT ?', (limit,))
+        return [DeadLetter(t, p, o, r, bytes(raw or b""), s) for t, p, o, r, raw, s in rows]
+
+    def counts(self) -> dict[str, int]:
+        db = self._conn()
+        return {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _TABLES}  # noqa: S608
+
+    def home_users(self) -> list[int]:
+        return self._column("SELECT DISTINCT follower_id FROM follows ORDER BY follower_id")
+
+    def recent_batches(self, limit: int = 100) -> list[tuple[int, int, int, float, int]]:
+        """(batch_id, finished_at, rows, seconds, max_event_time), newest first."""
+        return list(self._conn().execute(
+            "SELECT batch_id, finished_at, rows, seconds, max_event_time FROM batches "
+            "ORDER BY batch_id DESC LIMIT ?", (limit,)))
