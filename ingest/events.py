@@ -130,17 +130,22 @@ def encode_key(join_key: int) -> bytes:
 def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     """Parse and validate one changelog record, or raise :class:`InvalidEvent`."""
     if topic not in TOPICS:
-        raise InvalidEvent(f"unknown topic {topic!r}")
+        msg = f"unknown topic {topic!r}"
+        raise InvalidEvent(msg)
     if value is None:
-        raise InvalidEvent("record has no value (tombstone)")
+        msg = "record has no value (tombstone)"
+        raise InvalidEvent(msg)
     try:
         body = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidEvent(f"value is not JSON: {exc}") from None
+        msg = f"value is not JSON: {exc}"
+        raise InvalidEvent(msg) from None
     if not isinstance(body, dict):
-        raise InvalidEvent(f"value is JSON {type(body).__name__}, not an object")
+        msg = f"value is JSON {type(body).__name__}, not an object"
+        raise InvalidEvent(msg)
     if body.get("v") != VERSION or isinstance(body.get("v"), bool):
-        raise InvalidEvent(f"unsupported version v={body.get('v')!r} (expected {VERSION})")
+        msg = f"unsupported version v={body.get('v')!r} (expected {VERSION})"
+        raise InvalidEvent(msg)
     event = _PARSERS[topic](body)
     _check_key(key, event.key)
     return event
@@ -155,24 +160,28 @@ def _parse_tweet(body: dict[str, Any]) -> Event:
     if op == "delete":
         _only(body, {"v", "op", "tweet_id", "author_id", "created_at"})
         return Delete(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
-    raise InvalidEvent(f"unknown op {op!r} on topic tweets (expected post or delete)")
+    msg = f"unknown op {op!r} on topic tweets (expected post or delete)"
+    raise InvalidEvent(msg)
 
 
 def _parse_follow(body: dict[str, Any]) -> Event:
     op = body.get("op")
     if op not in ("follow", "unfollow"):
-        raise InvalidEvent(f"unknown op {op!r} on topic follows (expected follow or unfollow)")
+        msg = f"unknown op {op!r} on topic follows (expected follow or unfollow)"
+        raise InvalidEvent(msg)
     _only(body, {"v", "op", "follower_id", "followee_id", "created_at"})
     follower, followee = _id(body, "follower_id"), _id(body, "followee_id")
     if follower == followee:
-        raise InvalidEvent(f"user {follower} cannot {op} themselves")
+        msg = f"user {follower} cannot {op} themselves"
+        raise InvalidEvent(msg)
     return Follow(follower, followee, _time(body), active=op == "follow")
 
 
 def _parse_user(body: dict[str, Any]) -> Event:
     op = body.get("op")
     if op != "upsert":
-        raise InvalidEvent(f"unknown op {op!r} on topic users (expected upsert)")
+        msg = f"unknown op {op!r} on topic users (expected upsert)"
+        raise InvalidEvent(msg)
     _only(body, {"v", "op", "user_id", "handle", "name", "created_at"})
     return UserUpsert(_id(body, "user_id"), _text(body, "handle", MAX_HANDLE, allow_empty=False),
                       _text(body, "name", MAX_NAME, allow_empty=True), _time(body))
@@ -184,50 +193,61 @@ _PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user}
 def _only(body: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(body) - allowed)
     if extra:
-        raise InvalidEvent(f"unexpected field(s) {', '.join(extra)}")
+        msg = f"unexpected field(s) {', '.join(extra)}"
+        raise InvalidEvent(msg)
 
 
 def _int(body: dict[str, Any], field: str) -> int:
     if field not in body:
-        raise InvalidEvent(f"missing field {field}")
+        msg = f"missing field {field}"
+        raise InvalidEvent(msg)
     value = body[field]
     # bool is an int subclass in Python; JSON true is never an id.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidEvent(f"{field} must be an integer, got {type(value).__name__}")
+        msg = f"{field} must be an integer, got {type(value).__name__}"
+        raise InvalidEvent(msg)
     return value
 
 
 def _id(body: dict[str, Any], field: str) -> int:
     value = _int(body, field)
     if not 1 <= value <= MAX_ID:
-        raise InvalidEvent(f"{field}={value} is not a positive 64-bit id")
+        msg = f"{field}={value} is not a positive 64-bit id"
+        raise InvalidEvent(msg)
     return value
 
 
 def _time(body: dict[str, Any]) -> int:
     value = _int(body, "created_at")
     if not 0 <= value <= MAX_CREATED_AT:
-        raise InvalidEvent(f"created_at={value} is not epoch milliseconds")
+        msg = f"created_at={value} is not epoch milliseconds"
+        raise InvalidEvent(msg)
     return value
 
 
 def _text(body: dict[str, Any], field: str, limit: int, *, allow_empty: bool) -> str:
     if field not in body:
-        raise InvalidEvent(f"missing field {field}")
+        msg = f"missing field {field}"
+        raise InvalidEvent(msg)
     value = body[field]
     if not isinstance(value, str):
-        raise InvalidEvent(f"{field} must be a string, got {type(value).__name__}")
+        msg = f"{field} must be a string, got {type(value).__name__}"
+        raise InvalidEvent(msg)
     if len(value) > limit:
-        raise InvalidEvent(f"{field} is {len(value)} characters, over the limit of {limit}")
+        msg = f"{field} is {len(value)} characters, over the limit of {limit}"
+        raise InvalidEvent(msg)
     if not allow_empty and not value.strip():
-        raise InvalidEvent(f"{field} is empty")
+        msg = f"{field} is empty"
+        raise InvalidEvent(msg)
     return value
 
 
 def _check_key(key: bytes | None, expected: int) -> None:
     # A wrong key means a wrong partition: the co-partitioned join would miss it.
     if key is None:
-        raise InvalidEvent(f"record has no key (expected {expected})")
+        msg = f"record has no key (expected {expected})"
+        raise InvalidEvent(msg)
     if key != encode_key(expected):
         shown = key[:40].decode("ascii", "replace")
-        raise InvalidEvent(f"key {shown!r} does not match the join key {expected}")
+        msg = f"key {shown!r} does not match the join key {expected}"
+        raise InvalidEvent(msg)

@@ -236,3 +236,16 @@ def test_demotion_backfills_remaining_followers():
     assert not h.states[1].celebrity
     assert [e.tweet_id for e in h.store.cached(2, None, 10)] == [12]
     assert h.store.celebrities() == []
+
+
+@given(st.builds(
+    AuthorState,
+    followers=st.dictionaries(st.integers(1, BIG), st.tuples(st.integers(0, 2**62), st.booleans())),
+    tweets=st.dictionaries(st.integers(1, BIG), st.integers(0, 2**62)),
+    tombstones=st.sets(st.integers(1, BIG)),
+    evicted=st.tuples(st.integers(-1, 2**62), st.integers(-1, BIG)),
+    celebrity=st.booleans(), profile_at=st.integers(-1, 2**62)))
+def test_state_codec_round_trips(state):
+    from views.codec import decode_state, encode_state
+
+    assert decode_state(encode_state(state)) == state

@@ -269,7 +269,9 @@ class SQLiteStore(Store):
         return {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _TABLES}  # noqa: S608
 
     def home_users(self) -> list[int]:
-        return self._column("SELECT DISTINCT follower_id FROM follows ORDER BY follower_id")
+        return self._column(
+            "SELECT follower_id FROM follows UNION SELECT user_id FROM home_timeline "
+            "UNION SELECT user_id FROM celebrity_follows ORDER BY 1")
 
     def recent_batches(self, limit: int = 100) -> list[tuple[int, int, int, float, int]]:
         """(batch_id, finished_at, rows, seconds, max_event_time), newest first."""

@@ -1,0 +1,259 @@
+"""The ``fanout`` command: composes ingest, views, serving and loadgen.
+
+Subcommands: ``up``/``down``/``status`` (the local stack), ``broker``/``job``/``serve``
+(one service in the foreground; ``up`` runs these detached), ``generate``/``replay``
+(ingest), ``verify``, ``dead-letters`` and ``demo``. Flags fall back to environment
+variables (named in each ``--help``). When ``KAFKA_BOOTSTRAP`` is unset and a stack is
+up in the run directory, commands point at that stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+from infra import stack as stack_mod
+
+log = logging.getLogger("fanout")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fanout`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
+    args.run_dir = run_dir
+    if args.command not in ("up", "broker", "job", "serve", "demo"):
+        _point_at_stack(run_dir)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except stack_mod.StackError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+def _point_at_stack(run_dir: Path) -> None:
+    """Fill unset env vars from the running stack (env and flags still win)."""
+    running = stack_mod.Stack.load(run_dir)
+    if running is None or not any(map(stack_mod.alive, running.pids.values())):
+        return
+    for name, value in running.env().items():
+        os.environ.setdefault(name, value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ingest import cli as ingest_cli
+
+    parser = argparse.ArgumentParser(prog="fanout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", default=None,
+                        help="run directory of the local stack (env FANOUT_RUN_DIR; "
+                             "default: ./run)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_stack(sub)
+    _add_services(sub)
+    ingest_cli.register(sub)
+    _add_verify(sub)
+    _add_dead_letters(sub)
+    _add_demo(sub)
+    return parser
+
+
+# -- up / down / status ----------------------------------------------------------------
+
+def _add_stack(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start broker, view job and API in the run directory")
+    p.add_argument("--port", type=int, default=None,
+                   help="API port (env FANOUT_API_PORT; default: a free port)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for start")
+    _add_view_flags(p)
+    p.set_defaults(func=_cmd_up)
+    p = sub.add_parser("down", help="stop exactly what 'up' started")
+    p.set_defaults(func=_cmd_down)
+    p = sub.add_parser("status", help="what is running in the run directory")
+    p.set_defaults(func=_cmd_status)
+
+
+def _add_view_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--celebrity-threshold", type=int, default=None,
+                   help="followers that make an author a celebrity "
+                        "(env FANOUT_CELEBRITY_THRESHOLD; default 1000)")
+    p.add_argument("--timeline-cap", type=int, default=None,
+                   help="cached entries per home timeline (env FANOUT_TIMELINE_CAP; default 800)")
+
+
+def _view_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {}
+    if getattr(args, "celebrity_threshold", None):
+        env["FANOUT_CELEBRITY_THRESHOLD"] = str(args.celebrity_threshold)
+    if getattr(args, "timeline_cap", None):
+        env["FANOUT_TIMELINE_CAP"] = str(args.timeline_cap)
+    return env
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from infra.launch import up
+
+    running = up(args.run_dir, port=args.port, extra_env=_view_env(args), timeout=args.timeout)
+    print(f"fanout is up in {running.run_dir}: API {running.api_url}, "
+          f"Kafka {running.bootstrap}, store {running.store_url}")
+    print(f"stop it with: fanout --run-dir {running.run_dir} down")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    stopped = stack_mod.down(args.run_dir)
+    print("nothing was running" if stopped is None else f"stopped {sorted(stopped.pids)}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    running = stack_mod.Stack.load(args.run_dir)
+    if running is None:
+        print(f"nothing is up in {args.run_dir}")
+        return 1
+    state = {name: ("running" if stack_mod.alive(pid) else "stopped")
+             for name, pid in running.pids.items()}
+    print(json.dumps({"api": running.api_url, "kafka": running.bootstrap,
+                      "store": running.store_url, "services": state}, indent=2))
+    return 0 if all(s == "running" for s in state.values()) else 1
+
+
+# -- services in the foreground ----------------------------------------------------------
+
+def _add_services(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (foreground)")
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help="write the bootstrap address here once serving")
+    p.set_defaults(func=_cmd_broker)
+    p = sub.add_parser("job", help="run the streaming view job (foreground)")
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help="touch this file once the query has started")
+    _add_view_flags(p)
+    p.set_defaults(func=_cmd_job)
+    p = sub.add_parser("serve", help="run the HTTP API (foreground)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from infra.broker import EmbeddedBroker
+
+    stop = _stop_event()
+    with EmbeddedBroker(args.run_dir / "logs" / "tansu.log") as broker:
+        if args.ready_file:
+            args.ready_file.write_text(broker.bootstrap)
+        stop.wait()
+    return 0
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    from infra.spark import build_session
+    from ingest.settings import KafkaSettings
+    from views.job import run
+    from views.settings import ViewSettings
+
+    os.environ.update(_view_env(args))
+    kafka, view = KafkaSettings(), ViewSettings()
+    if not kafka.bootstrap:
+        log.error("KAFKA_BOOTSTRAP is not set and no stack is up: run 'fanout up' first")
+        return 2
+    spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions)
+    ready = args.ready_file
+    return run(spark, kafka, view, stop=_stop_event(),
+               on_started=(lambda: ready.write_text("started")) if ready else None)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from serving.app import serve
+    from serving.settings import ServingSettings
+
+    serve(ServingSettings())
+    return 0
+
+
+def _stop_event() -> threading.Event:
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+# -- verify / dead letters / demo --------------------------------------------------------
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="compare the store with the SQL recomputed from the log")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="check N random users instead of all")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait up to this long for the view to catch up")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_verify)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from infra.verify import verify
+    from ingest.settings import KafkaSettings
+    from views.settings import ViewSettings
+    from views.stores import store_from_url
+
+    kafka, view = KafkaSettings(), ViewSettings()
+    if not kafka.bootstrap:
+        log.error("KAFKA_BOOTSTRAP is not set and no stack is up: run 'fanout up' first")
+        return 2
+    with store_from_url(view.store_url, cap=view.timeline_cap) as store:
+        result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
+                        seed=args.seed)
+    print(result.render())
+    return 0 if result.ok else 1
+
+
+def _add_dead_letters(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dead-letters", help="list changelog records that failed validation")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=_cmd_dead_letters)
+
+
+def _cmd_dead_letters(args: argparse.Namespace) -> int:
+    from views.settings import ViewSettings
+    from views.stores import store_from_url
+
+    view = ViewSettings()
+    with store_from_url(view.store_url, cap=view.timeline_cap) as store:
+        letters = store.dead_letters(args.limit)
+    for d in letters:
+        raw = d.raw[:80].decode("utf-8", "replace")
+        print(f"{d.topic}[{d.partition}]@{d.offset}: {d.reason} | {raw}")
+    print(f"{len(letters)} dead letter(s) shown")
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole pipeline end to end on embedded defaults")
+    p.add_argument("--users", type=int, default=2_000)
+    p.add_argument("--follows", type=int, default=30_000)
+    p.add_argument("--tweets", type=int, default=20_000)
+    p.add_argument("--celebrity-threshold", type=int, default=300)
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from infra.demo import demo
+
+    return demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""``fanout up`` / ``fanout down``: the one-machine stack in a run directory.
+
+``up`` starts three detached services, each a ``fanout <service>`` process with its
+own log: the embedded broker (unless ``KAFKA_BOOTSTRAP`` names a real cluster), the
+view job and the API. It waits until each answers, then records in
+``<run>/stack.json`` exactly what it started (pids, the command line marker, ports,
+bootstrap, store). ``down`` stops exactly those processes — API first, broker last —
+and checks each pid still runs a fanout service before signalling it, so a
+recycled pid is never killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+STACK_FILE = "stack.json"
+MARKER = "infra.cli"
+
+
+class StackError(RuntimeError):
+    """The stack could not be started or stopped as asked."""
+
+
+@dataclass
+class Stack:
+    """What ``up`` started; serialized to ``stack.json``."""
+
+    run_dir: str
+    bootstrap: str
+    store_url: str
+    api_url: str
+    topic_prefix: str = ""
+    partitions: int = 4
+    pids: dict[str, int] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+
+    def save(self) -> None:
+        Path(self.run_dir, STACK_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Stack | None:
+        path = run_dir / STACK_FILE
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+    def env(self) -> dict[str, str]:
+        """The environment that points a fanout command at this stack."""
+        return {"KAFKA_BOOTSTRAP": self.bootstrap, "FANOUT_STORE": self.store_url,
+                "FANOUT_TOPIC_PREFIX": self.topic_prefix,
+                "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url}
+
+
+def spawn(run_dir: Path, service: str, args: list[str], env: dict[str, str]) -> int:
+    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / f"{service}.log").open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            start_new_session=True)
+    return process.pid
+
+
+def wait_for_file(path: Path, pid: int, what: str, timeout: float) -> str:
+    """Wait until a service writes ``path`` (its ready marker); return its text."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if not alive(pid):
+            msg = f"{what} exited before it was ready; see its log in {path.parent}/logs"
+            raise StackError(msg)
+        if time.monotonic() >= deadline:
+            msg = f"{what} was not ready after {timeout:.0f}s"
+            raise StackError(msg)
+        time.sleep(0.1)
+    return path.read_text().strip()
+
+
+def wait_for_http(url: str, pid: int, timeout: float) -> None:
+    """Wait until ``url`` answers 200 (the API's /healthz)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if not alive(pid):
+            msg = f"the API exited before answering {url}"
+            raise StackError(msg)
+        if time.monotonic() >= deadline:
+            msg = f"{url} did not answer within {timeout:.0f}s"
+            raise StackError(msg)
+        time.sleep(0.2)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) fanout service."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return MARKER.encode() in cmdline and state != "Z"
+
+
+def stop_pid(pid: int, name: str, timeout: float = 30.0) -> None:
+    """SIGTERM, wait, then SIGKILL; only if the pid is still one of ours."""
+    if not alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            log.warning("%s (pid %d) ignored SIGTERM for %.0fs: SIGKILL", name, pid, timeout)
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.1)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
+    """Stop what ``up`` started in ``run_dir``; return it (None if nothing was up)."""
+    stack = Stack.load(run_dir)
+    if stack is None:
+        return None
+    for name in ("api", "job", "broker"):
+        pid = stack.pids.get(name)
+        if pid:
+            stop_pid(pid, name, timeout)
+            log.info("stopped %s (pid %d)", name, pid)
+    (run_dir / STACK_FILE).unlink(missing_ok=True)
+    return stack

@@ -1,0 +1,56 @@
+"""The changelogs read in batch, from the beginning to their true end.
+
+``fanout verify`` recomputes the view from here, independently of the streaming
+job's state: every partition of every topic is read from its earliest offset to
+the end found by :class:`~views.kafka_offsets.EndOffsets`, through the same row
+decoding as the stream source, so both see the same events and the same invalid
+records.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ingest.events import Event
+from ingest.settings import KafkaSettings
+from views.kafka_offsets import EndOffsets
+from views.kinds import Kind, to_event
+from views.source import KafkaRange, SourceOptions, read_range
+
+
+@dataclass
+class Changelog:
+    """All events in the topics, plus what could not be decoded."""
+
+    events: list[Event] = field(default_factory=list)
+    invalid: Counter[str] = field(default_factory=Counter)
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0) -> Changelog:
+    """Read every topic from its earliest offset to its true end."""
+    offsets = EndOffsets(kafka.bootstrap)
+    tps = offsets.topic_partitions(kafka.physical_topics())
+    starts, ends = offsets.earliest(tps), offsets.ends(tps)
+    options = SourceOptions(bootstrap=kafka.bootstrap, topic_prefix=kafka.topic_prefix,
+                            read_timeout=idle_timeout)
+    out = Changelog()
+    for (topic, part), end in sorted(ends.items()):
+        out.ends[(kafka.logical(topic), part)] = end
+        if end <= starts[(topic, part)]:
+            continue
+        for batch in read_range(options, KafkaRange(topic, part, starts[(topic, part)], end)):
+            _collect(batch.to_pydict(), out)
+    return out
+
+
+def _collect(columns: dict[str, list], out: Changelog) -> None:
+    for kind, key, at, tweet, other, text, name, error in zip(
+            columns["kind"], columns["key"], columns["created_at"], columns["tweet_id"],
+            columns["other_id"], columns["text"], columns["name"], columns["error"],
+            strict=True):
+        if kind == Kind.INVALID:
+            out.invalid[(error or "invalid").split(":")[0]] += 1
+        else:
+            out.events.append(to_event(kind, key, at, tweet, other, text, name))

@@ -1,0 +1,43 @@
+"""Settings of the view job and its store, built once at the job's entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from views.join import JoinConfig
+
+
+def _env(name: str, field: str) -> AliasChoices:
+    return AliasChoices(name, field)
+
+
+class ViewSettings(BaseSettings):
+    """Where the views go and how the join behaves (DESIGN §4–§6)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    store_url: str = Field("sqlite:///run/fanout.sqlite",
+                           validation_alias=_env("FANOUT_STORE", "store_url"))
+    timeline_cap: int = Field(800, ge=1, validation_alias=_env("FANOUT_TIMELINE_CAP",
+                                                                 "timeline_cap"))
+    celebrity_threshold: int = Field(
+        1000, ge=1, validation_alias=_env("FANOUT_CELEBRITY_THRESHOLD", "celebrity_threshold"))
+    demote_ratio: float = Field(0.8, gt=0, le=1,
+                                validation_alias=_env("FANOUT_DEMOTE_RATIO", "demote_ratio"))
+    checkpoint_dir: Path = Field(Path("run/checkpoints"),
+                                 validation_alias=_env("FANOUT_CHECKPOINT_DIR", "checkpoint_dir"))
+    trigger_seconds: float = Field(0.5, ge=0,
+                                   validation_alias=_env("FANOUT_TRIGGER_SECONDS",
+                                                         "trigger_seconds"))
+    max_records_per_batch: int = Field(
+        50_000, ge=1, validation_alias=_env("FANOUT_MAX_RECORDS_PER_BATCH",
+                                            "max_records_per_batch"))
+    shuffle_partitions: int = Field(2, ge=1, validation_alias=_env("FANOUT_SHUFFLE_PARTITIONS",
+                                                                     "shuffle_partitions"))
+
+    def join_config(self) -> JoinConfig:
+        return JoinConfig.with_ratio(self.timeline_cap, self.celebrity_threshold,
+                                     self.demote_ratio)
