@@ -48,13 +48,16 @@ def demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -> int:
     kafka = KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
                           topic_prefix=stack.topic_prefix)
-    history = clock.step(f"generate {args.users:,} users, {args.follows:,} follows, "
-                         f"{args.tweets:,} tweets",
-                         lambda: write(generate(args.users, args.follows, args.tweets,
-                                                seed=args.seed), run_dir / "history"))
+    history = run_dir / "history"
+    clock.step(f"generate {args.users:,} users, {args.follows:,} follows, {args.tweets:,} tweets",
+               lambda: write(generate(args.users, args.follows, args.tweets, seed=args.seed),
+                             history))
     with ChangelogProducer(kafka) as producer:
         summary = clock.step("replay into Kafka", lambda: replay(iter_events(history), producer))
     print(summary.render())
+    if not summary.ok or summary.events == 0:
+        print("the replay did not deliver the history: stopping")
+        return 1
     store = store_from_url(stack.store_url).open()
     try:
         clock.step("wait for the view job to catch up", lambda: _catch_up(kafka, store))
@@ -62,6 +65,9 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
         result = clock.step("verify against the SQL",
                             lambda: verify(kafka, store, store.cap))
         print(result.render())
+        if result.users_checked == 0:
+            print("verify checked no user: the view is empty")
+            return 1
         print(f"store rows: {store.counts()}; celebrities: {len(store.celebrities())}")
     finally:
         store.close()

@@ -41,8 +41,9 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
                "FANOUT_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
                "FANOUT_API_HOST": api.host, "FANOUT_API_PORT": stack.api_url.rsplit(":", 1)[1]}
         _start_job(run_dir, env, pids, timeout)
-        pids["api"] = spawn(run_dir, "serve", [], env)
-        wait_for_http(f"{stack.api_url}/healthz", pids["api"], timeout=60)
+        api_process = spawn(run_dir, "serve", [], env)
+        pids["api"] = api_process.pid
+        wait_for_http(f"{stack.api_url}/healthz", api_process, timeout=60)
     except BaseException:
         for name, pid in reversed(pids.items()):
             stop_pid(pid, name)
@@ -54,15 +55,17 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
 def _start_broker(run_dir: Path, pids: dict[str, int]) -> str:
     ready = run_dir / "broker.ready"
     ready.unlink(missing_ok=True)
-    pids["broker"] = spawn(run_dir, "broker", ["--ready-file", str(ready)], {})
-    return wait_for_file(ready, pids["broker"], "the broker", timeout=60)
+    process = spawn(run_dir, "broker", ["--ready-file", str(ready)], {})
+    pids["broker"] = process.pid
+    return wait_for_file(ready, process, "the broker", timeout=60)
 
 
 def _start_job(run_dir: Path, env: dict[str, str], pids: dict[str, int], timeout: float) -> None:
     ready = run_dir / "job.ready"
     ready.unlink(missing_ok=True)
-    pids["job"] = spawn(run_dir, "job", ["--ready-file", str(ready)], env)
-    wait_for_file(ready, pids["job"], "the view job", timeout=timeout)
+    process = spawn(run_dir, "job", ["--ready-file", str(ready)], env)
+    pids["job"] = process.pid
+    wait_for_file(ready, process, "the view job", timeout=timeout)
 
 
 def _describe(run_dir: Path, kafka: KafkaSettings, view: ViewSettings, api: ServingSettings,

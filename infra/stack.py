@@ -63,7 +63,8 @@ class Stack:
                 "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url}
 
 
-def spawn(run_dir: Path, service: str, args: list[str], env: dict[str, str]) -> int:
+def spawn(run_dir: Path, service: str, args: list[str],
+          env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -72,14 +73,15 @@ def spawn(run_dir: Path, service: str, args: list[str], env: dict[str, str]) -> 
             [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
             start_new_session=True)
-    return process.pid
+    return process
 
 
-def wait_for_file(path: Path, pid: int, what: str, timeout: float) -> str:
+def wait_for_file(path: Path, process: subprocess.Popen[bytes], what: str,
+                  timeout: float) -> str:
     """Wait until a service writes ``path`` (its ready marker); return its text."""
     deadline = time.monotonic() + timeout
     while not path.exists():
-        if not alive(pid):
+        if process.poll() is not None:
             msg = f"{what} exited before it was ready; see its log in {path.parent}/logs"
             raise StackError(msg)
         if time.monotonic() >= deadline:
@@ -89,7 +91,7 @@ def wait_for_file(path: Path, pid: int, what: str, timeout: float) -> str:
     return path.read_text().strip()
 
 
-def wait_for_http(url: str, pid: int, timeout: float) -> None:
+def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Wait until ``url`` answers 200 (the API's /healthz)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -98,7 +100,7 @@ def wait_for_http(url: str, pid: int, timeout: float) -> None:
                 return
         except httpx.HTTPError:
             pass
-        if not alive(pid):
+        if process.poll() is not None:
             msg = f"the API exited before answering {url}"
             raise StackError(msg)
         if time.monotonic() >= deadline:

@@ -1,0 +1,185 @@
+"""The SparkSession every fanout process and test uses, configured in one place.
+
+This module owns how Spark is started (DESIGN §5, §10): local mode ``local[2]`` by
+default (``master`` or ``SPARK_MASTER`` picks another, e.g. ``spark://host:7077``),
+bound to loopback, no UI, the RocksDB state store with changelog checkpointing,
+Arrow on, nullable ints kept as pandas extension dtypes (ids above 2^53 must never
+become float64), quiet logs, and the ``fanout-kafka`` source registered.
+
+Spark 4 needs Java 17+; :func:`build_session` checks that first so a missing or old
+JVM fails with a message that says so, not with a py4j stack trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+from views.source import KafkaSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MASTER: Final = "local[2]"
+LOOPBACK: Final = "127.0.0.1"
+MIN_JAVA: Final = 17
+#: Repository root, put on the Python workers' path in local mode so that they can
+#: unpickle our classes (the data source) even when the project is not installed.
+PROJECT_ROOT: Final = Path(__file__).resolve().parent.parent
+
+#: Loggers that are noisy at WARN and say nothing we act on.
+QUIET_LOGGERS: Final = (
+    # Logs a warning per ValueState.get() on a missing value (DESIGN §10).
+    "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",
+    "org.apache.hadoop.util.NativeCodeLoader",
+    # "spark.sql.adaptive.enabled is not supported in streaming", at every query start.
+    "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",
+)
+
+_LOG4J2_HEAD: Final = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+class SparkSetupError(RuntimeError):
+    """Spark cannot start here (no suitable Java, bad master)."""
+
+
+def build_session(app_name: str, *, shuffle_partitions: int,
+                  checkpoint_root: str | Path | None = None,
+                  extra_conf: Mapping[str, str] | None = None,
+                  master: str | None = None, log_level: str = "WARN") -> SparkSession:
+    """Start (or join) the SparkSession and register the ``fanout-kafka`` source.
+
+    ``shuffle_partitions`` is part of a streaming query's checkpoint: changing it
+    makes old checkpoints unusable. ``checkpoint_root`` becomes the default
+    checkpoint location of queries that do not name one.
+    """
+    require_java()
+    master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    _prepare_environment(master)
+    builder = SparkSession.builder.appName(app_name).master(master)
+    conf = session_conf(shuffle_partitions, log_level)
+    if checkpoint_root is not None:
+        conf["spark.sql.streaming.checkpointLocation"] = str(checkpoint_root)
+    for key, value in (conf | dict(extra_conf or {})).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    _quiet(spark, log_level)
+    _register_sources(spark)
+    log.info("SparkSession %s on %s (Spark %s)", app_name, master, spark.version)
+    return spark
+
+
+def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
+    """The Spark settings fanout relies on, as strings."""
+    log4j = _log4j2_file(log_level)
+    return {
+        "spark.driver.host": LOOPBACK,
+        "spark.driver.bindAddress": LOOPBACK,
+        "spark.driver.memory": "2g",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    }
+
+
+def require_java(minimum: int = MIN_JAVA) -> int:
+    """The major version of the ``java`` Spark will use; raise if it is too old."""
+    java = _java_binary()
+    if java is None:
+        msg = (f"Spark needs Java {minimum}+ but no `java` was found (JAVA_HOME unset and "
+               f"none on PATH); install e.g. openjdk-{minimum}-jre-headless")
+        raise SparkSetupError(msg)
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30,
+                            check=False)
+    version = java_major_version(result.stderr + result.stdout)
+    if version is None or version < minimum:
+        shown = (result.stderr or result.stdout).strip().splitlines()[:1]
+        msg = (f"Spark needs Java {minimum}+, but {java} is {shown or 'unknown'}; set "
+               f"JAVA_HOME to a Java {minimum}+ install")
+        raise SparkSetupError(msg)
+    return version
+
+
+def java_major_version(version_output: str) -> int | None:
+    """Major version from ``java -version`` output (``1.8.0_x`` → 8, ``17.0.1`` → 17)."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def _java_binary() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def _prepare_environment(master: str) -> None:
+    """Environment the JVM and its Python workers inherit; read once at JVM start."""
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    if master.startswith("local"):
+        # PySpark takes the workers' interpreter from this variable alone (not from
+        # spark.pyspark.python); default to ours so they see the same packages.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(PROJECT_ROOT) not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
+
+
+def _log4j2_file(level: str) -> Path:
+    """A log4j2 config at ``level`` with :data:`QUIET_LOGGERS` at ERROR, written once."""
+    text = _LOG4J2_HEAD.format(level=level.lower()) + "".join(
+        f"logger.q{i}.name = {name}\nlogger.q{i}.level = error\n"
+        for i, name in enumerate(QUIET_LOGGERS))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"fanout-log4j2-{digest}.properties"
+    if not path.exists():
+        # Write then rename, so a concurrent process never reads half a file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    return path
+
+
+def _quiet(spark: SparkSession, level: str) -> None:
+    """Apply the log levels to a session that may predate our log4j2 file."""
+    spark.sparkContext.setLogLevel(level)
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    error = jvm.org.apache.logging.log4j.Level.ERROR
+    for name in QUIET_LOGGERS:
+        configurator.setLevel(name, error)
+
+
+def _register_sources(spark: SparkSession) -> None:
+    spark.dataSource.register(KafkaSource)
