@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 
+from ingest.events import MAX_ID
 from serving.errors import BadRequest
 from views.delta import Key
 
@@ -17,6 +18,7 @@ _PREFIX = "c1."
 
 
 def encode_cursor(key: Key) -> str:
+    """The opaque cursor of a timeline position."""
     raw = f"{key[0]}:{key[1]}".encode()
     return _PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -33,7 +35,7 @@ def decode_cursor(cursor: str) -> Key:
     except (binascii.Error, ValueError):
         msg = "cursor is malformed"
         raise BadRequest(msg, field="cursor") from None
-    if key[0] < 0 or key[1] < 0:
+    if not (0 <= key[0] <= MAX_ID and 0 <= key[1] <= MAX_ID):
         msg = "cursor is out of range"
         raise BadRequest(msg, field="cursor")
     return key

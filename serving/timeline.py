@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from views.delta import TOP, Key
 from views.stores.base import Entry, Store
 
+
 @dataclass(frozen=True)
 class Page:
     """Entries of one page, newest first, and the position to continue from."""

@@ -54,10 +54,10 @@ def _author_of(tweet: int) -> int:
 class Harness:
     """Drives the join like the Spark job: group by key, one state per key."""
 
-    def __init__(self, config: JoinConfig) -> None:
+    def __init__(self, config: JoinConfig, store: SQLiteStore | None = None) -> None:
         self.config = config
         self.states: dict[int, AuthorState] = {}
-        self.store = SQLiteStore(":memory:", cap=config.cap).open()
+        self.store = store or SQLiteStore(":memory:", cap=config.cap).open()
         self.offset = 0
         self.batch_id = 0
 

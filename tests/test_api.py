@@ -1,0 +1,399 @@
+"""The read API over real HTTP: uvicorn on a random loopback port, httpx as the client.
+
+A module fixture fills a temporary SQLite store through the pure join (the ``Harness``
+of ``tests/test_join.py``, no Spark): a celebrity author, timelines trimmed by a
+small cap (so deep pages take the read-time fallback), deleted tweets, ids at
+2^63-1, users with and without profiles. Paging through the API must concatenate to
+``views.reference`` — the DESIGN's SQL — and every failure must be the JSON error shape.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from serving.app import create_app, hydrate, iso_millis
+from serving.cursor import encode_cursor
+from serving.settings import ServingSettings
+from serving.timeline import home_page
+from tests.test_join import Harness
+from views.delta import Delta, DeltaKind, Key
+from views.errors import StoreError
+from views.join import JoinConfig
+from views.reference import Reference
+from views.stores.base import Entry, TweetRow, UserRow
+from views.stores.sqlite import SQLiteStore
+
+BIG = 2**63 - 1
+T0 = 1_700_000_000_000  # epoch ms
+CELEB = 1
+NO_PROFILE = 7
+CONFIG = JoinConfig(cap=4, promote_at=3, demote_below=2)
+MAX_PAGE = 50
+DEFAULT_PAGE = 3
+
+
+def _history() -> list[Event]:
+    """Hand-made edge cases plus a seeded random crowd (ids 1..12)."""
+    rng = random.Random(7)
+    users = list(range(1, 13))
+    events: list[Event] = [UserUpsert(u, f"user{u}", f"User {u}", T0)
+                           for u in users if u != NO_PROFILE]
+    events += [UserUpsert(BIG - 5, "big", "Big Author", T0), UserUpsert(BIG, "max", "Max", T0)]
+    events += [Follow(f, CELEB, T0 + f) for f in range(2, 9)]  # a celebrity
+    events += [Follow(2, a, T0) for a in (6, NO_PROFILE, 3)]
+    events += [Follow(BIG, BIG - 5, T0), Follow(BIG, 6, T0)]
+    for i in range(160):
+        author = rng.choice(users)
+        events.append(Post(1000 + i, author, T0 + rng.randrange(0, 50) * 1000, f"tweet {i} ✓"))
+    events += [Post(BIG - 1, BIG - 5, T0 + 99_000, "the biggest id"),
+               Post(BIG - 2, BIG - 5, T0 + 99_000, "same time, smaller id")]
+    events += [Follow(rng.choice(users), a, T0 + rng.randrange(0, 60) * 1000,
+                      active=rng.random() < 0.8)
+               for a in users for _ in range(3)]
+    events = [e for e in events if not (isinstance(e, Follow) and e.follower_id == e.followee_id)]
+    posts = [e for e in events if isinstance(e, Post)]
+    events += [Delete(p.tweet_id, p.author_id, T0 + 200_000) for p in rng.sample(posts, 15)]
+    return events
+
+
+class Filled:
+    """The filled store's file, the reference and the history behind both."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.history = _history()
+        self.ref = Reference().add(self.history)
+        harness = Harness(CONFIG, store=SQLiteStore(path, cap=CONFIG.cap).open())
+        rng = random.Random(11)
+        arrivals = self.history[:]
+        rng.shuffle(arrivals)  # out of order, as the changelogs may deliver
+        for i in range(0, len(arrivals), 37):
+            harness.run(arrivals[i:i + 37])
+        harness.store.apply([Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=41,
+                                   created_at=T0)])
+        self.store = harness.store
+
+    def readers(self) -> list[int]:
+        return [*self.ref.users(), 9, 12345]
+
+
+@contextmanager
+def running(app: FastAPI, deadline_s: float = 15.0) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a free loopback port; yield its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_until_answering(base, server, thread, time.monotonic() + deadline_s)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=deadline_s)
+        sock.close()
+    assert not thread.is_alive(), f"uvicorn at {base} did not stop within {deadline_s}s"
+
+
+def _wait_until_answering(base: str, server: uvicorn.Server, thread: threading.Thread,
+                          deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            pytest.fail(f"uvicorn at {base} exited before serving (see its log)")
+        if server.started:
+            try:
+                httpx.get(f"{base}/healthz", timeout=1.0)
+                return
+            except httpx.TransportError:
+                pass
+        time.sleep(0.02)
+    pytest.fail(f"uvicorn at {base} did not answer /healthz before the deadline")
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Filled:
+    return Filled(tmp_path_factory.mktemp("api") / "store.sqlite")
+
+
+@pytest.fixture(scope="module")
+def settings(filled: Filled) -> ServingSettings:
+    return ServingSettings(store_url=f"sqlite:///{filled.path}", timeline_cap=CONFIG.cap,
+                           max_page=MAX_PAGE, default_page=DEFAULT_PAGE)
+
+
+@pytest.fixture(scope="module")
+def client(settings: ServingSettings) -> Iterator[httpx.Client]:
+    """A client of the API as ``fanout serve`` runs it: the app opens its own store."""
+    with running(create_app(settings)) as base, httpx.Client(base_url=base, timeout=10) as c:
+        yield c
+
+
+def _pages(client: httpx.Client, path: str, limit: int) -> list[dict]:
+    entries: list[dict] = []
+    cursor: str | None = None
+    for _ in range(1000):
+        params: dict[str, str | int] = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+        response = client.get(path, params=params)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert len(body["entries"]) <= limit
+        entries += body["entries"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return entries
+    pytest.fail(f"{path} still had a next_cursor after 1000 pages")
+
+
+# -- the fixture is what it claims ------------------------------------------------------
+def test_fixture_has_a_celebrity_trimmed_timelines_and_deletes(filled: Filled):
+    assert CELEB in filled.store.celebrities()
+    assert filled.store.horizon(2) is not None
+    assert any(t.deleted for t in filled.store.tweets(list(range(1000, 1160))).values())
+
+
+# -- timelines ---------------------------------------------------------------------------
+@pytest.mark.parametrize("limit", [1, 3, MAX_PAGE])
+def test_home_pages_concatenate_to_the_sql(client: httpx.Client, filled: Filled, limit: int):
+    for user in filled.readers():
+        got = [e["tweet_id"] for e in _pages(client, f"/v1/users/{user}/home", limit)]
+        want = [str(t) for t, *_ in filled.ref.home(user, 10**6)]
+        assert got == want, f"user {user}, limit {limit}"
+
+
+def test_home_entries_are_hydrated(client: httpx.Client, filled: Filled):
+    for user in filled.readers():
+        entries = _pages(client, f"/v1/users/{user}/home", MAX_PAGE)
+        want = filled.ref.home(user, 10**6)
+        for entry, (tweet, author, created_at, text) in zip(entries, want, strict=True):
+            profile = filled.ref.profiles.get(author)
+            assert entry == {
+                "tweet_id": str(tweet), "created_at": created_at,
+                "created_at_iso": iso_millis(created_at), "text": text,
+                "author": {"id": str(author), "handle": profile.handle if profile else None,
+                           "name": profile.name if profile else None}}
+
+
+def test_author_without_profile_has_null_handle(client: httpx.Client, filled: Filled):
+    entries = _pages(client, f"/v1/users/{NO_PROFILE}/tweets", MAX_PAGE)
+    assert entries, "the author without a profile should have tweets"
+    assert {(e["author"]["id"], e["author"]["handle"], e["author"]["name"]) for e in entries} \
+        == {(str(NO_PROFILE), None, None)}
+
+
+@pytest.mark.parametrize("limit", [2, MAX_PAGE])
+def test_author_tweets_are_live_newest_first(client: httpx.Client, filled: Filled, limit: int):
+    for author in [*range(1, 13), BIG - 5]:
+        got = [(e["created_at"], int(e["tweet_id"]))
+               for e in _pages(client, f"/v1/users/{author}/tweets", limit)]
+        assert got == filled.ref.author_tweets(author), f"author {author}"
+
+
+def test_ids_are_exact_strings_at_2_pow_63(client: httpx.Client):
+    response = client.get(f"/v1/users/{BIG}/home", params={"limit": 2})
+    assert response.status_code == 200
+    assert f'"user_id":"{BIG}"' in response.text
+    assert f'"tweet_id":"{BIG - 1}"' in response.text
+    assert f'"id":"{BIG - 5}"' in response.text
+    first, second = response.json()["entries"]
+    assert (first["tweet_id"], second["tweet_id"]) == (str(BIG - 1), str(BIG - 2))
+    assert first["created_at_iso"] == iso_millis(T0 + 99_000) == "2023-11-14T22:14:59.000Z"
+
+
+def test_default_page_size_and_cursor(client: httpx.Client):
+    body = client.get("/v1/users/2/home").json()
+    assert len(body["entries"]) == DEFAULT_PAGE
+    assert body["next_cursor"].startswith("c1.")
+
+
+def test_empty_timeline(client: httpx.Client):
+    body = client.get("/v1/users/12345/home").json()
+    assert body == {"user_id": "12345", "entries": [], "next_cursor": None}
+
+
+# -- hydration races ---------------------------------------------------------------------
+class _RacyStore(SQLiteStore):
+    """Hydration sees one tweet deleted and one gone since the page was assembled."""
+
+    def __init__(self, path: Path, deleted: int, missing: int) -> None:
+        super().__init__(path, cap=CONFIG.cap)
+        self.deleted, self.missing = deleted, missing
+        self.calls: list[str] = []
+
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        self.calls.append("tweets")
+        rows = super().tweets(ids)
+        rows.pop(self.missing, None)
+        if self.deleted in rows:
+            rows[self.deleted] = rows[self.deleted]._replace(deleted=True, text="")
+        return rows
+
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        self.calls.append("users")
+        return super().users(ids)
+
+
+def test_hydration_drops_raced_deletes_in_two_bulk_reads(filled: Filled):
+    page = home_page(filled.store, 2, None, 10)
+    ids = [e.tweet_id for e in page.entries]
+    store = _RacyStore(filled.path, deleted=ids[1], missing=ids[4]).open()
+    try:
+        got = [int(e.tweet_id) for e in hydrate(store, page.entries)]
+    finally:
+        store.close()
+    assert got == [t for t in ids if t not in (ids[1], ids[4])]
+    assert store.calls == ["tweets", "users"]
+
+
+def test_hydrating_nothing_reads_nothing(filled: Filled):
+    store = _RacyStore(filled.path, 0, 0)
+    assert hydrate(store, []) == []
+    assert store.calls == []
+
+
+# -- errors ------------------------------------------------------------------------------
+def _assert_error(response: httpx.Response, status: int, field: str | None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) <= {"error", "message", "field"}
+    assert isinstance(body["error"], str) and body["error"]
+    assert isinstance(body["message"], str) and body["message"]
+    assert body.get("field") == field
+    return body
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "1.5", "+5", "1e3", "%20", "٣",
+                                 str(BIG + 1), "9" * 40])
+@pytest.mark.parametrize("route", ["home", "tweets"])
+def test_bad_user_id_is_400(client: httpx.Client, raw: str, route: str):
+    body = _assert_error(client.get(f"/v1/users/{raw}/{route}"), 400, "user_id")
+    assert body["error"] == "bad_request"
+
+
+@pytest.mark.parametrize("limit", ["0", "-3", str(MAX_PAGE + 1), "x", "2.5", ""])
+def test_bad_limit_is_400(client: httpx.Client, limit: str):
+    body = _assert_error(client.get("/v1/users/2/home", params={"limit": limit}), 400, "limit")
+    assert body["error"] == "bad_request"
+
+
+@pytest.mark.parametrize("cursor", ["", "nope", "c1.!!!", "c1." + "A" * 100,
+                                    encode_cursor((-1, 5)),
+                                    encode_cursor((2**64, 1)), encode_cursor((1, 2**63))])
+def test_bad_cursor_is_400(client: httpx.Client, cursor: str):
+    _assert_error(client.get("/v1/users/2/home", params={"cursor": cursor}), 400, "cursor")
+
+
+def test_cursor_at_the_top_is_fine(client: httpx.Client):
+    top: Key = (BIG, BIG)
+    response = client.get("/v1/users/2/home", params={"cursor": encode_cursor(top)})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/nope", "/v1/users/1", "/v1/users/1/home/extra", "/"])
+def test_unknown_route_is_404_json(client: httpx.Client, path: str):
+    body = _assert_error(client.get(path), 404, None)
+    assert body["error"] == "not_found"
+
+
+def test_wrong_method_is_405_json(client: httpx.Client):
+    response = client.post("/v1/users/1/home", json={})
+    body = _assert_error(response, 405, None)
+    assert body["error"] == "method_not_allowed"
+    assert "GET" in response.headers["allow"]
+
+
+# -- a store that fails ------------------------------------------------------------------
+class _BrokenStore(SQLiteStore):
+    """Fails in three ways: a bug, a store error, an unreadable database."""
+
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        msg = "secret internals"
+        raise RuntimeError(msg)
+
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        msg = "cassandra timed out"
+        raise StoreError(msg)
+
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        msg = "database disk image is malformed"
+        raise sqlite3.DatabaseError(msg)
+
+
+@pytest.fixture(scope="module")
+def broken(settings: ServingSettings, filled: Filled) -> Iterator[httpx.Client]:
+    store = _BrokenStore(filled.path).open()
+    with running(create_app(settings, store)) as base, httpx.Client(base_url=base) as c:
+        yield c
+    store.close()
+
+
+def test_unexpected_exception_is_500_json_without_details(broken: httpx.Client):
+    body = _assert_error(broken.get("/v1/users/2/home"), 500, None)
+    assert body == {"error": "internal", "message": "internal server error"}
+    # The keep-alive connection survives the 500 (Starlette re-raises; the app contains it).
+    assert broken.get("/v1/users/2/home?limit=x").status_code == 400
+
+
+def test_store_error_is_503_json(broken: httpx.Client):
+    body = _assert_error(broken.get("/v1/users/2/tweets"), 503, None)
+    assert body["error"] == "unavailable"
+
+
+def test_healthz_degraded_when_store_unreadable(broken: httpx.Client):
+    response = broken.get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert body["store"] == "_BrokenStore"
+    assert {"error", "message"} <= set(body)
+
+
+# -- operations --------------------------------------------------------------------------
+def test_healthz(client: httpx.Client, settings: ServingSettings):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "store": settings.store_url,
+                               "applied_offsets": {"tweets": {"1": 41}}}
+
+
+def test_docs_and_openapi_serve(client: httpx.Client):
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    assert "swagger" in docs.text.lower()
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/users/{user_id}/home", "/v1/users/{user_id}/tweets", "/healthz"} \
+        <= set(spec["paths"])
+    home = spec["paths"]["/v1/users/{user_id}/home"]["get"]
+    assert "422" not in home["responses"]
+    assert "400" in home["responses"]
+    limit = next(p for p in home["parameters"] if p["name"] == "limit")
+    assert limit["schema"]["anyOf"][0]["maximum"] == MAX_PAGE
+    entry = spec["components"]["schemas"]["TimelineEntry"]["properties"]["tweet_id"]
+    assert entry["type"] == "string" and "2^53" in entry["description"]
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FANOUT_API_PORT", "9999")
+    monkeypatch.setenv("FANOUT_STORE", "sqlite:///x.sqlite")
+    monkeypatch.setenv("FANOUT_TIMELINE_CAP", "50")
+    s = ServingSettings()
+    assert (s.host, s.port, s.store_url, s.timeline_cap) == ("127.0.0.1", 9999,
+                                                             "sqlite:///x.sqlite", 50)
+    assert ServingSettings(port=1).port == 1
+    with pytest.raises(ValueError, match="default_page"):
+        ServingSettings(default_page=300)
