@@ -27,8 +27,10 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from views.errors import SourceError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ TP = tuple[str, int]
 PROBE_IDLE_TIMEOUT: Final = 2.0
 
 
-class KafkaReadError(RuntimeError):
+class KafkaReadError(SourceError):
     """Kafka did not answer, or records that should exist did not arrive in time."""
 
 
@@ -100,7 +102,7 @@ class EndOffsets:
         """The partitions of ``topics`` per cluster metadata, sorted.
 
         Lists all topics rather than naming them: the embedded broker auto-creates a
-        topic named in a metadata request.
+        topic named in an admin metadata request.
         """
         topics = list(topics)
         try:
@@ -166,11 +168,12 @@ def _read_to_watermarks(consumer: Consumer, listed: dict[TP, int],
         messages = consumer.consume(num_messages=10_000, timeout=0.01)
         progress = False
         for msg in messages:
-            tp = (msg.topic(), msg.partition())
-            if msg.error() is not None:
-                _give_up_on(tp, msg.error(), targets, ends)
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is None or partition is None or offset is None or msg.error():
+                _give_up_on(msg, targets, ends)
                 continue
-            ends[tp] = max(ends[tp], msg.offset() + 1)
+            tp = (topic, partition)
+            ends[tp] = max(ends[tp], offset + 1)
             if tp not in targets:
                 _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
                 targets[tp] = max(high, ends[tp])
@@ -182,11 +185,13 @@ def _read_to_watermarks(consumer: Consumer, listed: dict[TP, int],
     return ends
 
 
-def _give_up_on(tp: TP, error: Any, targets: dict[TP, int], ends: dict[TP, int]) -> None:
+def _give_up_on(message: Message, targets: dict[TP, int], ends: dict[TP, int]) -> None:
     """A probe error: fatal ones raise, a partition's own error ends its probe."""
-    if error.fatal():
+    error: Any = message.error()
+    if error is not None and error.fatal():
         msg = f"fatal Kafka consumer error while probing end offsets: {error}"
         raise KafkaReadError(msg)
+    tp = (message.topic() or "", message.partition() or 0)
     if tp in ends:
         log.warning("probing the end of %s failed (%s); keeping %d", tp, error, ends[tp])
         targets[tp] = ends[tp]

@@ -355,9 +355,9 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         rows: list[Row] = []
-        for messages in _messages(consumer, part, options.read_timeout):
-            rows.extend(event_row(logical, part.partition, m.offset(), m.key(), m.value())
-                        for m in messages)
+        for records in _records(consumer, part, options.read_timeout):
+            rows.extend(event_row(logical, part.partition, offset, key, value)
+                        for offset, key, value in records)
             if len(rows) >= options.batch_rows:
                 yield rows_to_batch(rows)
                 rows = []
@@ -367,9 +367,9 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
         consumer.close()
 
 
-def _messages(consumer: Consumer, part: KafkaRange,
-              idle_timeout: float) -> Iterator[list[Message]]:
-    """Lists of the partition's records in [start, end), in offset order.
+def _records(consumer: Consumer, part: KafkaRange,
+             idle_timeout: float) -> Iterator[list[tuple[int, bytes | None, bytes | None]]]:
+    """Lists of (offset, key, value) of the records in [start, end), in offset order.
 
     Offsets may have gaps (compaction), so the read ends at the first offset ≥ end
     or once the position passes end - 1. Raises if no record arrives for
@@ -381,25 +381,26 @@ def _messages(consumer: Consumer, part: KafkaRange,
         batch = consumer.consume(num_messages=min(10_000, part.end - position), timeout=0.05)
         records = []
         for msg in batch:
-            if msg.error() is not None:
+            offset = msg.offset()
+            if offset is None or msg.error() is not None:
                 _raise_on_error(msg, part)
                 continue
-            if position <= msg.offset() < part.end:
-                records.append(msg)
-            position = max(position, msg.offset() + 1)
+            if position <= offset < part.end:
+                records.append((offset, msg.key(), msg.value()))
+            position = max(position, offset + 1)
         if records:
             idle_deadline = time.monotonic() + idle_timeout
             yield records
         elif position < part.end and time.monotonic() >= idle_deadline:
-            msg = (f"{part.topic}[{part.partition}]: no record for {idle_timeout:.0f} s at "
-                   f"offset {position} while reading [{part.start}, {part.end}); were the "
-                   f"records deleted, or is the broker down?")
-            raise KafkaReadError(msg)
+            text = (f"{part.topic}[{part.partition}]: no record for {idle_timeout:.0f} s at "
+                    f"offset {position} while reading [{part.start}, {part.end}); were the "
+                    f"records deleted, or is the broker down?")
+            raise KafkaReadError(text)
 
 
 def _raise_on_error(msg: Message, part: KafkaRange) -> None:
     error: Any = msg.error()
-    if error.fatal() or msg.topic() is not None:
+    if error is None or error.fatal() or msg.topic() is not None:
         text = f"{part.topic}[{part.partition}] reading [{part.start}, {part.end}): {error}"
         raise KafkaReadError(text)
     # Client-level transient errors (a dropped connection) are retried by the client;
