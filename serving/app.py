@@ -33,7 +33,7 @@ from ingest.events import MAX_ID
 from serving.cursor import decode_cursor, encode_cursor
 from serving.errors import BadRequest, ServingError, Unavailable
 from serving.settings import ServingSettings
-from serving.timeline import Page, author_page, home_page
+from serving.timeline import PageFn, author_page, home_page, read_time_page
 from views.delta import Key
 from views.errors import StoreError
 from views.stores import store_from_url
@@ -155,10 +155,10 @@ def _redact(url: str) -> str:
 
 
 # -- timelines -----------------------------------------------------------------------
-PageFn = Callable[[Store, int, Key | None, int], Page]
 
 
 def _timeline_routes(settings: ServingSettings) -> APIRouter:
+    home_fn = home_page if settings.read_mode == "fanout" else read_time_page
     router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS)
     user_id_t = Annotated[str, Path(
         description="User id, decimal, in [1, 2^63-1]. " + ID_NOTE,
@@ -174,7 +174,7 @@ def _timeline_routes(settings: ServingSettings) -> APIRouter:
     def home(request: Request, user_id: user_id_t, limit: limit_t = None,
              cursor: cursor_t = None) -> TimelinePage:
         """Tweets of everyone the user follows (fan-out cache merged with celebrities)."""
-        return _timeline(_store(request), home_page, user_id, cursor,
+        return _timeline(_store(request), home_fn, user_id, cursor,
                          limit or settings.default_page)
 
     @router.get("/tweets", summary="An author's own tweets, newest first")

@@ -7,6 +7,8 @@ alias, and CLI flags fall back to these (STYLE §6).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -35,6 +37,11 @@ class ServingSettings(BaseSettings):
                               description="Entries per page when a request gives no limit.")
     max_page: int = Field(200, ge=1, validation_alias=_env("FANOUT_API_MAX_PAGE", "max_page"),
                           description="Largest limit a request may ask for.")
+    read_mode: Literal["fanout", "read"] = Field(
+        "fanout", validation_alias=_env("FANOUT_READ_MODE", "read_mode"),
+        description="fanout: the materialized view (cache + celebrity merge); read: "
+                    "evaluate the home query at read time from author_tweets and the "
+                    "follow graph (the fan-out-on-read baseline for load tests).")
     access_log: bool = Field(True, validation_alias=_env("FANOUT_API_ACCESS_LOG", "access_log"),
                              description="Log every request (uvicorn's access log); "
                                          "turn off for load tests, it adds latency.")

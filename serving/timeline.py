@@ -16,6 +16,7 @@ equal it exactly. ``fanout verify`` and the HTTP API both read through here.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from views.delta import TOP, Key
@@ -48,6 +49,18 @@ def home_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
     return Page(entries, entries[-1].key if more and entries else None)
 
 
+def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
+    """The same page evaluated at read time from the follow graph: fan-out on read.
+
+    No cache and no celebrity path: the baseline that load tests put beside the
+    materialized view (DESIGN §8). Equal to :func:`home_page` on the same data.
+    """
+    with store.snapshot():
+        entries = store.author_tweets(store.followees(user), below or TOP, limit)
+    more = len(entries) == limit
+    return Page(entries, entries[-1].key if more and entries else None)
+
+
 def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:
     seen: set[int] = set()
     out: list[Entry] = []
@@ -60,12 +73,16 @@ def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:
     return out
 
 
-def home_top(store: Store, user: int, n: int, page_size: int = 200) -> list[Entry]:
+PageFn = Callable[[Store, int, Key | None, int], Page]
+
+
+def home_top(store: Store, user: int, n: int, page_size: int = 200,
+             page_fn: PageFn | None = None) -> list[Entry]:
     """The first ``n`` entries, read page by page as a client would."""
     out: list[Entry] = []
     below: Key | None = None
     while len(out) < n:
-        page = home_page(store, user, below, min(page_size, n - len(out)))
+        page = (page_fn or home_page)(store, user, below, min(page_size, n - len(out)))
         out += page.entries
         if page.next_key is None:
             break

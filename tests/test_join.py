@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.events import Delete, Event, Follow, Post, UserUpsert
-from serving.timeline import home_page, home_top
+from serving.timeline import home_page, home_top, read_time_page
 from views.delta import DeltaKind
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
@@ -88,6 +88,9 @@ def _check(harness: Harness, history: list[Event]) -> None:
         got = [(e.tweet_id, e.author_id, e.created_at)
                for e in home_top(harness.store, user, harness.config.cap, page_size=3)]
         assert got == want, f"user {user}"
+        on_read = [(e.tweet_id, e.author_id, e.created_at) for e in home_top(
+            harness.store, user, harness.config.cap, page_size=3, page_fn=read_time_page)]
+        assert on_read == want, f"user {user}, fan-out on read"
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
