@@ -102,6 +102,7 @@ class UserUpsert:
 
 
 Event = Post | Delete | Follow | UserUpsert
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode(event: Event) -> tuple[bytes, bytes]:
@@ -119,7 +120,7 @@ def encode(event: Event) -> tuple[bytes, bytes]:
     else:
         body |= {"user_id": event.user_id, "handle": event.handle, "name": event.name,
                  "created_at": event.created_at}
-    return encode_key(event.key), json.dumps(body, separators=(",", ":")).encode()
+    return encode_key(event.key), _ENCODER.encode(body).encode()
 
 
 def encode_key(join_key: int) -> bytes:
@@ -143,7 +144,7 @@ def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     if not isinstance(body, dict):
         msg = f"value is JSON {type(body).__name__}, not an object"
         raise InvalidEvent(msg)
-    if body.get("v") != VERSION or isinstance(body.get("v"), bool):
+    if type(body.get("v")) is not int or body["v"] != VERSION:
         msg = f"unsupported version v={body.get('v')!r} (expected {VERSION})"
         raise InvalidEvent(msg)
     event = _PARSERS[topic](body)

@@ -1,0 +1,330 @@
+"""Synthetic history: user profiles, a power-law follow graph, tweets, deletes, unfollows.
+
+Deterministic for a given seed (and faker version): numpy's PCG64 draws every number
+and a seeded faker fills small pools of names and sentences once, which are then
+recombined (faker per tweet would be far too slow).
+
+Time layout of a history over ``[start_ms, start_ms + span_ms)``: every profile is
+created in the first 1% of the span (the profile phase), so a user exists before they
+act; follows and posts fall uniformly over the rest (the activity window). An unfollow
+is always later than the follow it undoes and a delete later than its post.
+
+Popularity follows Zipf's law: followees are drawn with weight ``1 / rank**exponent``
+over a random ranking of the users, and the top ``celebrities`` ranks additionally
+share about ``celebrity_share`` of all edges, so a few users have very many followers
+(about: nobody's expected follower count may exceed half of the users). Tweet
+authors are drawn with weight ``followers + 1``. Tweet ids are snowflake-like:
+``(created_at - TWITTER_EPOCH_MS) << 22 | sequence``, time-ordered 64-bit integers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from faker import Faker
+
+from ingest.events import (
+    MAX_TEXT,
+    TOPIC_RANK,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    UserUpsert,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+TWITTER_EPOCH_MS: Final = 1_288_834_974_657
+DEFAULT_START_MS: Final = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+DEFAULT_SPAN_MS: Final = 30 * 86_400_000
+PROFILE_SHARE: Final = 0.01
+FILES: Final = {"users": "users.jsonl", "follows": "follows.jsonl", "tweets": "tweets.jsonl"}
+MANIFEST: Final = "manifest.json"
+_SEQUENCE_BITS: Final = 22
+_HANDLE_LEN: Final = 15
+
+
+@dataclass
+class History:
+    """A generated history, each list sorted by ``created_at``."""
+
+    seed: int
+    users: list[UserUpsert]
+    follows: list[Follow]
+    tweets: list[Post | Delete]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def events(self) -> Iterator[Event]:
+        """All events in event-time order (ties: follows, tweets, users)."""
+        def key(event: Event) -> tuple[int, int]:
+            return event.created_at, TOPIC_RANK[event.topic]
+        return heapq.merge(self.users, self.follows, self.tweets, key=key)
+
+    def counts(self) -> dict[str, int]:
+        """Number of events by kind."""
+        unfollows = sum(not f.active for f in self.follows)
+        deletes = sum(isinstance(t, Delete) for t in self.tweets)
+        return {"users": len(self.users), "follows": len(self.follows) - unfollows,
+                "unfollows": unfollows, "posts": len(self.tweets) - deletes,
+                "deletes": deletes}
+
+
+def activity_window(start_ms: int, span_ms: int) -> tuple[int, int]:
+    """The ``[lo, hi)`` milliseconds in which follows and tweets fall (after profiles)."""
+    return start_ms + int(span_ms * PROFILE_SHARE), start_ms + span_ms
+
+
+def generate(users: int, follows: int, tweets: int, seed: int = 0, *,
+             celebrities: int | None = None, celebrity_share: float = 0.2,
+             zipf_exponent: float = 0.9, delete_ratio: float = 0.02,
+             unfollow_ratio: float = 0.05, start_ms: int = DEFAULT_START_MS,
+             span_ms: int = DEFAULT_SPAN_MS) -> History:
+    """A whole synthetic history: profiles, follow graph, tweets, deletes, unfollows.
+
+    ``celebrities`` defaults to one per 2,000 users (at least one).
+    """
+    _check_sizes(users, follows, start_ms, span_ms)
+    rng, texts = np.random.default_rng(seed), TextPool(seed)
+    ids = np.arange(1, users + 1, dtype=np.int64)
+    lo, hi = activity_window(start_ms, span_ms)
+    k = max(1, users // 2000) if celebrities is None else celebrities
+    probs = popularity(users, rng, k, celebrity_share, zipf_exponent, follows)
+    follower, followee = _sample_edges(follows, probs, rng)
+    follow_events = _follow_events(ids[follower], ids[followee], rng, lo, hi, unfollow_ratio)
+    followers = np.bincount(followee, minlength=users)
+    params = {"users": users, "follows": follows, "tweets": tweets, "celebrities": k,
+              "celebrity_share": celebrity_share, "zipf_exponent": zipf_exponent,
+              "delete_ratio": delete_ratio, "unfollow_ratio": unfollow_ratio,
+              "start_ms": start_ms, "span_ms": span_ms}
+    return History(seed, profiles(ids, texts, rng, start_ms, lo),
+                   follow_events,
+                   _tweet_events(ids, followers, tweets, rng, texts, (lo, hi), delete_ratio),
+                   params)
+
+
+def for_graph(follower_counts: Mapping[int, int], tweets: int, seed: int = 0, *,
+              delete_ratio: float = 0.02, start_ms: int = DEFAULT_START_MS,
+              span_ms: int = DEFAULT_SPAN_MS) -> History:
+    """Profiles for every user of an existing graph, and tweets by follower count.
+
+    ``follower_counts`` maps every user id of the graph (0 followers included) to its
+    follower count; see :func:`follower_counts`. The graph's own edges are not part
+    of the result.
+    """
+    rng, texts = np.random.default_rng(seed), TextPool(seed)
+    ids = np.fromiter(sorted(follower_counts), dtype=np.int64, count=len(follower_counts))
+    weights = np.array([follower_counts[int(i)] for i in ids], dtype=np.int64)
+    lo, hi = activity_window(start_ms, span_ms)
+    params = {"tweets": tweets, "delete_ratio": delete_ratio, "start_ms": start_ms,
+              "span_ms": span_ms, "graph_users": len(ids)}
+    return History(seed, profiles(ids, texts, rng, start_ms, lo), [],
+                   _tweet_events(ids, weights, tweets, rng, texts, (lo, hi), delete_ratio),
+                   params)
+
+
+def follower_counts(edges: Iterable[Event]) -> dict[int, int]:
+    """Followers per user over active follow events; followers-only users map to 0."""
+    counts: dict[int, int] = {}
+    for event in edges:
+        if isinstance(event, Follow) and event.active:
+            counts[event.followee_id] = counts.get(event.followee_id, 0) + 1
+            counts.setdefault(event.follower_id, 0)
+    return counts
+
+
+def write(history: History, out: Path) -> Path:
+    """Write ``users.jsonl``, ``follows.jsonl``, ``tweets.jsonl`` and the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, events in (("users", history.users), ("follows", history.follows),
+                         ("tweets", history.tweets)):
+        with (out / FILES[name]).open("wb") as fh:
+            fh.writelines(encode(e)[1] + b"\n" for e in events)
+    manifest = {"seed": history.seed, "counts": history.counts(), "params": history.params,
+                "files": FILES, "faker": version("faker"), "numpy": np.__version__}
+    path = out / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
+def snowflake(created_at: np.ndarray) -> np.ndarray:
+    """Time-ordered unique ids for sorted millisecond times (sequence within a ms)."""
+    ms = created_at.astype(np.int64) - TWITTER_EPOCH_MS
+    first = np.searchsorted(created_at, created_at, side="left")
+    sequence = np.arange(len(created_at), dtype=np.int64) - first
+    if len(sequence) and sequence.max() >= 1 << _SEQUENCE_BITS:
+        msg = "more than 4M tweets in one millisecond"
+        raise ValueError(msg)
+    return (ms << _SEQUENCE_BITS) | sequence
+
+
+class TextPool:
+    """Names and tweet texts recombined from small faker-made pools (fast, seeded)."""
+
+    def __init__(self, seed: int, size: int = 3_000) -> None:
+        fake = Faker("en_US")
+        fake.seed_instance(seed)
+        self.sentences = [fake.sentence(nb_words=12) for _ in range(size)]
+        self.tags = ["#" + fake.word() for _ in range(200)]
+        self.first = [fake.first_name() for _ in range(500)]
+        self.last = [fake.last_name() for _ in range(500)]
+
+    def tweets(self, n: int, rng: np.random.Generator) -> list[str]:
+        """``n`` texts of one to three sentences, a hashtag now and then, <= 280 chars."""
+        picks = rng.integers(0, len(self.sentences), size=(n, 3)).tolist()
+        lengths = rng.integers(1, 4, size=n).tolist()
+        tags = rng.integers(-len(self.tags) * 3, len(self.tags), size=n).tolist()
+        texts = []
+        for pick, length, tag in zip(picks, lengths, tags, strict=True):
+            text = " ".join(self.sentences[i] for i in pick[:length])
+            if tag >= 0:
+                text = f"{text} {self.tags[tag]}"
+            texts.append(text[:MAX_TEXT].rstrip())
+        return texts
+
+    def names(self, n: int, rng: np.random.Generator) -> list[tuple[str, str]]:
+        """``n`` (first, last) name pairs."""
+        firsts = rng.integers(0, len(self.first), size=n).tolist()
+        lasts = rng.integers(0, len(self.last), size=n).tolist()
+        return [(self.first[f], self.last[la]) for f, la in zip(firsts, lasts, strict=True)]
+
+
+def profiles(ids: np.ndarray, texts: TextPool, rng: np.random.Generator, lo: int, hi: int
+             ) -> list[UserUpsert]:
+    """One profile per id, created in ``[lo, hi)`` in id order, with unique handles."""
+    times = np.linspace(lo, max(lo, hi - 1), num=len(ids), dtype=np.int64).tolist()
+    used: set[str] = set()
+    result = []
+    for uid, (first, last), at in zip(ids.tolist(), texts.names(len(ids), rng), times,
+                                      strict=True):
+        result.append(UserUpsert(uid, _handle(first, last, uid, used), f"{first} {last}", at))
+    return result
+
+
+def popularity(users: int, rng: np.random.Generator, celebrities: int, share: float,
+               exponent: float, edges: int) -> np.ndarray:
+    """Probability of each user being the followee of an edge (Zipf plus celebrities)."""
+    ranks = rng.permutation(users)
+    weights = 1.0 / (ranks + 1.0) ** exponent
+    top = ranks < celebrities
+    if top.any() and 0 < share < 1:
+        weights[top] *= share / (1 - share) * weights[~top].sum() / weights[top].sum()
+    probs = weights / weights.sum()
+    # Nobody can have more than users-1 followers: cap the expected in-degree at half
+    # of that so sampling without duplicates stays cheap, and spread the excess.
+    cap = 0.5 * (users - 1) / max(edges, 1)
+    for _ in range(20):
+        if probs.max() <= cap * 1.0001:
+            break
+        probs = np.minimum(probs, cap)
+        probs /= probs.sum()
+    return probs
+
+
+def _sample_edges(n: int, probs: np.ndarray, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` distinct (follower, followee) index pairs, no self-follows, random order."""
+    users = len(probs)
+    codes = np.empty(0, dtype=np.int64)
+    for _ in range(50):
+        need = n - len(codes)
+        if need <= 0:
+            break
+        m = int(need * 1.3) + 64
+        pair = rng.integers(0, users, m) * users + rng.choice(users, m, p=probs)
+        pair = pair[pair // users != pair % users]
+        merged = np.concatenate([codes, pair])
+        _, first = np.unique(merged, return_index=True)
+        codes = merged[np.sort(first)]
+    if len(codes) < n:
+        msg = f"could not draw {n} distinct follow edges among {users} users"
+        raise ValueError(msg)
+    codes = codes[:n]
+    return codes // users, codes % users
+
+
+def _follow_events(follower: np.ndarray, followee: np.ndarray, rng: np.random.Generator,
+                   lo: int, hi: int, unfollow_ratio: float) -> list[Follow]:
+    times = np.sort(rng.integers(lo, hi, len(follower)))
+    k = round(len(follower) * unfollow_ratio)
+    undo = rng.choice(len(follower), size=k, replace=False)
+    later = _later(times[undo], hi, rng)
+    events = [Follow(f, g, t) for f, g, t in
+              zip(follower.tolist(), followee.tolist(), times.tolist(), strict=True)]
+    events += [Follow(f, g, t, active=False) for f, g, t in
+               zip(follower[undo].tolist(), followee[undo].tolist(), later.tolist(),
+                   strict=True)]
+    events.sort(key=_time)
+    return events
+
+
+def _tweet_events(ids: np.ndarray, followers: np.ndarray, n: int, rng: np.random.Generator,
+                  texts: TextPool, window: tuple[int, int], delete_ratio: float
+                  ) -> list[Post | Delete]:
+    if n and not len(ids):
+        msg = "cannot generate tweets without users"
+        raise ValueError(msg)
+    if not n:
+        return []
+    lo, hi = window
+    weights = followers.astype(np.float64) + 1.0
+    authors = ids[rng.choice(len(ids), size=n, p=weights / weights.sum())]
+    times = np.sort(rng.integers(lo, hi, n))
+    tweet_ids = snowflake(times)
+    events: list[Post | Delete] = [
+        Post(i, a, t, s) for i, a, t, s in zip(tweet_ids.tolist(), authors.tolist(),
+                                               times.tolist(), texts.tweets(n, rng),
+                                               strict=True)]
+    gone = rng.choice(n, size=round(n * delete_ratio), replace=False)
+    later = _later(times[gone], hi, rng)
+    events += [Delete(i, a, t) for i, a, t in zip(tweet_ids[gone].tolist(),
+                                                  authors[gone].tolist(), later.tolist(),
+                                                  strict=True)]
+    events.sort(key=_time)
+    return events
+
+
+def _later(times: np.ndarray, hi: int, rng: np.random.Generator) -> np.ndarray:
+    """A time strictly after each of ``times``, before ``hi`` when there is room."""
+    room = np.maximum(hi - times - 1, 1)
+    return times + 1 + (rng.random(len(times)) * room).astype(np.int64)
+
+
+def _handle(first: str, last: str, uid: int, used: set[str]) -> str:
+    # Bases are letters only, so base + decimal id can never collide with another base.
+    base = re.sub(r"[^a-z]", "", f"{first}{last}".lower()) or "user"
+    handle = base[:_HANDLE_LEN]
+    if handle in used:
+        suffix = str(uid)
+        handle = base[:max(3, _HANDLE_LEN - len(suffix))] + suffix
+    used.add(handle)
+    return handle
+
+
+def _time(event: Event) -> int:
+    return event.created_at
+
+
+def _check_sizes(users: int, follows: int, start_ms: int, span_ms: int) -> None:
+    if users < 2:
+        msg = "need at least 2 users"
+        raise ValueError(msg)
+    if follows > users * (users - 1) // 2:
+        msg = f"{follows} follows is too dense a graph for {users} users"
+        raise ValueError(msg)
+    if start_ms <= TWITTER_EPOCH_MS:
+        msg = f"start_ms must be after the snowflake epoch {TWITTER_EPOCH_MS}"
+        raise ValueError(msg)
+    if span_ms < 1000:
+        msg = "span_ms must be at least one second"
+        raise ValueError(msg)

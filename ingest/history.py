@@ -1,0 +1,363 @@
+"""Reading history files into changelog events, streaming, and merging them by time.
+
+Formats, chosen by name: a directory written by ``fanout generate`` (``users.jsonl``,
+``follows.jsonl``, ``tweets.jsonl``); a ``.jsonl``/``.ndjson`` file of contract values
+in any mix of topics (the ``op`` tells which); a ``.csv`` of
+``follower_id,followee_id[,created_at]`` with or without a header; anything else is a
+SNAP-style edge list, ``follower followee`` separated by whitespace, ``#`` comments
+allowed. Any of them may be gzipped (``.gz``).
+
+Edge lists carry no time. Edge ``i`` (counting kept edges, in file order) gets
+``created_at = EdgeTimes.start_ms + i * EdgeTimes.step_ms``, so the graph grows in file
+order; :func:`census` counts the edges first so the caller can spread them over a
+window (see ``ingest.generator.activity_window``).
+
+Nothing is dropped silently: a malformed line is counted in a :class:`ReadReport` with
+its place and reason (the first few kept as examples) and the read goes on; a
+self-loop is counted as skipped. Readers never hold a whole file in memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import heapq
+import io
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, BinaryIO, Final, cast
+
+from ingest.errors import InvalidEvent
+from ingest.events import (
+    FOLLOWS,
+    MAX_CREATED_AT,
+    MAX_ID,
+    TOPIC_RANK,
+    TWEETS,
+    USERS,
+    Event,
+    Follow,
+    decode,
+)
+from ingest.generator import DEFAULT_START_MS, FILES
+
+log = logging.getLogger(__name__)
+
+MAX_EXAMPLES: Final = 5
+_TOPIC_OF_OP: Final = {"post": TWEETS, "delete": TWEETS, "follow": FOLLOWS,
+                       "unfollow": FOLLOWS, "upsert": USERS}
+_KEY_FIELD: Final = {TWEETS: "author_id", FOLLOWS: "followee_id", USERS: "user_id"}
+_JSONL_SUFFIXES: Final = {".jsonl", ".ndjson", ".json"}
+_CSV_HEADER: Final = ("follower_id", "followee_id", "created_at")
+
+
+@dataclass
+class ReadReport:
+    """What readers could not turn into events, by reason, plus the first examples."""
+
+    invalid: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    out_of_order: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def invalid_line(self, where: str, reason: str) -> None:
+        """Count one malformed line."""
+        self.invalid += 1
+        self._example(f"{where}: {reason}")
+
+    def skip(self, reason: str, where: str) -> None:
+        """Count one well-formed line left out on purpose (e.g. a self-loop)."""
+        self.skipped[reason] += 1
+        self._example(f"{where}: skipped, {reason}")
+
+    def render(self) -> str:
+        """One line per kind of problem, then the examples."""
+        lines = [f"invalid lines: {self.invalid}"]
+        lines += [f"skipped ({reason}): {n}" for reason, n in sorted(self.skipped.items())]
+        if self.out_of_order:
+            lines.append(f"events earlier than their predecessor in the file: "
+                         f"{self.out_of_order}")
+        lines += [f"  e.g. {example}" for example in self.examples]
+        return "\n".join(lines)
+
+    def _example(self, text: str) -> None:
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(text)
+            log.debug("%s", text)
+
+
+@dataclass(frozen=True)
+class EdgeTimes:
+    """Synthetic ``created_at`` of untimed edges: edge i at ``start_ms + i * step_ms``."""
+
+    start_ms: int = DEFAULT_START_MS
+    step_ms: int = 1
+
+    @classmethod
+    def spread(cls, edges: int, lo: int, hi: int) -> EdgeTimes:
+        """Spread ``edges`` edges evenly over ``[lo, hi)``."""
+        return cls(lo, max(1, (hi - lo) // max(edges, 1)))
+
+
+@dataclass
+class GraphCensus:
+    """A first pass over edge files: sizes, follower counts and time range."""
+
+    edges: int = 0
+    follower_counts: dict[int, int] = field(default_factory=dict)
+    timed: bool = False
+    first_ms: int | None = None
+    last_ms: int | None = None
+
+
+def is_edge_list(path: Path) -> bool:
+    """Whether ``path`` is a CSV or SNAP edge list (as opposed to contract JSONL)."""
+    return not path.is_dir() and _suffix(path) not in _JSONL_SUFFIXES
+
+
+def iter_events(path: Path | str, report: ReadReport | None = None,
+                edge_times: EdgeTimes | None = None) -> Iterator[Event]:
+    """Events of one history file or generator directory, in file (= event-time) order."""
+    path = Path(path)
+    report = ReadReport() if report is None else report
+    if path.is_dir():
+        return _iter_dir(path, report)
+    if _suffix(path) in _JSONL_SUFFIXES:
+        return _in_order(_iter_jsonl(path, report), report)
+    if _suffix(path) == ".csv":
+        return _in_order(_iter_csv(path, report, edge_times or EdgeTimes()), report)
+    return _iter_edges(path, report, edge_times or EdgeTimes())
+
+
+def merge_by_time(*streams: Iterable[Event]) -> Iterator[Event]:
+    """Merge time-ordered streams into one, lazily (``heapq.merge``).
+
+    Ties on ``created_at`` go follows, tweets, users (``TOPIC_RANK``), then by argument
+    order, then by order within a stream: the merge is stable and deterministic.
+    """
+    return heapq.merge(*streams, key=_time_key)
+
+
+def census(path: Path | str) -> GraphCensus:
+    """Count the edges and followers of an edge-list file (one streaming pass)."""
+    result = GraphCensus()
+    counts = result.follower_counts
+    for event in iter_events(path, ReadReport()):
+        if isinstance(event, Follow) and event.active:
+            result.edges += 1
+            counts[event.followee_id] = counts.get(event.followee_id, 0) + 1
+            counts.setdefault(event.follower_id, 0)
+            if result.first_ms is None:
+                result.first_ms = event.created_at
+            result.last_ms = event.created_at
+    result.timed = _suffix(Path(path)) == ".csv" and _csv_has_times(Path(path))
+    return result
+
+
+def decode_line(line: bytes | str) -> Event:
+    """Decode one contract JSON value whose topic follows from its ``op``."""
+    try:
+        body = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"not JSON: {exc}"
+        raise InvalidEvent(msg) from None
+    if not isinstance(body, dict):
+        msg = f"JSON {type(body).__name__}, not an object"
+        raise InvalidEvent(msg)
+    topic = _TOPIC_OF_OP.get(body.get("op"))  # type: ignore[arg-type]
+    if topic is None:
+        msg = f"unknown op {body.get('op')!r}"
+        raise InvalidEvent(msg)
+    # The file has no Kafka key: derive it, so decode checks everything else.
+    key = str(body.get(_KEY_FIELD[topic])).encode()
+    raw = line if isinstance(line, bytes) else line.encode()
+    return decode(topic, key, raw)
+
+
+# -- readers -------------------------------------------------------------------------
+
+
+def _iter_dir(path: Path, report: ReadReport) -> Iterator[Event]:
+    files = [path / name for name in FILES.values() if (path / name).exists()]
+    files += [path / (name + ".gz") for name in FILES.values()
+              if (path / (name + ".gz")).exists()]
+    if not files:
+        msg = f"{path} has none of {', '.join(FILES.values())}"
+        raise FileNotFoundError(msg)
+    return merge_by_time(*(_in_order(_iter_jsonl(f, report), report) for f in files))
+
+
+def _iter_jsonl(path: Path, report: ReadReport) -> Iterator[Event]:
+    with _open_binary(path) as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield decode_line(line)
+            except InvalidEvent as exc:
+                report.invalid_line(f"{path.name}:{number}", str(exc))
+
+
+def _iter_csv(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Event]:
+    with _open_text(path) as fh:
+        rows = csv.reader(fh)
+        columns: tuple[str, ...] = _CSV_HEADER
+        kept = 0
+        for number, row in enumerate(rows, 1):
+            if number == 1 and row and not row[0].strip().lstrip("-").isdigit():
+                columns = _csv_columns(row)
+                continue
+            if not row or row[0].startswith("#"):
+                continue
+            at = times.start_ms + kept * times.step_ms
+            event = _edge(dict(zip(columns, row, strict=False)), at,
+                          f"{path.name}:{number}", report, len(row) > len(columns))
+            if event is not None:
+                kept += 1
+                yield event
+
+
+def _iter_edges(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Event]:
+    start, step, kept = times.start_ms, times.step_ms, 0
+    with _open_text(path) as fh:
+        for number, line in enumerate(fh, 1):
+            parts = line.split()
+            edge = _fast_edge(parts)
+            if edge is None:
+                if parts and not parts[0].startswith("#"):
+                    report.invalid_line(f"{path.name}:{number}", _edge_problem(parts))
+            elif edge[0] == edge[1]:
+                report.skip("self-loop", f"{path.name}:{number}")
+            else:
+                yield Follow(edge[0], edge[1], start + kept * step)
+                kept += 1
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _fast_edge(parts: list[str]) -> tuple[int, int] | None:
+    """The (follower, followee) of a well-formed line, else None (the hot path)."""
+    if len(parts) != 2:
+        return None
+    try:
+        follower, followee = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if 0 < follower <= MAX_ID and 0 < followee <= MAX_ID:
+        return follower, followee
+    return None
+
+
+def _edge_problem(parts: list[str]) -> str:
+    """Why ``_fast_edge`` refused a non-comment line."""
+    if len(parts) != 2:
+        return f"expected 'follower followee', got {len(parts)} fields"
+    try:
+        _parse_id(parts[0], "follower")
+        _parse_id(parts[1], "followee")
+    except InvalidEvent as exc:
+        return str(exc)
+    return "malformed edge"
+
+
+def _parse_id(text: str, what: str) -> int:
+    if not text:
+        msg = f"missing {what} id"
+        raise InvalidEvent(msg)
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"{what} id {text[:30]!r} is not an integer"
+        raise InvalidEvent(msg) from None
+    if not 1 <= value <= MAX_ID:
+        msg = f"{what} id {value} is not a positive 64-bit id"
+        raise InvalidEvent(msg)
+    return value
+
+
+def _edge(row: dict[str, str], at: int, where: str, report: ReadReport,
+          extra: bool) -> Follow | None:
+    try:
+        if extra:
+            msg = "more fields than the header names"
+            raise InvalidEvent(msg)
+        follower = _parse_id(row.get("follower_id", "").strip(), "follower")
+        followee = _parse_id(row.get("followee_id", "").strip(), "followee")
+        at = _csv_time(row.get("created_at"), at)
+    except InvalidEvent as exc:
+        report.invalid_line(where, str(exc))
+        return None
+    if follower == followee:
+        report.skip("self-loop", where)
+        return None
+    return Follow(follower, followee, at)
+
+
+def _csv_time(text: str | None, default: int) -> int:
+    if text is None or not text.strip():
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"created_at {text[:30]!r} is not an integer"
+        raise InvalidEvent(msg) from None
+    if not 0 <= value <= MAX_CREATED_AT:
+        msg = f"created_at={value} is not epoch milliseconds"
+        raise InvalidEvent(msg)
+    return value
+
+
+def _csv_columns(header: list[str]) -> tuple[str, ...]:
+    names = tuple(h.strip().lower() for h in header)
+    missing = {"follower_id", "followee_id"} - set(names)
+    if missing:
+        msg = f"CSV header {header} lacks {', '.join(sorted(missing))}"
+        raise ValueError(msg)
+    return names
+
+
+def _csv_has_times(path: Path) -> bool:
+    with _open_text(path) as fh:
+        first = next(csv.reader(fh), [])
+    if first and not first[0].strip().lstrip("-").isdigit():
+        return "created_at" in _csv_columns(first)
+    return len(first) >= 3
+
+
+def _in_order(events: Iterator[Event], report: ReadReport) -> Iterator[Event]:
+    last = -1
+    for event in events:
+        if event.created_at < last:
+            report.out_of_order += 1
+        last = max(last, event.created_at)
+        yield event
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    if path.suffix == ".gz" or _is_gzip(path):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return path.open("rb")
+
+
+def _open_text(path: Path) -> IO[str]:
+    # newline="" lets csv see the line endings; split() ignores them for edge lists.
+    return io.TextIOWrapper(_open_binary(path), encoding="utf-8", newline="")
+
+
+def _is_gzip(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def _suffix(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    return suffixes[-1] if suffixes else ""
+
+
+def _time_key(event: Event) -> tuple[int, int]:
+    return event.created_at, TOPIC_RANK[event.topic]
