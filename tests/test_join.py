@@ -157,7 +157,8 @@ def test_celebrity_posts_are_not_fanned_out_but_are_served():
     h = Harness(JoinConfig(cap=800, promote_at=2, demote_below=1))
     h.run([Follow(2, 1, 1), Follow(3, 1, 1)])
     _, deltas = apply_batch(h.states[1], 1, [Change(Post(10, 1, 5, "x"))], h.config)
-    assert not [d for d in deltas if d.kind == DeltaKind.TL_ADD]
+    assert not [d for d in deltas
+                if d.kind in (DeltaKind.TL_ADD, DeltaKind.FANOUT, DeltaKind.BACKFILL)]
     h.store.apply(deltas)
     assert h.store.cached(2, None, 10) == []
     assert [e.tweet_id for e in home_top(h.store, 2, 10)] == [10]
@@ -252,3 +253,10 @@ def test_state_codec_round_trips(state):
     from views.codec import decode_state, encode_state
 
     assert decode_state(encode_state(state)) == state
+
+
+@given(st.dictionaries(st.integers(1, BIG), st.binary(max_size=64)))
+def test_bucket_codec_round_trips(states):
+    from views.codec import decode_bucket, encode_bucket
+
+    assert decode_bucket(encode_bucket(states)) == states

@@ -18,7 +18,15 @@ CELEB      author_id, flag (1 = is a celebrity)
 USER       user_id, created_at, text (handle), name
 OFFSET     topic, partition, offset (highest offset seen in the batch)
 DEAD       topic, partition, offset, text (reason), raw (value bytes)
+FANOUT     tweet_id, author_id, created_at, raw (follower ids): TL_ADD to each
+UNFANOUT   tweet_id, created_at, raw (follower ids): TL_DEL from each
+BACKFILL   user_id, author_id, raw ((created_at, tweet_id) pairs): TL_ADD of each
 ========== ============================================================
+
+The last three are packed forms (:func:`pack`): one row for a post that reaches
+many followers instead of one per follower, because every row crosses from the
+Python worker to the JVM and on to the sink, and that per-row cost dominated.
+Packed arrays are little-endian signed 64-bit integers.
 
 **The timeline key.** Home timelines are ordered by ``(created_at, tweet_id)``
 descending (DESIGN §4). :func:`sort_key` is that pair; a *horizon* is such a key
@@ -29,6 +37,8 @@ timeline is exact; reads that go below it evaluate the query at read time.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterator, Mapping
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -54,6 +64,9 @@ class DeltaKind(IntEnum):
     USER = 9
     OFFSET = 10
     DEAD = 11
+    FANOUT = 12
+    UNFANOUT = 13
+    BACKFILL = 14
 
 
 class Delta(NamedTuple):
@@ -85,3 +98,67 @@ DELTA_DDL = (
 def sort_key(created_at: int, tweet_id: int) -> Key:
     """The position of a tweet in a timeline (newest = largest)."""
     return (created_at, tweet_id)
+
+
+def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]]) -> list[Delta]:
+    """Timeline changes of one author's tweets, packed into as few rows as is simple.
+
+    ``home`` maps (user, tweet) to (added, created_at). Adds that share a tweet become
+    one FANOUT row; the remaining adds that share a user become one BACKFILL row;
+    removes that share a tweet become one UNFANOUT row; the rest stay single rows.
+    """
+    adds: dict[int, tuple[int, list[int]]] = {}
+    removes: dict[int, tuple[int, list[int]]] = {}
+    for (user, tweet), (added, created_at) in home.items():
+        (adds if added else removes).setdefault(tweet, (created_at, []))[1].append(user)
+    out: list[Delta] = []
+    singles: dict[int, list[int]] = {}
+    for tweet, (created_at, users) in adds.items():
+        if len(users) > 1:
+            out.append(Delta(DeltaKind.FANOUT, 0, tweet, author, created_at, raw=_longs(users)))
+        else:
+            singles.setdefault(users[0], []).extend((created_at, tweet))
+    for user, pairs in singles.items():
+        if len(pairs) > 2:
+            out.append(Delta(DeltaKind.BACKFILL, user, 0, author, raw=_longs(pairs)))
+        else:
+            out.append(Delta(DeltaKind.TL_ADD, user, pairs[1], author, pairs[0]))
+    for tweet, (created_at, users) in removes.items():
+        if len(users) > 1:
+            out.append(Delta(DeltaKind.UNFANOUT, 0, tweet, 0, created_at, raw=_longs(users)))
+        else:
+            out.append(Delta(DeltaKind.TL_DEL, users[0], tweet, 0, created_at))
+    return out
+
+
+def unpack_longs(raw: bytes) -> array:
+    """The int64 array a packed delta carries."""
+    out = array("q")
+    out.frombytes(raw)
+    return out
+
+
+def timeline_adds(d: Delta) -> Iterator[tuple[int, int, int, int]]:
+    """(user, created_at, tweet, author) of every add a TL_ADD/FANOUT/BACKFILL carries."""
+    if d.kind == DeltaKind.TL_ADD:
+        yield (d.user_id, d.created_at, d.tweet_id, d.author_id)
+    elif d.kind == DeltaKind.FANOUT:
+        for user in unpack_longs(d.raw or b""):
+            yield (user, d.created_at, d.tweet_id, d.author_id)
+    else:
+        pairs = unpack_longs(d.raw or b"")
+        for created_at, tweet in zip(pairs[::2], pairs[1::2], strict=True):
+            yield (d.user_id, created_at, tweet, d.author_id)
+
+
+def timeline_removes(d: Delta) -> Iterator[tuple[int, int, int]]:
+    """(user, tweet, created_at) of every remove a TL_DEL/UNFANOUT carries."""
+    if d.kind == DeltaKind.TL_DEL:
+        yield (d.user_id, d.tweet_id, d.created_at)
+    else:
+        for user in unpack_longs(d.raw or b""):
+            yield (user, d.tweet_id, d.created_at)
+
+
+def _longs(values: list[int]) -> bytes:
+    return array("q", values).tobytes()

@@ -3,8 +3,8 @@
 ``start_query`` wires the pieces on a given SparkSession; ``run`` is the long-running
 entry point used by ``fanout job`` / ``fanout up``: it opens the store, starts the
 query, logs progress, and stops cleanly on SIGTERM/SIGINT. The checkpoint path is
-versioned with the state layout and the shuffle partition count, because changing
-either makes an old checkpoint unreadable (DESIGN §10).
+versioned with the state layout, the shuffle partition count and the number of key
+buckets, because changing any of them makes an old checkpoint unreadable (DESIGN §10).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ingest.settings import KafkaSettings
@@ -35,7 +36,8 @@ QUERY_NAME = "fanout_views"
 
 def checkpoint_path(view: ViewSettings) -> Path:
     """Where this state layout and partitioning keep their checkpoint."""
-    return view.checkpoint_dir / f"state-v{STATE_VERSION}-p{view.shuffle_partitions}"
+    return view.checkpoint_dir / (f"state-v{STATE_VERSION}-p{view.shuffle_partitions}"
+                                  f"-b{view.key_buckets}")
 
 
 def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, store: Store,
@@ -47,7 +49,8 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
               .option("partitions", str(kafka.partitions))
               .option("maxRecordsPerBatch", str(view.max_records_per_batch))
               .load())
-    deltas = source.groupBy("key").transformWithStateInPandas(
+    bucket = F.pmod(F.xxhash64("key"), F.lit(view.key_buckets))
+    deltas = source.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
         statefulProcessor=JoinProcessor(view.join_config()),
         outputStructType=DELTA_DDL, outputMode="Append", timeMode="None")
     writer = (deltas.writeStream.queryName(QUERY_NAME)

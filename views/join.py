@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ingest.events import TOPIC_RANK, Delete, Event, Follow, Post, UserUpsert
-from views.delta import Delta, DeltaKind, Key
+from views.delta import Delta, DeltaKind, Key, pack
 
 NO_KEY: Key = (-1, -1)
 
@@ -102,32 +102,35 @@ class _Out:
 
     All timeline deltas of one key concern that author's tweets, so a wipe of user
     ``u`` cancels every pending add for ``u``; an add after the wipe is kept and the
-    sink applies wipes before adds (see ``views.sink``).
+    sink applies wipes before adds (see ``views.stores.base``). At the end the net
+    changes are packed (:func:`views.delta.pack`): a post reaching many followers is
+    one row, not one per follower.
     """
 
-    def __init__(self) -> None:
-        self.home: dict[tuple[int, int], Delta] = {}
+    def __init__(self, author: int) -> None:
+        self.author = author
+        self.home: dict[tuple[int, int], tuple[bool, int]] = {}
         self.by_user: dict[int, set[int]] = {}
         self.other: list[Delta] = []
 
-    def add(self, user: int, tweet: int, author: int, created_at: int) -> None:
-        self.home[(user, tweet)] = Delta(DeltaKind.TL_ADD, user, tweet, author, created_at)
+    def add(self, user: int, tweet: int, created_at: int) -> None:
+        self.home[(user, tweet)] = (True, created_at)
         self.by_user.setdefault(user, set()).add(tweet)
 
     def remove(self, user: int, tweet: int, created_at: int) -> None:
-        self.home[(user, tweet)] = Delta(DeltaKind.TL_DEL, user, tweet, 0, created_at)
+        self.home[(user, tweet)] = (False, created_at)
         self.by_user.setdefault(user, set()).add(tweet)
 
-    def wipe(self, user: int, author: int) -> None:
+    def wipe(self, user: int) -> None:
         for tweet in self.by_user.pop(user, ()):
             del self.home[(user, tweet)]
-        self.other.append(Delta(DeltaKind.TL_WIPE, user, 0, author))
+        self.other.append(Delta(DeltaKind.TL_WIPE, user, 0, self.author))
 
     def emit(self, delta: Delta) -> None:
         self.other.append(delta)
 
     def deltas(self) -> list[Delta]:
-        return self.other + list(self.home.values())
+        return self.other + pack(self.author, self.home)
 
 
 def apply_batch(
@@ -135,7 +138,7 @@ def apply_batch(
 ) -> tuple[AuthorState, list[Delta]]:
     """Apply one batch of ``key``'s changes; return the new state and the deltas."""
     state = state if state is not None else AuthorState()
-    out = _Out()
+    out = _Out(key)
     for change in sorted(changes, key=Change.order):
         _apply(state, key, change.event, config, out)
     _settle_path(state, key, config, out)
@@ -160,7 +163,7 @@ def _post(state: AuthorState, key: int, post: Post, cfg: JoinConfig, out: _Out) 
     _keep(state, post.tweet_id, post.created_at, cfg.cap)
     if not state.celebrity:
         for follower in state.active_followers():
-            out.add(follower, post.tweet_id, key, post.created_at)
+            out.add(follower, post.tweet_id, post.created_at)
 
 
 def _keep(state: AuthorState, tweet_id: int, created_at: int, cap: int) -> None:
@@ -201,7 +204,7 @@ def _follow(state: AuthorState, key: int, follow: Follow, cfg: JoinConfig, out: 
     elif follow.active:
         _backfill(state, key, user, out)
     else:
-        out.wipe(user, key)
+        out.wipe(user)
 
 
 def _edge_rank(edge: tuple[int, bool]) -> tuple[int, int]:
@@ -210,7 +213,7 @@ def _edge_rank(edge: tuple[int, bool]) -> tuple[int, int]:
 
 def _backfill(state: AuthorState, key: int, user: int, out: _Out) -> None:
     for tweet_id, created_at in state.tweets.items():
-        out.add(user, tweet_id, key, created_at)
+        out.add(user, tweet_id, created_at)
     if state.evicted != NO_KEY:
         out.emit(Delta(DeltaKind.HORIZON, user, state.evicted[1], 0, state.evicted[0]))
 
@@ -228,7 +231,7 @@ def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> No
     if not state.celebrity and count >= cfg.promote_at:
         state.celebrity = True
         for follower in state.active_followers():
-            out.wipe(follower, key)
+            out.wipe(follower)
             out.emit(Delta(DeltaKind.CELEB_EDGE, follower, 0, key, 0, 1))
     elif state.celebrity and count < cfg.demote_below:
         state.celebrity = False

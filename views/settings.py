@@ -35,6 +35,9 @@ class ViewSettings(BaseSettings):
     max_records_per_batch: int = Field(
         50_000, ge=1, validation_alias=_env("FANOUT_MAX_RECORDS_PER_BATCH",
                                             "max_records_per_batch"))
+    key_buckets: int = Field(
+        256, ge=1, le=1 << 20, validation_alias=_env("FANOUT_KEY_BUCKETS", "key_buckets"),
+        description="Hash buckets of authors: the processor's unit of work and of state.")
     shuffle_partitions: int = Field(2, ge=1, validation_alias=_env("FANOUT_SHUFFLE_PARTITIONS",
                                                                      "shuffle_partitions"))
 

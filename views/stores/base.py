@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from views.delta import Delta, DeltaKind, Key
+from views.delta import Delta, DeltaKind, Key, timeline_adds, timeline_removes
 
 
 class Entry(NamedTuple):
@@ -65,6 +65,16 @@ class DeadLetter(NamedTuple):
     seen_at: int
 
 
+class BatchInfo(NamedTuple):
+    """One applied micro-batch, from the store's batch log (for metrics)."""
+
+    batch_id: int
+    finished_at: int
+    rows: int
+    seconds: float
+    max_event_time: int
+
+
 @dataclass
 class WritePlan:
     """One micro-batch's deltas, netted and in apply order (see :meth:`Store.plan`)."""
@@ -75,8 +85,10 @@ class WritePlan:
     celebs: dict[int, int] = field(default_factory=dict)
     users: dict[int, Delta] = field(default_factory=dict)
     wipes: set[tuple[int, int]] = field(default_factory=set)
-    removes: dict[tuple[int, int], int] = field(default_factory=dict)
-    adds: dict[tuple[int, int], Delta] = field(default_factory=dict)
+    #: (user, tweet, created_at or 0 if unknown)
+    removes: list[tuple[int, int, int]] = field(default_factory=list)
+    #: (user, created_at, tweet, author)
+    adds: list[tuple[int, int, int, int]] = field(default_factory=list)
     horizons: dict[int, Key] = field(default_factory=dict)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     max_event_time: int = 0
@@ -134,8 +146,9 @@ class Store(abc.ABC):
     def plan(deltas: Iterable[Delta]) -> WritePlan:
         """Fold deltas into a plan: last write per row wins, deletes of tweets stick.
 
-        Timeline changes apply as wipes, then removes, then adds; the join already
-        cancelled any add that a later wipe of the same (user, author) undoes.
+        Timeline changes apply as wipes, then removes, then adds. They need no netting
+        here: a (user, tweet) pair only ever comes from the tweet's author's key, which
+        the join already netted (and it cancelled any add a later wipe undoes).
         """
         plan = WritePlan()
         for d in deltas:
@@ -200,6 +213,19 @@ class Store(abc.ABC):
         """Users with at least one followee (what verify walks)."""
         raise NotImplementedError
 
+    def batches(self, limit: int = 100) -> list[BatchInfo]:
+        """The newest ``limit`` logged micro-batches, newest (highest batch_id) first.
+
+        ``max_event_time`` is the newest event time applied in the batch (0: none),
+        so view lag is now minus the largest of these. Read on every metrics scrape:
+        must cost O(limit), not a table scan.
+        """
+        raise NotImplementedError
+
+    def dead_letter_count(self) -> int:
+        """How many dead letters the store holds; read on every metrics scrape."""
+        raise NotImplementedError
+
 
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:
     old = plan.tweets.get(d.tweet_id)
@@ -211,13 +237,11 @@ def _fold_tweet(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_remove(plan: WritePlan, d: Delta) -> None:
-    plan.adds.pop((d.user_id, d.tweet_id), None)
-    plan.removes[(d.user_id, d.tweet_id)] = d.created_at
+    plan.removes.extend(timeline_removes(d))
 
 
 def _fold_add(plan: WritePlan, d: Delta) -> None:
-    plan.removes.pop((d.user_id, d.tweet_id), None)
-    plan.adds[(d.user_id, d.tweet_id)] = d
+    plan.adds.extend(timeline_adds(d))
 
 
 def _fold_horizon(plan: WritePlan, d: Delta) -> None:
@@ -238,7 +262,10 @@ def _fold_wipe(plan: WritePlan, d: Delta) -> None:
 
 _FOLD = {
     DeltaKind.TL_ADD: _fold_add,
+    DeltaKind.FANOUT: _fold_add,
+    DeltaKind.BACKFILL: _fold_add,
     DeltaKind.TL_DEL: _fold_remove,
+    DeltaKind.UNFANOUT: _fold_remove,
     DeltaKind.TL_WIPE: _fold_wipe,
     DeltaKind.HORIZON: _fold_horizon,
     DeltaKind.TWEET: _fold_tweet,

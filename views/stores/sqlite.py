@@ -16,13 +16,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from views.delta import TOP, Key
-from views.stores.base import DeadLetter, Entry, Store, TweetRow, UserRow, WritePlan
+from views.stores.base import (
+    BatchInfo,
+    DeadLetter,
+    Entry,
+    Store,
+    TweetRow,
+    UserRow,
+    WritePlan,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_timeline (
-  user_id INTEGER NOT NULL, tweet_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
-  author_id INTEGER NOT NULL, PRIMARY KEY (user_id, tweet_id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS home_by_time ON home_timeline (user_id, created_at, tweet_id);
+  user_id INTEGER NOT NULL, created_at INTEGER NOT NULL, tweet_id INTEGER NOT NULL,
+  author_id INTEGER NOT NULL, PRIMARY KEY (user_id, created_at, tweet_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS timeline_meta (
   user_id INTEGER PRIMARY KEY, horizon_created_at INTEGER NOT NULL,
   horizon_tweet_id INTEGER NOT NULL);
@@ -143,13 +150,15 @@ class SQLiteStore(Store):
     def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
         db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND author_id = ?",
                        sorted(plan.wipes))
-        db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ?",
-                       sorted(plan.removes))
+        # A remove whose time the join did not know takes it from the tweets table.
         db.executemany(
-            "INSERT OR REPLACE INTO home_timeline VALUES (?, ?, ?, ?)",
-            [(d.user_id, d.tweet_id, d.created_at, d.author_id) for d in plan.adds.values()])
+            "DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ? AND created_at = "
+            "coalesce(nullif(?, 0), (SELECT created_at FROM tweets WHERE tweet_id = ?))",
+            [(u, t, c, t) for u, t, c in plan.removes])
+        plan.adds.sort()
+        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", plan.adds)
         horizons = dict(plan.horizons)
-        for user in sorted({u for u, _ in plan.adds}):
+        for user in sorted({row[0] for row in plan.adds}):
             cut = self._trim(db, user)
             if cut is not None:
                 horizons[user] = max(horizons.get(user, cut), cut)
@@ -278,3 +287,10 @@ class SQLiteStore(Store):
         return list(self._conn().execute(
             "SELECT batch_id, finished_at, rows, seconds, max_event_time FROM batches "
             "ORDER BY batch_id DESC LIMIT ?", (limit,)))
+
+    def batches(self, limit: int = 100) -> list[BatchInfo]:
+        return [BatchInfo(*row) for row in self.recent_batches(limit)]
+
+    def dead_letter_count(self) -> int:
+        # A scan of dead_letters only: bad records are few, unlike timeline rows.
+        return int(self._conn().execute("SELECT count(*) FROM dead_letters").fetchone()[0])

@@ -1,0 +1,117 @@
+"""Replay throughput of the whole pipeline: the ego-twitter graph, then a tweet burst.
+
+    .venv/bin/python benchmarks/bench_replay.py                 # whole graph (1.77M follows)
+    .venv/bin/python benchmarks/bench_replay.py --edges 300000  # a prefix, quicker
+
+Phase 1 replays the real follow graph (../shared/data/ego-twitter) with generated
+profiles and tweets merged in event-time order, as fast as possible, through
+``fanout replay`` in its own process, while the view job runs continuously; it
+reports the time from the first record produced to the last one applied. Phase 2
+posts a burst of tweets over that graph (authors weighted by follower count) and
+reports tweet events/s and timeline rows/s through the join. Every figure is printed
+and written to benchmarks/results/replay.json, with micro-batch duration p50/p99
+and the peak memory of the process tree (driver, JVM, Python workers). A sample of
+users is then verified against the SQL, so a fast wrong answer does not count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+import time
+from pathlib import Path
+
+from pipeline import ROOT, percentile, pipeline, replay_process, save
+
+sys.path.insert(0, str(ROOT))
+
+from infra.verify import compare  # noqa: E402
+from ingest import generator, history  # noqa: E402
+from views.changelog import read_changelog  # noqa: E402
+
+EGO = ROOT.parent / "shared" / "data" / "ego-twitter" / "follows.txt.gz"
+
+
+def _graph(edges: int | None, work: Path) -> Path:
+    if edges is None:
+        return EGO
+    path = work / f"ego-{edges}.txt"
+    with gzip.open(EGO, "rt") as src, path.open("w") as out:
+        for i, line in enumerate(src):
+            if i >= edges:
+                break
+            out.write(line)
+    return path
+
+
+def _phase(pipe, name: str, run) -> dict:
+    first = len(pipe.batch_log)
+    start = time.perf_counter()
+    produced = run()
+    caught = pipe.wait_caught_up(timeout=1800)
+    elapsed = time.perf_counter() - start
+    batches = pipe.batch_log[first:]
+    durations = [b["seconds"] for b in batches if b["deltas"]]
+    rows = sum(b["timeline_adds"] for b in batches)
+    return {"phase": name, "seconds": round(elapsed, 2),
+            "catch_up_after_produce_s": round(caught, 2), "producer": produced,
+            "batches": len(durations), "timeline_rows": rows,
+            "timeline_rows_per_s": round(rows / elapsed), "batch_p50_s": percentile(durations, .5),
+            "batch_p99_s": percentile(durations, .99),
+            "store_s": round(sum(b["store_seconds"] for b in batches), 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--edges", type=int, default=None, help="only the first N edges")
+    ap.add_argument("--tweets", type=int, default=100_000, help="tweets merged into phase 1")
+    ap.add_argument("--burst", type=int, default=30_000, help="tweets posted in phase 2")
+    ap.add_argument("--celebrity-threshold", type=int, default=500)
+    ap.add_argument("--max-records", type=int, default=100_000)
+    ap.add_argument("--verify-sample", type=int, default=2000)
+    ap.add_argument("--name", default="replay")
+    args = ap.parse_args()
+    with pipeline(celebrity_threshold=args.celebrity_threshold,
+                  max_records=args.max_records) as pipe:
+        graph = _graph(args.edges, pipe.workdir)
+        one = _phase(pipe, "graph+tweets", lambda: replay_process(
+            pipe, [str(graph)], ["--generate-tweets", str(args.tweets)]))
+        census = history.census(graph)
+        burst = generator.for_graph(census.follower_counts, args.burst, seed=99,
+                                    delete_ratio=0.0, start_ms=1_900_000_000_000)
+        burst.users = []
+        burst_dir = pipe.workdir / "burst"
+        generator.write(burst, burst_dir)
+        two = _phase(pipe, "tweet burst", lambda: replay_process(pipe, [str(burst_dir)], []))
+        two["tweet_events_per_s"] = round(args.burst / two["seconds"])
+        events = sum(pipe.ends().values())
+        log_ = read_changelog(pipe.kafka)
+        check = compare(log_, pipe.store, pipe.view.timeline_cap, sample=args.verify_sample)
+        result = {
+            "edges": census.edges, "events": events, "phases": [one, two],
+            "events_per_s_phase1": round((events - args.burst) / one["seconds"]),
+            "celebrities": len(pipe.store.celebrities()),
+            "peak_rss_mb": round(pipe.peak_rss / 2**20),
+            "verify": {"users": check.users_checked, "divergent": check.divergent},
+            "settings": vars(args),
+        }
+    _print(result)
+    print(f"written to {save(args.name, result)}")
+    return 0 if check.divergent == 0 else 1
+
+
+def _print(r: dict) -> None:
+    print(f"\nego-twitter edges {r['edges']:,}, events {r['events']:,}, "
+          f"celebrities {r['celebrities']}, peak RSS {r['peak_rss_mb']} MB")
+    for p in r["phases"]:
+        extra = f", {p['tweet_events_per_s']:,} tweets/s" if "tweet_events_per_s" in p else ""
+        print(f"  {p['phase']:<13} {p['seconds']:7.1f}s  {p['timeline_rows_per_s']:>8,} "
+              f"timeline rows/s{extra}; batches {p['batches']}, p50 {p['batch_p50_s']:.2f}s, "
+              f"p99 {p['batch_p99_s']:.2f}s, store {p['store_s']:.1f}s")
+    print(f"  phase 1 events/s: {r['events_per_s_phase1']:,}")
+    print(f"  verify: {r['verify']['users']} users, {r['verify']['divergent']} divergent")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

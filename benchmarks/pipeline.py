@@ -1,0 +1,168 @@
+"""A whole pipeline in one process tree for benchmarks: broker, topics, Spark job, store.
+
+Used by the benchmark scripts beside it; nothing in the product imports it. The job
+runs continuously (processing-time trigger), exactly as under ``fanout up``; the
+benchmark produces into the topics from a separate process (``fanout replay``) or
+from here, and waits on the store's applied offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra.broker import EmbeddedBroker  # noqa: E402
+from infra.spark import build_session  # noqa: E402
+from ingest.settings import KafkaSettings  # noqa: E402
+from ingest.topics import create_topics  # noqa: E402
+from views.job import start_query  # noqa: E402
+from views.kafka_offsets import EndOffsets  # noqa: E402
+from views.settings import ViewSettings  # noqa: E402
+from views.sink import Sink  # noqa: E402
+from views.stores.sqlite import SQLiteStore  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass
+class Pipeline:
+    """Handles of a running pipeline."""
+
+    kafka: KafkaSettings
+    view: ViewSettings
+    store: SQLiteStore
+    sink: Sink
+    workdir: Path
+    query: Any = None
+    peak_rss: int = 0
+    batch_log: list[dict[str, float]] = field(default_factory=list)
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        offsets = EndOffsets(self.kafka.bootstrap)
+        tps = offsets.topic_partitions(self.kafka.physical_topics())
+        return {(self.kafka.logical(t), p): e for (t, p), e in offsets.ends(tps).items()}
+
+    def applied(self, ends: dict[tuple[str, int], int]) -> int:
+        done = self.store.applied_offsets()
+        return sum(min(done.get(tp, -1) + 1, end) for tp, end in ends.items())
+
+    def wait_caught_up(self, timeout: float, progress: bool = True) -> float:
+        """Seconds until every produced record is applied (bounded)."""
+        start = time.perf_counter()
+        deadline = start + timeout
+        ends = self.ends()
+        total = sum(ends.values())
+        last = -1
+        while (done := self.applied(ends)) < total:
+            if self.query.exception() is not None:
+                raise RuntimeError(f"query failed: {self.query.exception()}")
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"applied {done} of {total} records in {timeout}s")
+            if progress and done != last:
+                print(f"  applied {done:,}/{total:,} records "
+                      f"({time.perf_counter() - start:.0f}s)", file=sys.stderr, flush=True)
+                last = done
+            time.sleep(0.2)
+        return time.perf_counter() - start
+
+    def batches_since(self, first: int) -> list[dict[str, float]]:
+        return [b for b in self.batch_log if b["batch_id"] >= first]
+
+
+def _rss_tree() -> int:
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+@contextmanager
+def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int = 800,
+             max_records: int = 50_000, trigger_seconds: float = 0.0,
+             shuffle_partitions: int = 2, conf: dict[str, str] | None = None
+             ) -> Iterator[Pipeline]:
+    """Start everything in a temp dir; stop and clean up at the end."""
+    work = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
+    with EmbeddedBroker(work / "tansu.log") as broker:
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
+                              topic_prefix="b_")
+        create_topics(kafka)
+        view = ViewSettings(store_url=f"sqlite:///{work / 'v.sqlite'}",
+                            checkpoint_dir=work / "ck", timeline_cap=cap,
+                            celebrity_threshold=celebrity_threshold,
+                            max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
+                            shuffle_partitions=shuffle_partitions)
+        spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
+                              extra_conf=conf)
+        store = SQLiteStore(work / "v.sqlite", cap=cap).open()
+        pipe = Pipeline(kafka, view, store, Sink(store), work)
+        stop = threading.Event()
+
+        def record(stats: Any, total: float) -> None:
+            pipe.batch_log.append({"batch_id": stats.batch_id, "seconds": total,
+                                   "store_seconds": stats.seconds, "deltas": stats.deltas,
+                                   "timeline_adds": stats.timeline_adds,
+                                   "finished": time.perf_counter()})
+
+        pipe.sink.on_batch = record
+
+        def sample_memory() -> None:
+            while not stop.wait(0.5):
+                pipe.peak_rss = max(pipe.peak_rss, _rss_tree())
+
+        sampler = threading.Thread(target=sample_memory, daemon=True)
+        sampler.start()
+        pipe.query = start_query(spark, kafka, view, store, sink=pipe.sink)
+        try:
+            yield pipe
+        finally:
+            stop.set()
+            pipe.query.stop()
+            store.close()
+            spark.stop()
+
+
+def replay_process(pipe: Pipeline, paths: list[str], extra: list[str]) -> dict[str, Any]:
+    """Run ``fanout replay`` as its own process; return its timing."""
+    env = {**os.environ, "KAFKA_BOOTSTRAP": pipe.kafka.bootstrap,
+           "FANOUT_TOPIC_PREFIX": pipe.kafka.topic_prefix,
+           "FANOUT_PARTITIONS": str(pipe.kafka.partitions), "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "infra.cli", "replay", *paths, "--no-progress",
+                          *extra], env=env, capture_output=True, text=True, check=False,
+                         cwd=ROOT, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"replay failed: {out.stdout}\n{out.stderr}")
+    return {"seconds": time.perf_counter() - start, "output": out.stdout.strip()}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def save(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
