@@ -54,7 +54,14 @@ def _phase(pipe, name: str, run) -> dict:
     batches = pipe.batch_log[first:]
     durations = [b["seconds"] for b in batches if b["deltas"]]
     rows = sum(b["timeline_adds"] for b in batches)
-    return {"phase": name, "seconds": round(elapsed, 2),
+    ids = {b["batch_id"] for b in batches}
+    spark_ms: dict[str, int] = {}
+    for progress in pipe.query.recentProgress:
+        if progress["batchId"] in ids:
+            for phase, ms in (progress.get("durationMs") or {}).items():
+                spark_ms[phase] = spark_ms.get(phase, 0) + ms
+    join_s = sum(durations)
+    return {"spark_ms": spark_ms, "batch_seconds_total": round(join_s, 2),"phase": name, "seconds": round(elapsed, 2),
             "catch_up_after_produce_s": round(caught, 2), "producer": produced,
             "batches": len(durations), "timeline_rows": rows,
             "timeline_rows_per_s": round(rows / elapsed), "batch_p50_s": percentile(durations, .5),
@@ -85,6 +92,7 @@ def main() -> int:
         generator.write(burst, burst_dir)
         two = _phase(pipe, "tweet burst", lambda: replay_process(pipe, [str(burst_dir)], []))
         two["tweet_events_per_s"] = round(args.burst / two["seconds"])
+        two["tweet_events_per_batch_s"] = round(args.burst / max(two["batch_seconds_total"], 1e-9))
         events = sum(pipe.ends().values())
         log_ = read_changelog(pipe.kafka)
         check = compare(log_, pipe.store, pipe.view.timeline_cap, sample=args.verify_sample)
@@ -105,11 +113,15 @@ def _print(r: dict) -> None:
     print(f"\nego-twitter edges {r['edges']:,}, events {r['events']:,}, "
           f"celebrities {r['celebrities']}, peak RSS {r['peak_rss_mb']} MB")
     for p in r["phases"]:
-        extra = f", {p['tweet_events_per_s']:,} tweets/s" if "tweet_events_per_s" in p else ""
+        extra = (f", {p['tweet_events_per_s']:,} tweets/s wall, "
+                 f"{p['tweet_events_per_batch_s']:,} tweets/s in micro-batches"
+                 if "tweet_events_per_s" in p else "")
         print(f"  {p['phase']:<13} {p['seconds']:7.1f}s  {p['timeline_rows_per_s']:>8,} "
               f"timeline rows/s{extra}; batches {p['batches']}, p50 {p['batch_p50_s']:.2f}s, "
               f"p99 {p['batch_p99_s']:.2f}s, store {p['store_s']:.1f}s")
     print(f"  phase 1 events/s: {r['events_per_s_phase1']:,}")
+    for p in r["phases"]:
+        print(f"  spark time by phase ({p['phase']}): {p['spark_ms']}")
     print(f"  verify: {r['verify']['users']} users, {r['verify']['divergent']} divergent")
 
 

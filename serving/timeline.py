@@ -19,6 +19,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serving.celebrities import CelebrityCache
 from views.delta import TOP, Key
 from views.stores.base import Entry, Store
 
@@ -31,15 +32,20 @@ class Page:
     next_key: Key | None
 
 
-def home_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
-    """One page of ``user``'s home timeline strictly older than ``below``."""
+def home_page(store: Store, user: int, below: Key | None, limit: int,
+              celebrities: CelebrityCache | None = None) -> Page:
+    """One page of ``user``'s home timeline strictly older than ``below``.
+
+    With ``celebrities``, followed celebrities' tweets come from that in-process
+    cache (bounded staleness, see :mod:`serving.celebrities`) instead of the store.
+    """
     below = below or TOP
     with store.snapshot():
         horizon = store.horizon(user)
         floor = horizon or (-1, -1)
         cached = [e for e in store.cached(user, below, limit) if e.key > floor]
         celebs = store.celebrities_followed(user)
-        starred = store.author_tweets(celebs, below, limit) if celebs else []
+        starred = _starred(store, celebs, below, limit, celebrities)
         entries = _newest(cached, [e for e in starred if e.key > floor], limit)
         if len(entries) < limit and horizon is not None:
             # Keys ≤ horizon: evaluate the query here (tweet ids are ≥ 1).
@@ -47,6 +53,14 @@ def home_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
             entries += store.author_tweets(store.followees(user), deeper, limit - len(entries))
     more = len(entries) == limit
     return Page(entries, entries[-1].key if more and entries else None)
+
+
+def _starred(store: Store, celebs: list[int], below: Key, limit: int,
+             cache: CelebrityCache | None) -> list[Entry]:
+    if not celebs:
+        return []
+    from_cache = cache.page(celebs, below, limit) if cache is not None else None
+    return from_cache if from_cache is not None else store.author_tweets(celebs, below, limit)
 
 
 def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Page:

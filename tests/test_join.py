@@ -9,6 +9,7 @@ merge + read-time fallback) must equal ``views.reference`` — the literal SQL.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import defaultdict
 
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from serving.celebrities import CelebrityCache
 from serving.timeline import home_page, home_top, read_time_page
 from views.delta import DeltaKind
 from views.join import AuthorState, Change, JoinConfig, apply_batch
@@ -54,10 +56,12 @@ def _author_of(tweet: int) -> int:
 class Harness:
     """Drives the join like the Spark job: group by key, one state per key."""
 
-    def __init__(self, config: JoinConfig, store: SQLiteStore | None = None) -> None:
+    def __init__(self, config: JoinConfig, store: SQLiteStore | None = None,
+                 trim_slack: int = 0) -> None:
         self.config = config
         self.states: dict[int, AuthorState] = {}
-        self.store = store or SQLiteStore(":memory:", cap=config.cap).open()
+        self.store = store or SQLiteStore(":memory:", cap=config.cap,
+                                          trim_slack=trim_slack).open()
         self.offset = 0
         self.batch_id = 0
 
@@ -96,13 +100,14 @@ def _check(harness: Harness, history: list[Event]) -> None:
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=st.lists(events(), min_size=5, max_size=80), seed=st.integers(0, 2**32),
        cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
-       promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2))
-def test_served_timelines_equal_the_sql(history, seed, cuts, cap, promote_at, demote_gap):
+       promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2), slack=st.integers(0, 3))
+def test_served_timelines_equal_the_sql(history, seed, cuts, cap, promote_at, demote_gap,
+                                        slack):
     rng = random.Random(seed)
     arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
     rng.shuffle(arrivals)  # out-of-order arrival
     config = JoinConfig(cap, promote_at, max(1, promote_at - demote_gap))
-    harness = Harness(config)
+    harness = Harness(config, trim_slack=slack)
     for batch in _split(arrivals, cuts):
         harness.run(batch)
     _check(harness, history)
@@ -205,9 +210,9 @@ def crowd_events(draw: st.DrawFn) -> Event:
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=st.lists(crowd_events(), min_size=10, max_size=120), seed=st.integers(0, 2**32),
        cuts=st.lists(st.integers(0, 200), min_size=2, max_size=12), cap=st.integers(1, 5),
-       promote_at=st.integers(2, 5), demote_gap=st.integers(0, 2))
+       promote_at=st.integers(2, 5), demote_gap=st.integers(0, 2), depth=st.integers(1, 4))
 def test_threshold_crossings_keep_timelines_equal_to_the_sql(
-        history, seed, cuts, cap, promote_at, demote_gap):
+        history, seed, cuts, cap, promote_at, demote_gap, depth):
     rng = random.Random(seed)
     arrivals = history + rng.sample(history, k=len(history) // 4)
     rng.shuffle(arrivals)
@@ -215,11 +220,17 @@ def test_threshold_crossings_keep_timelines_equal_to_the_sql(
     for batch in _split(arrivals, cuts):
         harness.run(batch)
     ref = Reference().add(history)
+    cache = CelebrityCache(harness.store, depth=depth)
+    cache.refresh()
+    with_cache = functools.partial(home_page, celebrities=cache)
     for user in range(3, 9):
         want = [(t, a, c) for t, a, c, _ in ref.home(user, cap)]
         got = [(e.tweet_id, e.author_id, e.created_at)
                for e in home_top(harness.store, user, cap, page_size=2)]
         assert got == want, f"user {user}"
+        cached = [(e.tweet_id, e.author_id, e.created_at)
+                  for e in home_top(harness.store, user, cap, page_size=2, page_fn=with_cache)]
+        assert cached == want, f"user {user}, celebrity cache of depth {depth}"
 
 
 def test_follow_and_unfollow_at_the_same_time_unfollow_wins_in_any_order():

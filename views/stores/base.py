@@ -185,6 +185,10 @@ class Store(abc.ABC):
                       limit: int) -> list[Entry]:
         """Live tweets of ``authors`` with key < ``below``, newest first, at most ``limit``."""
 
+    def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
+        """Each author's newest ``n`` live tweets, newest first (backends batch this)."""
+        return {a: self.author_tweets([a], None, n) for a in authors}
+
     @abc.abstractmethod
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
         """Tweets by id (deleted ones included, flagged)."""

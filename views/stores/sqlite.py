@@ -12,6 +12,7 @@ import contextlib
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -32,7 +33,7 @@ CREATE TABLE IF NOT EXISTS home_timeline (
   author_id INTEGER NOT NULL, PRIMARY KEY (user_id, created_at, tweet_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS timeline_meta (
   user_id INTEGER PRIMARY KEY, horizon_created_at INTEGER NOT NULL,
-  horizon_tweet_id INTEGER NOT NULL);
+  horizon_tweet_id INTEGER NOT NULL, size INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS author_tweets (
   author_id INTEGER NOT NULL, created_at INTEGER NOT NULL, tweet_id INTEGER NOT NULL,
   PRIMARY KEY (author_id, created_at, tweet_id)) WITHOUT ROWID;
@@ -61,6 +62,7 @@ CREATE TABLE IF NOT EXISTS batches (
   seconds REAL NOT NULL, max_event_time INTEGER NOT NULL);
 """
 
+NO_HORIZON = (-1, -1)
 _TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
            "celebrities", "users", "dead_letters", "timeline_meta")
 
@@ -68,8 +70,10 @@ _TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_fol
 class SQLiteStore(Store):
     """Store in one SQLite file; see the module docstring."""
 
-    def __init__(self, path: str | Path, cap: int = 800) -> None:
+    def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None) -> None:
         super().__init__(cap)
+        #: Rows a timeline may hold past the cap before it is trimmed (amortizes trims).
+        self.trim_slack = max(16, cap // 4) if trim_slack is None else trim_slack
         self.path = str(path)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -155,32 +159,53 @@ class SQLiteStore(Store):
             "DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ? AND created_at = "
             "coalesce(nullif(?, 0), (SELECT created_at FROM tweets WHERE tweet_id = ?))",
             [(u, t, c, t) for u, t, c in plan.removes])
-        plan.adds.sort()
-        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", plan.adds)
-        horizons = dict(plan.horizons)
-        for user in sorted({row[0] for row in plan.adds}):
-            cut = self._trim(db, user)
-            if cut is not None:
-                horizons[user] = max(horizons.get(user, cut), cut)
-        db.executemany(
-            "INSERT INTO timeline_meta VALUES (?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET "
-            "horizon_created_at = excluded.horizon_created_at, "
-            "horizon_tweet_id = excluded.horizon_tweet_id "
-            "WHERE (excluded.horizon_created_at, excluded.horizon_tweet_id) > "
-            "(timeline_meta.horizon_created_at, timeline_meta.horizon_tweet_id)",
-            [(u, c, t) for u, (c, t) in horizons.items()])
+        meta = self._meta(db, {row[0] for row in plan.adds} | set(plan.horizons))
+        for user, key in plan.horizons.items():
+            meta[user][0] = max(meta[user][0], key)
+        # At or below its horizon a timeline is read through the query, not the cache,
+        # so an add there would only be trimmed again: skip it.
+        adds = sorted(a for a in plan.adds if (a[1], a[2]) > meta[a[0]][0])
+        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", adds)
+        for user, added in Counter(a[0] for a in adds).items():
+            self._maybe_trim(db, user, meta[user], added)
+        db.executemany("INSERT OR REPLACE INTO timeline_meta VALUES (?, ?, ?, ?)",
+                       [(u, h[0], h[1], size) for u, (h, size) in meta.items()])
 
-    def _trim(self, db: sqlite3.Connection, user: int) -> Key | None:
-        """Drop entries past the cap; return the newest key dropped."""
+    @staticmethod
+    def _meta(db: sqlite3.Connection, users: set[int]) -> dict[int, list]:
+        """Per user: [horizon key, size estimate], (-1, -1) and 0 for a user not seen yet."""
+        meta: dict[int, list] = {u: [NO_HORIZON, 0] for u in users}
+        ordered = sorted(users)
+        for i in range(0, len(ordered), 500):
+            chunk = ordered[i:i + 500]
+            for u, c, t, size in db.execute(
+                    "SELECT user_id, horizon_created_at, horizon_tweet_id, size FROM "
+                    f"timeline_meta WHERE user_id IN ({','.join('?' * len(chunk))})", chunk):
+                meta[u] = [(c, t), size]
+        return meta
+
+    def _maybe_trim(self, db: sqlite3.Connection, user: int, meta: list, added: int) -> None:
+        """Trim once the size estimate passes cap + slack: amortized, not every batch.
+
+        The estimate only grows with adds (deletes make it an upper bound), so a
+        timeline holds at most ``cap + slack`` rows plus one batch; reads stay exact
+        because of the horizon.
+        """
+        meta[1] += added
+        if meta[1] <= self.cap + self.trim_slack:
+            return
         row = db.execute(
             "SELECT created_at, tweet_id FROM home_timeline WHERE user_id = ? "
             "ORDER BY created_at DESC, tweet_id DESC LIMIT 1 OFFSET ?",
             (user, self.cap)).fetchone()
         if row is None:
-            return None
-        db.execute("DELETE FROM home_timeline WHERE user_id = ? AND (created_at, tweet_id) <= (?, ?)",
-                   (user, row[0], row[1]))
-        return (row[0], row[1])
+            meta[1] = db.execute("SELECT count(*) FROM home_timeline WHERE user_id = ?",
+                                 (user,)).fetchone()[0]
+            return
+        db.execute("DELETE FROM home_timeline WHERE user_id = ? AND (created_at, tweet_id) <= "
+                   "(?, ?)", (user, row[0], row[1]))
+        meta[0] = max(meta[0], (row[0], row[1]))
+        meta[1] = self.cap
 
     @staticmethod
     def _write_bookkeeping(db: sqlite3.Connection, plan: WritePlan, batch_id: int,
@@ -220,7 +245,7 @@ class SQLiteStore(Store):
         row = self._conn().execute(
             "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta WHERE user_id = ?",
             (user,)).fetchone()
-        return (row[0], row[1]) if row else None
+        return (row[0], row[1]) if row and row[0] >= 0 else None
 
     def celebrities_followed(self, user: int) -> list[int]:
         return self._column("SELECT celebrity_id FROM celebrity_follows WHERE user_id = ?", user)
@@ -242,6 +267,17 @@ class SQLiteStore(Store):
                 "LIMIT ?", (author, below[0], below[1], limit)))
         out.sort(reverse=True)
         return out[:limit]
+
+    def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
+        out: dict[int, list[Entry]] = {a: [] for a in authors}
+        for author, created_at, tweet_id in self._many(
+                "SELECT author_id, created_at, tweet_id FROM (SELECT author_id, created_at, "
+                "tweet_id, row_number() OVER (PARTITION BY author_id ORDER BY created_at DESC, "
+                "tweet_id DESC) AS rank FROM author_tweets WHERE author_id IN ({})) "
+                f"WHERE rank <= {int(n)} ORDER BY author_id, created_at DESC, tweet_id DESC",
+                authors):
+            out[author].append(Entry(created_at, tweet_id, author))
+        return out
 
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
         return {r[0]: TweetRow(r[0], r[1], r[2], r[3], bool(r[4])) for r in self._many(

@@ -1,0 +1,125 @@
+"""Freshness under steady load: tweets at a fixed rate, post → visible p50/p99.
+
+    .venv/bin/python benchmarks/bench_freshness.py --rate 200 --seconds 60
+
+A synthetic graph is loaded first (not timed). Then tweets are produced at a fixed
+rate by an open-loop schedule (each has an intended send time; a late send is not
+forgiven). A tweet is *visible* when the micro-batch that applied its offset has
+committed to the store: the sink's callback snapshots the applied offsets after each
+commit, so visibility is known exactly per tweet, with no polling. Reports
+p50/p90/p99/max of (visible − intended send time), the micro-batch durations, and
+writes benchmarks/results/freshness.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import sys
+import threading
+import time
+
+from pipeline import ROOT, percentile, pipeline, save
+
+sys.path.insert(0, str(ROOT))
+
+from ingest.events import Post  # noqa: E402
+from ingest.generator import generate  # noqa: E402
+from ingest.producer import ChangelogProducer  # noqa: E402
+
+
+def _load_graph(pipe, users: int, follows: int) -> None:
+    history = generate(users, follows, 0, seed=11)
+    with ChangelogProducer(pipe.kafka) as producer:
+        for event in history.events():
+            producer.send(event)
+        producer.flush(120)
+    pipe.wait_caught_up(timeout=900)
+
+
+def _produce(pipe, rate: float, seconds: float, authors: list[int]) -> list[tuple]:
+    """Open-loop: tweet i is due at start + i/rate; returns (due, partition, offset)."""
+    sent: list[tuple] = []
+    lock = threading.Lock()
+    producer = ChangelogProducer(pipe.kafka, linger_ms=0)
+    producer.start()
+    start = time.perf_counter() + 0.5
+    total = int(rate * seconds)
+    for i in range(total):
+        due = start + i / rate
+        time.sleep(max(0.0, due - time.perf_counter()))
+        author = authors[i % len(authors)]
+        post = Post(2_000_000_000_000 + i, author, int(time.time() * 1000), f"fresh {i}")
+
+        def done(_event, outcome, due=due):
+            if not isinstance(outcome, Exception):
+                with lock:
+                    sent.append((due, outcome.partition, outcome.offset))
+
+        producer.send(post, on_delivery=done)
+        producer.poll(0)
+    producer.flush(60)
+    producer.close()
+    return sent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=200.0, help="tweets per second")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--follows", type=int, default=200_000)
+    ap.add_argument("--trigger", type=float, default=0.0, help="processing-time trigger, s")
+    ap.add_argument("--max-records", type=int, default=20_000)
+    ap.add_argument("--name", default="freshness")
+    args = ap.parse_args()
+    commits: list[tuple[float, dict]] = []
+    with pipeline(celebrity_threshold=1000, max_records=args.max_records,
+                  trigger_seconds=args.trigger) as pipe:
+        _load_graph(pipe, args.users, args.follows)
+        previous = pipe.sink.on_batch
+
+        def snapshot(stats, total):
+            previous(stats, total)
+            commits.append((time.perf_counter(), pipe.store.applied_offsets()))
+
+        pipe.sink.on_batch = snapshot
+        first_batch = len(pipe.batch_log)
+        sent = _produce(pipe, args.rate, args.seconds, list(range(1, args.users + 1, 7)))
+        pipe.wait_caught_up(timeout=300, progress=False)
+        batches = pipe.batch_log[first_batch:]
+    lags = _lags(sent, commits)
+    durations = [b["seconds"] for b in batches]
+    result = {
+        "rate": args.rate, "seconds": args.seconds, "tweets": len(sent),
+        "visible": len(lags),
+        "freshness_s": {q: round(percentile(lags, p), 3) for q, p in
+                        (("p50", .5), ("p90", .9), ("p99", .99), ("max", 1.0))},
+        "batches": len(durations),
+        "batch_s": {"p50": round(percentile(durations, .5), 3),
+                    "p99": round(percentile(durations, .99), 3)},
+        "settings": vars(args),
+    }
+    f = result["freshness_s"]
+    print(f"\n{len(sent)} tweets at {args.rate}/s: post → visible p50 {f['p50']}s, "
+          f"p90 {f['p90']}s, p99 {f['p99']}s, max {f['max']}s; {len(durations)} batches, "
+          f"p50 {result['batch_s']['p50']}s, p99 {result['batch_s']['p99']}s")
+    print(f"written to {save(args.name, result)}")
+    return 0
+
+
+def _lags(sent: list[tuple], commits: list[tuple[float, dict]]) -> list[float]:
+    """Per tweet: first commit whose applied offset covers it, minus its due time."""
+    lags = []
+    times = [t for t, _ in commits]
+    for due, partition, offset in sent:
+        i = bisect.bisect_left(times, due)
+        while i < len(commits) and commits[i][1].get(("tweets", partition), -1) < offset:
+            i += 1
+        if i < len(commits):
+            lags.append(commits[i][0] - due)
+    return lags
+
+
+if __name__ == "__main__":
+    sys.exit(main())

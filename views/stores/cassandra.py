@@ -1,0 +1,429 @@
+"""The production store: Cassandra through cassandra-driver (DESIGN §6).
+
+Tables (``views/stores/cql/``): ``home_timeline`` has one partition per user,
+clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per author,
+the same way; the rest are keyed lookups. Statements are prepared once at
+:meth:`open` and routed token-aware to a replica in the local datacenter; the job's
+writes go through ``cassandra.concurrent.execute_concurrent`` with at most
+``concurrency`` statements in flight (see :mod:`views.stores.cassandra_config`).
+
+**One batch, in phases.** Cassandra has no multi-partition transaction, so
+:meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes
+before the next starts: (1) reads the batch needs — the batch's timestamp, the stored
+state of its tweets, the partitions of wiped users, stored profiles; (2) at ``T``:
+tweets, graph, profiles, wipes, removes; (3) at ``T+1``: adds; (4) reads the head of
+each touched timeline, then at ``T+2`` trims and raises horizons; (5) offsets, dead
+letters, and the batch record. Every write is an upsert or delete keyed by its
+primary key with an explicit timestamp, so re-running a batch — after a crash at any
+point — converges to the same rows; offsets are written last, so a reader that sees
+an offset also sees everything the batch wrote. Why timestamps and phases, and how
+``T`` is chosen: :mod:`views.stores.cassandra_cql`.
+
+**Deletes whose time is unknown.** The join sends ``created_at = 0`` when it no longer
+knows a deleted tweet's time, but a timeline row is addressed by
+``(user, created_at, tweet_id)``. The writer looks the time up in ``tweets`` (one read
+per deleted tweet, not per follower) rather than keeping a ``home_by_tweet`` index
+(one more write per fanned-out row). **Wipes** (an unfollow, a promotion to
+celebrity) read the user's partition — at most ``cap`` rows plus untrimmed slack —
+and delete the author's rows.
+
+**Trimming** reads the ``cap + 1`` newest keys of each touched timeline and drops
+everything at or below the last one with one clustering-range delete (a single
+range tombstone), raising the user's horizon there. ``trim_chance`` below 1 trims a
+deterministic share of timelines per batch instead: timelines then run over the cap
+between trims, which costs space but not correctness — entries above the horizon
+are exact however many there are. Horizons, profiles (newest ``created_at`` wins) and
+tweet states are read-then-written: safe because one job writes a keyspace.
+
+**Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
+while a batch lands may mix rows from before and after it — say a timeline entry
+whose tweet was deleted in that batch. The read path tolerates it: hydration drops
+deleted tweets, and the next read sees the batch whole. :meth:`counts` and
+:meth:`home_users` scan whole tables: exact, but for operators and ``verify``, not
+for request paths. The ``*_async`` methods run the same queries through the driver's
+``execute_async`` and resolve an asyncio future from its callbacks, so an async
+endpoint can await them without blocking the event loop; the sync methods are safe
+from a threadpool (the driver's session is thread-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cassandra import DriverException
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
+from cassandra.concurrent import execute_concurrent
+
+from views.delta import TOP, Key
+from views.errors import StoreError
+from views.stores import cassandra_cql as cql
+from views.stores import schema
+from views.stores.base import (
+    BatchInfo,
+    DeadLetter,
+    Entry,
+    Store,
+    TweetRow,
+    UserRow,
+    WritePlan,
+)
+from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig, parse_url
+
+log = logging.getLogger(__name__)
+Rows = list[tuple[Any, ...]]
+
+
+class CassandraStore(Store):
+    """Store in a Cassandra keyspace; see the module docstring."""
+
+    def __init__(self, config: CassandraConfig, cap: int = 800) -> None:
+        super().__init__(cap)
+        self.config = config
+        self._cluster: Any = None
+        self._session: Any = None
+        self._statements: dict[str, Any] = {}
+        self._floor = 0
+        self._write_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, cap: int = 800) -> CassandraStore:
+        """Build (not connect) from ``cassandra://hosts/keyspace?options``."""
+        return cls(parse_url(url), cap=cap)
+
+    def __repr__(self) -> str:
+        return f"CassandraStore({self.config!r}, cap={self.cap})"
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def open(self) -> CassandraStore:
+        if self._session is not None:
+            return self
+        cluster, session = self._connect()
+        try:
+            keyspace = self.config.keyspace
+            if self.config.auto_schema:
+                schema.apply_schema(session, keyspace, self.config.replication.cql_map())
+            else:
+                schema.require_current(session, keyspace)
+            session.set_keyspace(keyspace)
+            self._statements = self._prepare(session)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        self._cluster, self._session = cluster, session
+        return self
+
+    def _connect(self) -> tuple[Any, Any]:
+        """(Cluster, Session); the one place that opens connections."""
+        return schema.connect(self.config)
+
+    @staticmethod
+    def _prepare(session: Any) -> dict[str, Any]:
+        prepared = {}
+        for name, text in cql.STATEMENTS.items():
+            statement = session.prepare(text)
+            statement.is_idempotent = name not in cql.NOT_IDEMPOTENT
+            prepared[name] = statement
+        return prepared
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.shutdown()
+        self._cluster = self._session = None
+        self._statements = {}
+
+    def _require(self) -> Any:
+        if self._session is None:
+            msg = f"{self!r} is not open: call open() first"
+            raise StoreError(msg)
+        return self._session
+
+    # -- running statements ------------------------------------------------------------------
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Rows]:
+        """Run ops concurrently (bounded); rows of each, in order."""
+        if not ops:
+            return []
+        session = self._require()
+        pairs = [(self._statements[name], params) for name, params in ops]
+        try:
+            results = execute_concurrent(session, pairs, concurrency=self.config.concurrency,
+                                         raise_on_first_error=True, execution_profile=profile)
+            return [list(rows) for _, rows in results]
+        except (DriverException, NoHostAvailable) as exc:
+            msg = f"Cassandra statements failed ({len(ops)} of {ops[0][0]}, ...): {exc}"
+            raise StoreError(msg) from exc
+
+    def _rows(self, name: str, params: tuple[Any, ...] = (), *, scan: bool = False,
+              profile: object = EXEC_PROFILE_DEFAULT) -> Rows:
+        """One statement, synchronously (pages are fetched as they are consumed)."""
+        timeout = self.config.scan_timeout if scan else self.config.timeout
+        try:
+            return list(self._require().execute(self._statements[name], params,
+                                                timeout=timeout, execution_profile=profile))
+        except (DriverException, NoHostAvailable) as exc:
+            msg = f"Cassandra {name} failed: {exc}"
+            raise StoreError(msg) from exc
+
+    def _rows_async(self, name: str, params: tuple[Any, ...]) -> asyncio.Future[Rows]:
+        future = self._require().execute_async(self._statements[name], params)
+        return bridge(future, asyncio.get_running_loop())
+
+    # -- write side ----------------------------------------------------------------------------
+    def _write(self, plan: WritePlan, batch_id: int) -> None:
+        start = time.perf_counter()
+        with self._write_lock:
+            ts = self._begin(plan, batch_id)
+            self._write_removes(plan, ts + cql.REMOVE)
+            self._run(cql.add_ops(plan.adds, ts + cql.ADD))
+            self._write_trims(plan, ts + cql.TRIM)
+            self._finish(plan, batch_id, ts, time.perf_counter() - start)
+
+    def _begin(self, plan: WritePlan, batch_id: int) -> int:
+        """Pick the batch's timestamp and make it durable before any data write."""
+        digest = cql.offsets_digest(plan.offsets)
+        recorded = None
+        if batch_id >= 0 and digest:
+            rows = self._rows("batch_get", (cql.batch_bucket(batch_id), batch_id),
+                              profile=WRITE_PROFILE)
+            recorded = (int(rows[0][0]), str(rows[0][1])) if rows and rows[0][0] else None
+        if not self._floor:
+            rows = self._rows("clock_get", profile=WRITE_PROFILE)
+            self._floor = (int(rows[0][0]) if rows and rows[0][0] else 0) + cql.STRIDE
+        ts = cql.batch_timestamp(time.time_ns() // 1000, self._floor, recorded, digest)
+        self._floor = max(self._floor, ts + cql.STRIDE)
+        self._run([cql.clock_op(ts)])
+        return ts
+
+    def _write_removes(self, plan: WritePlan, ts: int) -> None:
+        wipes = cql.wipe_users(plan.wipes)
+        found = self._lookup({"tweet_state": cql.lookup_ids(plan), "home_all": sorted(wipes),
+                              "user_time": sorted(plan.users)})
+        states = {t: cql.TweetState(r[0][0], bool(r[0][1]))
+                  for t, r in found["tweet_state"].items() if r}
+        stored = {u: r[0][0] for u, r in found["user_time"].items() if r}
+        removes, unknown = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), ts)
+        if unknown:
+            log.debug("%d timeline removes name tweets never stored: nothing to delete", unknown)
+        self._run(cql.tweet_ops(plan, states, ts) + cql.graph_ops(plan, ts)
+                  + cql.user_ops(plan.users, stored, ts)
+                  + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
+
+    def _write_trims(self, plan: WritePlan, ts: int) -> None:
+        users = cql.trimmed_users(plan.adds, ts, self.config.trim_chance)
+        heads = self._run([("home_head", (u, cql.bounded_limit(self.cap + 1))) for u in users])
+        cuts = {}
+        for user, rows in zip(users, heads, strict=True):
+            cut = cql.trim_cut([(r[0], r[1]) for r in rows], self.cap)
+            if cut is not None:
+                cuts[user] = cut
+        wanted = dict(plan.horizons)
+        for user, cut in cuts.items():
+            wanted[user] = max(wanted.get(user, cut), cut)
+        found = self._lookup({"horizon_get": sorted(wanted)})["horizon_get"]
+        stored = {u: _key(rows) for u, rows in found.items()}
+        self._run(cql.trim_ops(cuts, ts)
+                  + cql.horizon_ops(cql.raised_horizons(wanted, stored), ts))
+
+    def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, Rows]]:
+        """Single-key reads of the writer, all in one bounded concurrent run."""
+        results = iter(self._run([(name, (k,)) for name, keys in queries.items()
+                                  for k in keys]))
+        return {name: {k: next(results) for k in keys} for name, keys in queries.items()}
+
+    def _finish(self, plan: WritePlan, batch_id: int, ts: int, seconds: float) -> None:
+        now_ms = int(time.time() * 1000)
+        self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms))
+        if batch_id >= 0:
+            record = cql.BatchRecord(batch_id, ts, cql.offsets_digest(plan.offsets), now_ms,
+                                     plan.rows(), seconds, plan.max_event_time)
+            self._run(record.ops())
+
+    # -- read side --------------------------------------------------------------------------------
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """No snapshot on Cassandra: reads see rows as they land (module docstring)."""
+        return contextlib.nullcontext()
+
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        if limit <= 0:
+            return []
+        return _entries(self._rows(*_cached_query(user, below, limit)))
+
+    async def cached_async(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        if limit <= 0:
+            return []
+        return _entries(await self._rows_async(*_cached_query(user, below, limit)))
+
+    def horizon(self, user: int) -> Key | None:
+        return _key(self._rows("horizon_get", (user,)))
+
+    async def horizon_async(self, user: int) -> Key | None:
+        return _key(await self._rows_async("horizon_get", (user,)))
+
+    def celebrities_followed(self, user: int) -> list[int]:
+        return _column(self._rows("celebs_followed", (user,)))
+
+    async def celebrities_followed_async(self, user: int) -> list[int]:
+        return _column(await self._rows_async("celebs_followed", (user,)))
+
+    def followees(self, user: int) -> list[int]:
+        return _column(self._rows("followees", (user,)))
+
+    async def followees_async(self, user: int) -> list[int]:
+        return _column(await self._rows_async("followees", (user,)))
+
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        ops = _author_queries(authors, below, limit)
+        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
+        return _merge_authors([p[0] for _, p in ops], pages, limit)
+
+    async def author_tweets_async(self, authors: Sequence[int], below: Key | None,
+                                  limit: int) -> list[Entry]:
+        ops = _author_queries(authors, below, limit)
+        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
+        return _merge_authors([p[0] for _, p in ops], list(pages), limit)
+
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        return _tweet_rows(self._run(_keyed("tweet_get", ids), EXEC_PROFILE_DEFAULT))
+
+    async def tweets_async(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        ops = _keyed("tweet_get", ids)
+        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
+        return _tweet_rows(list(pages))
+
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        return _user_rows(self._run(_keyed("user_get", ids), EXEC_PROFILE_DEFAULT))
+
+    async def users_async(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        ops = _keyed("user_get", ids)
+        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
+        return _user_rows(list(pages))
+
+    def celebrities(self) -> list[int]:
+        return sorted(_column(self._rows("celebs")))
+
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        return {(t, p): o for t, p, o in self._rows("offsets", scan=True)}
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest dead letters (a full scan: dead letters are few, or alarming)."""
+        rows = sorted(self._rows("dead_all", scan=True),
+                      key=lambda r: (-(r[5] or 0), r[0], r[1], r[2]))
+        return [DeadLetter(t, p, o, r or "", bytes(raw or b""), s or 0)
+                for t, p, o, r, raw, s in rows[:max(0, limit)]]
+
+    def counts(self) -> dict[str, int]:
+        """Exact row counts by full scans: slow on big tables (use nodetool tablestats)."""
+        return {t: int(self._rows(f"count_{t}", scan=True)[0][0]) for t in cql.COUNTED}
+
+    def batches(self, limit: int = 100) -> list[BatchInfo]:
+        """The newest batches: one row read for the pointer, then one or two partitions."""
+        clock = self._rows("clock_get")
+        if limit <= 0 or not clock or clock[0][1] is None:
+            return []
+        out: list[BatchInfo] = []
+        for bucket in cql.batch_buckets(int(clock[0][1]), limit):
+            rows = self._rows("batch_page", (bucket, cql.bounded_limit(limit - len(out))))
+            out += [BatchInfo(b, f or 0, n or 0, s or 0.0, m or 0) for b, f, n, s, m in rows]
+            if len(out) >= limit:
+                break
+        return out
+
+    def dead_letter_count(self) -> int:
+        """Dead letters held: a scan of ``dead_letters`` only, tiny unless a producer is broken."""
+        return int(self._rows("count_dead_letters", scan=True)[0][0])
+
+    def home_users(self) -> list[int]:
+        """Users with a follow, a cached timeline or a celebrity edge (three key scans)."""
+        found: set[int] = set()
+        for name in ("followers_all", "home_users_all", "celeb_users_all"):
+            found.update(_column(self._rows(name, scan=True)))
+        return sorted(found)
+
+
+# -- the asyncio bridge ---------------------------------------------------------------------------
+
+def bridge(future: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Rows]:
+    """An asyncio future resolved by a driver ``ResponseFuture``, all pages collected.
+
+    The driver calls back on its own I/O thread; results cross to the event loop
+    with ``call_soon_threadsafe``, so nothing here blocks the loop.
+    """
+    done: asyncio.Future[Rows] = loop.create_future()
+    rows: Rows = []
+
+    def on_page(page: Rows) -> None:
+        rows.extend(page)
+        if future.has_more_pages:
+            future.start_fetching_next_page()
+        else:
+            loop.call_soon_threadsafe(_settle, done, rows, None)
+
+    def on_error(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_settle, done, None, exc)
+
+    future.add_callbacks(on_page, on_error)
+    return done
+
+
+def _settle(done: asyncio.Future[Rows], rows: Rows | None, exc: BaseException | None) -> None:
+    if done.done():  # the awaiting task was cancelled
+        return
+    if exc is not None:
+        done.set_exception(StoreError(f"Cassandra read failed: {exc}"))
+    else:
+        done.set_result(rows or [])
+
+
+# -- queries and row decoding (shared by the sync and async reads) ----------------------------------
+
+def _cached_query(user: int, below: Key | None, limit: int) -> cql.Op:
+    below = below if below is not None else TOP
+    return ("home_page", (user, below[0], below[1], cql.bounded_limit(limit)))
+
+
+def _author_queries(authors: Sequence[int], below: Key | None, limit: int) -> list[cql.Op]:
+    if limit <= 0:
+        return []
+    below = below if below is not None else TOP
+    return [("author_page", (a, below[0], below[1], cql.bounded_limit(limit)))
+            for a in dict.fromkeys(authors)]
+
+
+def _keyed(name: str, ids: Sequence[int]) -> list[cql.Op]:
+    return [(name, (i,)) for i in dict.fromkeys(ids)]
+
+
+def _entries(rows: Rows) -> list[Entry]:
+    return [Entry(c, t, a) for c, t, a in rows]
+
+
+def _key(rows: Rows) -> Key | None:
+    return (rows[0][0], rows[0][1]) if rows and rows[0][0] is not None else None
+
+
+def _column(rows: Rows) -> list[int]:
+    return [row[0] for row in rows]
+
+
+def _merge_authors(authors: list[int], pages: list[Rows], limit: int) -> list[Entry]:
+    out = [Entry(c, t, a) for a, rows in zip(authors, pages, strict=True) for c, t in rows]
+    out.sort(reverse=True)
+    return out[:limit]
+
+
+def _tweet_rows(pages: list[Rows]) -> dict[int, TweetRow]:
+    out = {}
+    for rows in pages:
+        for tweet, author, created_at, body, deleted in rows:
+            out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted))
+    return out
+
+
+def _user_rows(pages: list[Rows]) -> dict[int, UserRow]:
+    return {u: UserRow(u, h or "", n or "") for rows in pages for u, h, n in rows}

@@ -1,0 +1,355 @@
+"""The Cassandra store's statements, and the pure step from a WritePlan to bound values.
+
+Every statement fanout sends to Cassandra is in :data:`STATEMENTS`, as fixed text with
+bind markers: values are never formatted into CQL. The functions below turn a
+:class:`~views.stores.base.WritePlan` plus what the writer has read into *ops* —
+``(statement name, bound values)`` pairs — with no driver and no I/O, so they are
+unit-tested directly; :mod:`views.stores.cassandra` prepares the statements and runs
+the ops.
+
+**Write timestamps.** Each micro-batch gets one client-side timestamp ``T`` (µs);
+its writes use ``T + phase``: table rows, wipes and removes at ``T + REMOVE``, adds at
+``T + ADD``, trims and horizons at ``T + TRIM``. Cassandra resolves a conflict by
+timestamp and lets a deletion win a tie, so without the phases an add that follows
+a wipe of the same row in one batch (an unfollow then a follow) would be lost.
+``T`` is larger than every earlier batch's (see :func:`batch_timestamp`), so later
+batches win whatever the order replicas see the writes in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+from views.delta import Delta, Key
+from views.stores.base import WritePlan
+
+Op = tuple[str, tuple[Any, ...]]
+"""A statement name of :data:`STATEMENTS` and the values to bind to it."""
+
+REMOVE: Final = 0
+ADD: Final = 1
+TRIM: Final = 2
+#: Timestamps reserved per batch (phases 0..2, one spare).
+STRIDE: Final = 4
+#: Batch ids per ``batches`` partition: the newest ``limit`` batches are in at most
+#: two partitions, read newest first, and a partition stays small (~1 MB).
+BATCH_BUCKET: Final = 10_000
+_INT_MAX: Final = 2**31 - 1
+
+STATEMENTS: Final[dict[str, str]] = {
+    # -- home timelines -------------------------------------------------------------
+    "home_add": "INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
+                "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "home_del": "DELETE FROM home_timeline USING TIMESTAMP ? "
+                "WHERE user_id = ? AND created_at = ? AND tweet_id = ?",
+    # A clustering-range delete (Cassandra 3.0+): one range tombstone, not one per row.
+    "home_trim": "DELETE FROM home_timeline USING TIMESTAMP ? "
+                 "WHERE user_id = ? AND (created_at, tweet_id) <= (?, ?)",
+    "home_page": "SELECT created_at, tweet_id, author_id FROM home_timeline "
+                 "WHERE user_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
+    "home_head": "SELECT created_at, tweet_id FROM home_timeline WHERE user_id = ? LIMIT ?",
+    "home_all": "SELECT created_at, tweet_id, author_id FROM home_timeline WHERE user_id = ?",
+    "horizon_get": "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta "
+                   "WHERE user_id = ?",
+    "horizon_set": "INSERT INTO timeline_meta (user_id, horizon_created_at, horizon_tweet_id) "
+                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
+    # -- tweets ------------------------------------------------------------------------
+    "author_add": "INSERT INTO author_tweets (author_id, created_at, tweet_id) "
+                  "VALUES (?, ?, ?) USING TIMESTAMP ?",
+    "author_del": "DELETE FROM author_tweets USING TIMESTAMP ? "
+                  "WHERE author_id = ? AND created_at = ? AND tweet_id = ?",
+    "author_page": "SELECT created_at, tweet_id FROM author_tweets "
+                   "WHERE author_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
+    "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body) "
+                  "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "tweet_gone": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, deleted = true, "
+                  "body = '' WHERE tweet_id = ?",
+    "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
+                     "deleted = true, body = '' WHERE tweet_id = ?",
+    "tweet_state": "SELECT created_at, deleted FROM tweets WHERE tweet_id = ?",
+    "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted FROM tweets "
+                 "WHERE tweet_id = ?",
+    # -- graph and profiles --------------------------------------------------------------
+    "follow_on": "INSERT INTO follows (follower_id, followee_id, created_at) "
+                 "VALUES (?, ?, ?) USING TIMESTAMP ?",
+    "follow_off": "DELETE FROM follows USING TIMESTAMP ? "
+                  "WHERE follower_id = ? AND followee_id = ?",
+    "followees": "SELECT followee_id FROM follows WHERE follower_id = ?",
+    "celeb_edge_on": "INSERT INTO celebrity_follows (user_id, celebrity_id) "
+                     "VALUES (?, ?) USING TIMESTAMP ?",
+    "celeb_edge_off": "DELETE FROM celebrity_follows USING TIMESTAMP ? "
+                      "WHERE user_id = ? AND celebrity_id = ?",
+    "celebs_followed": "SELECT celebrity_id FROM celebrity_follows WHERE user_id = ?",
+    "celeb_on": "INSERT INTO celebrities (bucket, author_id) VALUES (0, ?) USING TIMESTAMP ?",
+    "celeb_off": "DELETE FROM celebrities USING TIMESTAMP ? WHERE bucket = 0 AND author_id = ?",
+    "celebs": "SELECT author_id FROM celebrities WHERE bucket = 0",
+    "user_set": "INSERT INTO users (user_id, handle, name, created_at) "
+                "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "user_time": "SELECT created_at FROM users WHERE user_id = ?",
+    "user_get": "SELECT user_id, handle, name FROM users WHERE user_id = ?",
+    # -- bookkeeping -----------------------------------------------------------------------
+    "offset_set": "INSERT INTO applied_offsets (topic, kafka_partition, kafka_offset) "
+                  "VALUES (?, ?, ?) USING TIMESTAMP ?",
+    "offsets": "SELECT topic, kafka_partition, kafka_offset FROM applied_offsets",
+    # A lightweight transaction: the first sighting of a record wins, like SQLite's
+    # INSERT OR IGNORE. Dead letters are rare, so Paxos rounds cost nothing here.
+    "dead_add": "INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, reason, raw, "
+                "seen_at) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "dead_all": "SELECT topic, kafka_partition, kafka_offset, reason, raw, seen_at "
+                "FROM dead_letters",
+    "batch_get": "SELECT write_ts, offsets_digest FROM batches "
+                 "WHERE bucket = ? AND batch_id = ?",
+    "batch_set": "INSERT INTO batches (bucket, batch_id, write_ts, offsets_digest, "
+                 "finished_at, row_count, seconds, max_event_time) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    "batch_page": "SELECT batch_id, finished_at, row_count, seconds, max_event_time "
+                  "FROM batches WHERE bucket = ? LIMIT ?",
+    "clock_get": "SELECT write_ts, last_batch FROM writer_clock WHERE id = 0",
+    "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",
+    "last_batch_set": "UPDATE writer_clock USING TIMESTAMP ? SET last_batch = ? WHERE id = 0",
+    # -- full scans (operators and verify only) ----------------------------------------
+    "followers_all": "SELECT DISTINCT follower_id FROM follows",
+    "home_users_all": "SELECT DISTINCT user_id FROM home_timeline",
+    "celeb_users_all": "SELECT DISTINCT user_id FROM celebrity_follows",
+}
+
+#: Tables that :meth:`CassandraStore.counts` reports, as the SQLite store does.
+COUNTED: Final = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
+                  "celebrities", "users", "dead_letters", "timeline_meta")
+# Identifiers from the fixed tuple above, never values: CQL cannot bind a table name.
+STATEMENTS.update({f"count_{t}": f"SELECT count(*) FROM {t}" for t in COUNTED})
+
+#: Statements that must not be retried blindly (an LWT's outcome is not idempotent).
+NOT_IDEMPOTENT: Final = frozenset({"dead_add"})
+
+
+class TweetState(NamedTuple):
+    """What the ``tweets`` table already holds for a tweet (created_at may be unknown)."""
+
+    created_at: int | None
+    deleted: bool
+
+
+# -- batch timestamps ---------------------------------------------------------------------
+
+def offsets_digest(offsets: Mapping[tuple[str, int], int]) -> str:
+    """A fingerprint of a batch's input (its highest offset per partition); "" if none."""
+    if not offsets:
+        return ""
+    text = json.dumps(sorted([t, p, o] for (t, p), o in offsets.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def batch_timestamp(now_us: int, floor: int, recorded: tuple[int, str] | None,
+                    digest: str) -> int:
+    """The write timestamp of a batch.
+
+    A batch already applied with the same input (same id, same offsets) reuses its
+    recorded timestamp, so a replay writes bit-identical cells and a late duplicate
+    of an old batch loses to every later one. Otherwise the clock, but never below
+    ``floor`` (the last timestamp used + STRIDE, kept in ``writer_clock``), so
+    batches stay ordered across restarts on hosts whose clocks disagree.
+    """
+    if recorded is not None and digest and recorded[1] == digest:
+        return recorded[0]
+    return max(now_us, floor)
+
+
+def should_trim(user: int, ts: int, chance: float) -> bool:
+    """Whether this batch trims ``user``'s timeline (deterministic per user and batch)."""
+    if chance >= 1.0:
+        return True
+    seed = hashlib.blake2b(f"{user}:{ts}".encode(), digest_size=8).digest()
+    return int.from_bytes(seed, "big") / 2**64 < chance
+
+
+# -- reads the writer needs first ------------------------------------------------------------
+
+def lookup_ids(plan: WritePlan) -> list[int]:
+    """Tweets whose stored state the batch needs: its tweets and removes of unknown time."""
+    unknown = {t for _, t, created_at in plan.removes if not created_at}
+    return sorted(set(plan.tweets) | unknown)
+
+
+def tweet_times(plan: WritePlan, states: Mapping[int, TweetState]) -> dict[int, int]:
+    """tweet_id → created_at from the plan, else from the ``tweets`` table."""
+    times = {t: s.created_at for t, s in states.items() if s.created_at is not None}
+    times.update({t: d.created_at for t, d in plan.tweets.items() if d.created_at})
+    return times
+
+
+def wipe_users(wipes: Iterable[tuple[int, int]]) -> dict[int, set[int]]:
+    """Map each wiped user to the authors whose tweets leave that user's timeline."""
+    out: dict[int, set[int]] = {}
+    for user, author in wipes:
+        out.setdefault(user, set()).add(author)
+    return out
+
+
+# -- phase REMOVE: tables, wipes, removes ------------------------------------------------------
+
+def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> list[Op]:
+    """Tweets and author_tweets. A deleted tweet stays deleted (no live write over it)."""
+    times = tweet_times(plan, states)
+    ops: list[Op] = []
+    for tweet, d in sorted(plan.tweets.items()):
+        if not d.flag:
+            if not states.get(tweet, TweetState(None, False)).deleted:
+                ops.append(("tweet_live", (tweet, d.author_id, d.created_at, d.text or "", ts)))
+                ops.append(("author_add", (d.author_id, d.created_at, tweet, ts)))
+        elif tweet in times:
+            ops.append(("tweet_gone_at", (ts, d.author_id, times[tweet], tweet)))
+            ops.append(("author_del", (ts, d.author_id, times[tweet], tweet)))
+        else:  # never posted here: nothing to remove from author_tweets
+            ops.append(("tweet_gone", (ts, d.author_id, tweet)))
+    return ops
+
+
+def graph_ops(plan: WritePlan, ts: int) -> list[Op]:
+    """Follow edges, celebrity edges and the celebrity set: last write wins."""
+    ops: list[Op] = []
+    for (follower, followee), d in sorted(plan.follows.items()):
+        ops.append(("follow_on", (follower, followee, d.created_at, ts)) if d.flag
+                   else ("follow_off", (ts, follower, followee)))
+    for (user, celeb), flag in sorted(plan.celeb_edges.items()):
+        ops.append(("celeb_edge_on", (user, celeb, ts)) if flag
+                   else ("celeb_edge_off", (ts, user, celeb)))
+    for author, flag in sorted(plan.celebs.items()):
+        ops.append(("celeb_on", (author, ts)) if flag else ("celeb_off", (ts, author)))
+    return ops
+
+
+def user_ops(users: Mapping[int, Delta], stored: Mapping[int, int | None], ts: int) -> list[Op]:
+    """Profiles newer than (or as new as) the stored one, as SQLite's guarded upsert."""
+    ops: list[Op] = []
+    for user, d in sorted(users.items()):
+        old = stored.get(user)
+        if old is None or d.created_at >= old:
+            ops.append(("user_set", (user, d.text or "", d.name or "", d.created_at, ts)))
+    return ops
+
+
+def wipe_ops(wipes: Mapping[int, set[int]], partitions: Mapping[int, list[tuple[int, int, int]]],
+             ts: int) -> list[Op]:
+    """Row deletes for the wiped authors' entries found in each user's partition."""
+    return [("home_del", (ts, user, created_at, tweet))
+            for user, authors in sorted(wipes.items())
+            for created_at, tweet, author in partitions.get(user, ())
+            if author in authors]
+
+
+def remove_ops(removes: Iterable[tuple[int, int, int]], times: Mapping[int, int],
+               ts: int) -> tuple[list[Op], int]:
+    """Row deletes for removed entries; and how many had no known time (skipped).
+
+    A tweet reaches a timeline only through a batch that also writes its ``tweets``
+    row (earlier in phase order), so a tweet whose time is nowhere known never
+    reached one, and there is nothing to delete.
+    """
+    ops: list[Op] = []
+    skipped = 0
+    for user, tweet, created_at in sorted(set(removes)):
+        when = created_at or times.get(tweet)
+        if when is None:
+            skipped += 1
+        else:
+            ops.append(("home_del", (ts, user, when, tweet)))
+    return ops, skipped
+
+
+# -- phase ADD, phase TRIM --------------------------------------------------------------------
+
+def add_ops(adds: Iterable[tuple[int, int, int, int]], ts: int) -> list[Op]:
+    """Timeline inserts (run after the batch's wipes and removes, one tick later)."""
+    return [("home_add", (user, created_at, tweet, author, ts))
+            for user, created_at, tweet, author in sorted(set(adds))]
+
+
+def trimmed_users(adds: Iterable[tuple[int, int, int, int]], ts: int, chance: float) -> list[int]:
+    """Users whose timelines this batch trims: those it added to, or a share of them."""
+    return [u for u in sorted({row[0] for row in adds}) if should_trim(u, ts, chance)]
+
+
+def trim_cut(rows: list[tuple[int, int]], cap: int) -> Key | None:
+    """The newest key to drop from a partition read newest first (``cap + 1`` rows)."""
+    return (rows[cap][0], rows[cap][1]) if len(rows) > cap else None
+
+
+def trim_ops(cuts: Mapping[int, Key], ts: int) -> list[Op]:
+    """One clustering-range delete per trimmed timeline: every key at or below the cut."""
+    return [("home_trim", (ts, user, c, t)) for user, (c, t) in sorted(cuts.items())]
+
+
+def raised_horizons(wanted: Mapping[int, Key], stored: Mapping[int, Key | None]) -> dict[int, Key]:
+    """The horizons that move: a horizon only ever rises."""
+    out = {}
+    for user, key in wanted.items():
+        old = stored.get(user)
+        if old is None or key > old:
+            out[user] = key
+    return out
+
+
+def horizon_ops(raised: Mapping[int, Key], ts: int) -> list[Op]:
+    """Upserts of the horizons that rose."""
+    return [("horizon_set", (u, c, t, ts)) for u, (c, t) in sorted(raised.items())]
+
+
+# -- bookkeeping --------------------------------------------------------------------------------
+
+def offset_ops(offsets: Mapping[tuple[str, int], int]) -> list[Op]:
+    """Applied offsets, each written with itself as timestamp: the cell keeps the max."""
+    return [("offset_set", (topic, part, off, off))
+            for (topic, part), off in sorted(offsets.items()) if off >= 0]
+
+
+def dead_ops(dead: Iterable[Delta], now_ms: int) -> list[Op]:
+    """Dead letters, kept as first seen (conditional inserts)."""
+    return [("dead_add", (d.topic or "", d.partition, d.offset, d.text or "", d.raw or b"",
+                          now_ms)) for d in dead]
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What the ``batches`` table keeps of one applied micro-batch."""
+
+    batch_id: int
+    write_ts: int
+    digest: str
+    finished_at: int
+    rows: int
+    seconds: float
+    max_event_time: int
+
+    def ops(self) -> list[Op]:
+        """The batch row, and the writer's pointer to the newest batch."""
+        ts = self.write_ts + TRIM
+        return [("batch_set", (batch_bucket(self.batch_id), self.batch_id, self.write_ts,
+                               self.digest, self.finished_at, min(self.rows, _INT_MAX),
+                               self.seconds, self.max_event_time, ts)),
+                ("last_batch_set", (ts, self.batch_id))]
+
+
+def batch_bucket(batch_id: int) -> int:
+    """The ``batches`` partition of a batch id."""
+    return batch_id // BATCH_BUCKET
+
+
+def batch_buckets(last_batch: int, limit: int) -> list[int]:
+    """Partitions holding the newest ``limit`` batches up to ``last_batch``, newest first."""
+    newest = batch_bucket(last_batch)
+    return list(range(newest, max(-1, newest - 1 - limit // BATCH_BUCKET - 1), -1))
+
+
+def clock_op(ts: int) -> Op:
+    """Record ``ts`` as the newest batch timestamp (the cell only ever grows)."""
+    return ("clock_set", (ts, ts))
+
+
+def bounded_limit(limit: int) -> int:
+    """A LIMIT the protocol accepts (a 32-bit int, at least 1)."""
+    return max(1, min(limit, _INT_MAX))

@@ -1,0 +1,257 @@
+"""The versioned schema step of the stores, and the ``fanout schema`` command.
+
+Cassandra's tables are created by numbered CQL files, ``views/stores/cql/NNN_name.cql``
+(shipped as package data), applied in order by ``fanout schema apply``: it creates
+the keyspace with the replication the store URL asks for, then a ``schema_version``
+table, then every step not recorded there, recording each once its statements have
+run and the cluster agrees on the schema. Steps are written to be re-runnable (IF
+NOT EXISTS), so an interrupted apply is finished by running it again. Processes that
+use the store (the job, the API) only *check* that the schema is current — DDL from
+many clients at once is how Cassandra schemas diverge — unless the URL says
+``schema=auto`` (tests, one-machine setups).
+
+An existing keyspace keeps its replication: change it with ALTER KEYSPACE and a
+repair, not here. The SQLite store creates its schema when opened, so ``fanout
+schema apply`` on an ``sqlite://`` URL just opens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import time
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import Any, Final
+
+from views.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+STEP_FILE: Final = re.compile(r"(\d{3})_([a-z0-9_]+)\.cql")
+VERSION_TABLE: Final = ("CREATE TABLE IF NOT EXISTS schema_version "
+                        "(version int PRIMARY KEY, name text, applied_at bigint)")
+_KEYSPACE_EXISTS: Final = "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?"
+_TABLE_EXISTS: Final = ("SELECT table_name FROM system_schema.tables "
+                        "WHERE keyspace_name = ? AND table_name = 'schema_version'")
+_RECORD: Final = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
+
+
+class SchemaError(StoreError):
+    """The schema cannot be applied, or the store's schema is not current."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One numbered CQL file: its version, name and statements in order."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.version:03d}_{self.name}"
+
+
+def cql_directory() -> Traversable:
+    """Where the numbered CQL files are (package data of ``views.stores``)."""
+    return resources.files("views.stores").joinpath("cql")
+
+
+def load_steps(directory: Traversable | Path | None = None) -> list[Step]:
+    """The schema steps, by version; raises on a misnamed file or a repeated version."""
+    steps: dict[int, Step] = {}
+    for entry in (directory or cql_directory()).iterdir():
+        if not entry.name.endswith(".cql"):
+            continue
+        match = STEP_FILE.fullmatch(entry.name)
+        if match is None:
+            msg = f"schema file {entry.name!r} is not named NNN_lowercase_name.cql"
+            raise SchemaError(msg)
+        version = int(match.group(1))
+        if version in steps or version == 0:
+            msg = f"schema version {version} is used twice (or is 0): {entry.name}"
+            raise SchemaError(msg)
+        steps[version] = Step(version, match.group(2), tuple(split_cql(entry.read_text())))
+    return [steps[v] for v in sorted(steps)]
+
+
+def split_cql(text: str) -> list[str]:
+    """Statements of a CQL file: ``--`` comments dropped, split at ``;`` line ends."""
+    lines = [line.split("--", 1)[0].rstrip() for line in text.splitlines()]
+    body = "\n".join(line for line in lines if line.strip())
+    return [" ".join(s.split()) for s in body.split(";") if s.strip()]
+
+
+def keyspace_cql(keyspace: str, replication_map: str) -> str:
+    """CREATE KEYSPACE for a validated name (identifiers cannot be bound in CQL)."""
+    return (f"CREATE KEYSPACE IF NOT EXISTS {_checked(keyspace)} WITH replication = "
+            f"{replication_map} AND durable_writes = true")
+
+
+def _checked(keyspace: str) -> str:
+    from views.stores.cassandra_config import KEYSPACE_RE
+
+    if not KEYSPACE_RE.fullmatch(keyspace):
+        msg = f"invalid keyspace name {keyspace!r}"
+        raise SchemaError(msg)
+    return keyspace
+
+
+def pending(steps: list[Step], applied: dict[int, str]) -> list[Step]:
+    """Steps not yet applied, in order."""
+    return [s for s in steps if s.version not in applied]
+
+
+# -- against a cluster -------------------------------------------------------------------------
+
+def applied_versions(session: Any, keyspace: str) -> dict[int, str] | None:
+    """Map applied step versions to names; None when the keyspace does not exist."""
+    keyspace = _checked(keyspace)
+    if not list(session.execute(session.prepare(_KEYSPACE_EXISTS), (keyspace,))):
+        return None
+    if not list(session.execute(session.prepare(_TABLE_EXISTS), (keyspace,))):
+        return {}
+    rows = session.execute(f"SELECT version, name FROM {keyspace}.schema_version")
+    return {int(version): str(name) for version, name in rows}
+
+
+def apply_schema(session: Any, keyspace: str, replication_map: str,
+                 steps: list[Step] | None = None) -> list[Step]:
+    """Create the keyspace and apply the missing steps; return the steps applied."""
+    steps = load_steps() if steps is None else steps
+    _ddl(session, keyspace_cql(keyspace, replication_map))
+    session.set_keyspace(keyspace)
+    _ddl(session, VERSION_TABLE)
+    todo = pending(steps, applied_versions(session, keyspace) or {})
+    record = session.prepare(_RECORD)
+    for step in todo:
+        for statement in step.statements:
+            _ddl(session, statement)
+        session.execute(record, (step.version, step.name, int(time.time() * 1000)))
+        log.info("schema step %s applied to keyspace %s", step.label, keyspace)
+    return todo
+
+
+def require_current(session: Any, keyspace: str) -> None:
+    """Raise :class:`SchemaError` unless every known step is applied to ``keyspace``."""
+    applied = applied_versions(session, keyspace)
+    missing = pending(load_steps(), applied or {})
+    if applied is None or missing:
+        what = ("does not exist" if applied is None else
+                f"lacks schema step(s) {', '.join(s.label for s in missing)}")
+        msg = f"Cassandra keyspace {keyspace!r} {what}: run `fanout schema apply` first"
+        raise SchemaError(msg)
+
+
+def _ddl(session: Any, statement: str) -> None:
+    result = session.execute(statement)
+    if not getattr(result.response_future, "is_schema_agreed", True):
+        msg = (f"the cluster did not agree on the schema after: {statement[:80]}…; check that "
+               "every node is up (nodetool describecluster), then run the step again")
+        raise SchemaError(msg)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``fanout schema apply|status`` to the ``fanout`` command's subparsers."""
+    p = sub.add_parser("schema", help="create or check the store's tables (versioned CQL)")
+    actions = p.add_subparsers(dest="schema_action", metavar="ACTION")
+    for name, func, text in (("apply", _cmd_apply, "apply the missing steps, in order"),
+                             ("status", _cmd_status, "list applied and pending steps")):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("--store", default=None, metavar="URL",
+                       help="store URL (env FANOUT_STORE; default sqlite:///run/fanout.sqlite)")
+        a.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="retry connecting for up to this long (a cluster still starting)")
+        a.set_defaults(func=func)
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    from views.settings import ViewSettings
+
+    return str(args.store or ViewSettings().store_url)  # type: ignore[call-arg]
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    url = _store_url(args)
+    if not url.startswith("cassandra:"):
+        from views.stores import store_from_url
+
+        store_from_url(url).open().close()
+        print(f"{url}: the SQLite store creates its schema when opened; done")
+        return 0
+    return _with_cluster(url, args.wait, _apply_and_report)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    url = _store_url(args)
+    if not url.startswith("cassandra:"):
+        print(f"{url}: the SQLite store creates its schema when opened")
+        return 0
+    return _with_cluster(url, args.wait, _report_status)
+
+
+def _apply_and_report(session: Any, config: Any) -> int:
+    done = apply_schema(session, config.keyspace, config.replication.cql_map())
+    applied = applied_versions(session, config.keyspace) or {}
+    print(f"keyspace {config.keyspace}: applied {[s.label for s in done] or 'nothing'}; "
+          f"at version {max(applied, default=0)}")
+    return 0
+
+
+def _report_status(session: Any, config: Any) -> int:
+    applied = applied_versions(session, config.keyspace)
+    if applied is None:
+        print(f"keyspace {config.keyspace} does not exist: run `fanout schema apply`")
+        return 1
+    todo = pending(load_steps(), applied)
+    print(f"keyspace {config.keyspace}: applied {sorted(applied)}, "
+          f"pending {[s.label for s in todo] or 'none'}")
+    return 1 if todo else 0
+
+
+def _with_cluster(url: str, wait: float, action: Any) -> int:
+    from cassandra import DriverException
+
+    from views.stores.cassandra_config import parse_url
+
+    try:
+        config = parse_url(url)
+        cluster, session = connect(config, wait)
+    except StoreError as exc:
+        print(f"fanout schema: {exc}")
+        return 2
+    try:
+        return int(action(session, config))
+    except (StoreError, DriverException) as exc:
+        print(f"fanout schema: {exc}")
+        return 1
+    finally:
+        cluster.shutdown()
+
+
+def connect(config: Any, wait: float = 0.0) -> tuple[Any, Any]:
+    """(Cluster, Session) for ``config``, retrying for up to ``wait`` seconds."""
+    from cassandra.cluster import NoHostAvailable
+
+    from views.stores.cassandra_config import new_cluster
+
+    deadline = time.monotonic() + wait
+    while True:
+        cluster = new_cluster(config)
+        try:
+            return cluster, cluster.connect()
+        except NoHostAvailable as exc:
+            cluster.shutdown()
+            if time.monotonic() >= deadline:
+                msg = (f"no Cassandra node answered at {','.join(config.hosts)}:{config.port}"
+                       f" (waited {wait:.0f}s): {exc}")
+                raise SchemaError(msg) from None
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
