@@ -35,7 +35,8 @@ def demo(args: argparse.Namespace) -> int:
     down(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     clock = _Clock()
-    env = {"FANOUT_CELEBRITY_THRESHOLD": str(args.celebrity_threshold)}
+    # Auth off: the demo reads timelines over HTTP without minting tokens.
+    env = {"FANOUT_CELEBRITY_THRESHOLD": str(args.celebrity_threshold), "FANOUT_AUTH": "off"}
     os.environ.update(env)
     stack = clock.step("start broker, view job and API", lambda: up(run_dir, extra_env=env))
     try:
@@ -60,7 +61,7 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
         return 1
     store = store_from_url(stack.store_url).open()
     try:
-        clock.step("wait for the view job to catch up", lambda: _catch_up(kafka, store))
+        clock.step("wait for the view job to catch up", lambda: catch_up(kafka, store))
         _show_timelines(stack, store)
         result = clock.step("verify against the SQL",
                             lambda: verify(kafka, store, store.cap))
@@ -74,8 +75,9 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
     return 0 if result.ok else 1
 
 
-def _catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None:
-    ends = _ends(kafka)
+def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None:
+    """Wait, with a progress bar, until the view has applied every record now in Kafka."""
+    ends = end_offsets(kafka)
     total = sum(ends.values())
     deadline = time.monotonic() + timeout
     with tqdm(total=total, desc="view applied", unit="rec", unit_scale=True) as bar:
@@ -91,7 +93,8 @@ def _catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> Non
         bar.refresh()
 
 
-def _ends(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
+def end_offsets(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
+    """The end offset of every (logical topic, partition) of the changelogs."""
     from views.kafka_offsets import EndOffsets
 
     offsets = EndOffsets(kafka.bootstrap)

@@ -8,10 +8,21 @@ port inside the run directory — and hands the same environment to every servic
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from pathlib import Path
 
 from infra.broker import free_port
-from infra.stack import Stack, StackError, alive, spawn, stop_pid, wait_for_file, wait_for_http
+from infra.stack import (
+    AUTH_SECRET_FILE,
+    Stack,
+    StackError,
+    alive,
+    spawn,
+    stop_pid,
+    wait_for_file,
+    wait_for_http,
+)
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
 from serving.settings import ServingSettings
@@ -29,6 +40,7 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
         msg = f"a stack is already up in {run_dir} (pids {existing.pids}): 'fanout down' first"
         raise StackError(msg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _auth_secret(run_dir)
     kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
     pids: dict[str, int] = {}
     try:
@@ -50,6 +62,22 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
         raise
     stack.save()
     return stack
+
+
+def _auth_secret(run_dir: Path) -> None:
+    """A fresh random token secret in ``<run>/auth.secret`` unless FANOUT_AUTH_SECRET is set.
+
+    :meth:`Stack.env` hands the file's secret to the API and to later ``fanout``
+    commands (``fanout token``); a secret set in the environment wins, so a stale
+    file from an earlier run is removed then.
+    """
+    path = run_dir / AUTH_SECRET_FILE
+    path.unlink(missing_ok=True)
+    if os.environ.get("FANOUT_AUTH_SECRET"):
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
 
 
 def _start_broker(run_dir: Path, pids: dict[str, int]) -> str:

@@ -26,6 +26,8 @@ import httpx
 log = logging.getLogger(__name__)
 
 STACK_FILE = "stack.json"
+#: The API's token secret when ``up`` generated it (mode 600; never in stack.json).
+AUTH_SECRET_FILE = "auth.secret"  # noqa: S105 - a file name, not a secret
 MARKER = "infra.cli"
 
 
@@ -58,9 +60,13 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         """The environment that points a fanout command at this stack."""
-        return {"KAFKA_BOOTSTRAP": self.bootstrap, "FANOUT_STORE": self.store_url,
-                "FANOUT_TOPIC_PREFIX": self.topic_prefix,
-                "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url}
+        env = {"KAFKA_BOOTSTRAP": self.bootstrap, "FANOUT_STORE": self.store_url,
+               "FANOUT_TOPIC_PREFIX": self.topic_prefix,
+               "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url}
+        secret = Path(self.run_dir, AUTH_SECRET_FILE)
+        if secret.exists():
+            env["FANOUT_AUTH_SECRET"] = secret.read_text().strip()
+        return env
 
 
 def spawn(run_dir: Path, service: str, args: list[str],

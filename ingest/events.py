@@ -234,6 +234,11 @@ def _text(body: dict[str, Any], field: str, limit: int, *, allow_empty: bool) ->
     if not isinstance(value, str):
         msg = f"{field} must be a string, got {type(value).__name__}"
         raise InvalidEvent(msg)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        msg = f"{field} is not valid Unicode text (lone surrogate)"
+        raise InvalidEvent(msg) from None
     if len(value) > limit:
         msg = f"{field} is {len(value)} characters, over the limit of {limit}"
         raise InvalidEvent(msg)

@@ -24,6 +24,10 @@ def _parser() -> argparse.ArgumentParser:
                              "$FANOUT_API_MAX_PAGE or 200)")
     parser.add_argument("--access-log", dest="access_log", action=argparse.BooleanOptionalAction,
                         help="log every request (default: $FANOUT_API_ACCESS_LOG or on)")
+    parser.add_argument("--auth", dest="auth", action=argparse.BooleanOptionalAction,
+                        help="require bearer tokens for writes and home timelines "
+                             "(default: $FANOUT_AUTH or on; the secret is "
+                             "$FANOUT_AUTH_SECRET)")
     return parser
 
 

@@ -1,41 +1,50 @@
-"""The HTTP read API: routes, hydration, health and the JSON error contract (DESIGN §7).
+"""The HTTP API: routes, hydration, health and the JSON error contract (DESIGN §7).
 
-This module owns the HTTP edge of the read path. Timeline assembly (hybrid merge,
-read-time fallback) is :mod:`serving.timeline`; cursors are :mod:`serving.cursor`.
-Here a page of ids becomes JSON: two bulk reads per page (tweets, then their
-authors), ids rendered as decimal strings, and every failure turned into one JSON
-shape ``{"error", "message", "field"?}`` — never FastAPI's 422 shape, never HTML.
+This module owns the HTTP edge of the read path and composes the rest: timeline
+assembly (hybrid merge, read-time fallback) is :mod:`serving.timeline`, cursors
+:mod:`serving.cursor`, bearer tokens :mod:`serving.auth`, ``?after=`` waits
+:mod:`serving.freshness`, ``/metrics`` :mod:`serving.metrics`; the write routes are
+ingest's (:mod:`ingest.http`), mounted here with serving's auth. Here a page of ids
+becomes JSON: two bulk reads per page (tweets, then their authors), ids rendered as
+decimal strings; every failure becomes one JSON shape ``{"error", "message",
+"field"?}`` (:mod:`serving.handlers`) — never FastAPI's 422 shape, never HTML.
 
 :func:`create_app` does no I/O: the store is built and opened in the lifespan
-handler, so constructing the app in a test or a CLI is free (STYLE §4).
+handler and the producer connects on the first write, so constructing the app in a
+test or a CLI is free (STYLE §4). It does check the settings: with auth on and no
+secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 """
 
 # No ``from __future__ import annotations``: FastAPI must resolve the parameter types
 # that _timeline_routes builds at run time (they carry the configured max_page).
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from http import HTTPStatus
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingest.events import MAX_ID
+from ingest.consistency import MAX_TOKEN
+from ingest.http import ID_PATH_SCHEMA, SharedProducer, write_router
+from ingest.settings import KafkaSettings
+from ingest.snowflake import Snowflake
+from serving.auth import Auth
 from serving.cursor import decode_cursor, encode_cursor
-from serving.errors import BadRequest, ServingError, Unavailable
+from serving.errors import BadRequest, ConfigError, Forbidden, Unavailable
+from serving.freshness import Freshness
+from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
+from serving.ids import parse_id
+from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
+from serving.middleware import BodyLimit, ContainErrors
 from serving.settings import ServingSettings
 from serving.timeline import PageFn, author_page, home_page, read_time_page
 from views.delta import Key
-from views.errors import StoreError
 from views.stores import store_from_url
 from views.stores.base import Entry, Store, TweetRow, UserRow
 
@@ -75,6 +84,9 @@ class TimelinePage(BaseModel):
     entries: list[TimelineEntry]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) "
                                                 "page; null when there is none.")
+    consistent: Annotated[bool | None, Field(
+        description="Only with ?after=TOKEN: true if the view had applied that write "
+                    "when the page was read, false if the wait timed out.")] = None
 
 
 class Health(BaseModel):
@@ -82,58 +94,94 @@ class Health(BaseModel):
 
     status: str = Field(examples=["ok"])
     store: str = Field(description="Which store is read (credentials redacted).")
+    broker: str | None = Field(None, description="ok or unreachable; absent when no "
+                                                 "broker is configured (writes answer 503).")
     applied_offsets: dict[str, dict[str, int]] = Field(
         description="Highest applied changelog offset: topic → partition → offset.")
 
 
-class ErrorBody(BaseModel):
-    """Every 4xx/5xx response."""
-
-    error: str = Field(examples=["bad_request"])
-    message: str = Field(examples=["user_id must be a decimal integer in [1, 2^63-1]"])
-    field: str | None = Field(None, description="The offending parameter, when one is.")
-
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "Bad id, limit or cursor."},
+    400: {"model": ErrorBody, "description": "Bad id, limit, cursor or consistency token."},
     "4XX": {"model": ErrorBody, "description": "Client error."},
     "5XX": {"model": ErrorBody, "description": "Server error or store unavailable."},
 }
 
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing, invalid or expired bearer token."},
+    403: {"model": ErrorBody, "description": "The token is another user's."},
+}
+
 
 # -- the app -------------------------------------------------------------------------
-def create_app(settings: ServingSettings, store: Store | None = None) -> FastAPI:
-    """The read API; ``store`` if given is the caller's (already open, not closed here)."""
-    app = FastAPI(title="fanout read API", version="1", lifespan=_lifespan(settings, store),
+def create_app(settings: ServingSettings, store: Store | None = None, *,
+               kafka: KafkaSettings | None = None) -> FastAPI:
+    """The API; ``store`` if given is the caller's (already open, not closed here).
+
+    Writes produce to ``kafka`` (default: the environment's ``KafkaSettings``).
+    """
+    auth = Auth(settings)
+    writer = _writer(settings, kafka or KafkaSettings())
+    app = FastAPI(title="fanout API", version="1", lifespan=_lifespan(settings, store, writer),
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
-    app.include_router(_timeline_routes(settings))
-    app.include_router(_health_routes())
-    _install_error_handlers(app)
-    app.add_middleware(_ContainErrors)
+    metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats)
+    freshness = Freshness(settings.after_timeout_ms / 1000, settings.after_max_waiters)
+    app.include_router(_timeline_routes(settings, auth, freshness))
+    app.include_router(write_router(
+        lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
+        retry_after=settings.retry_after_s, author_of=_author_of,
+        ids=Snowflake(settings.worker_id)))
+    app.include_router(_health_routes(writer))
+    app.include_router(_metrics_routes(metrics))
+    install_error_handlers(app)
+    app.add_middleware(ContainErrors, answer=on_unexpected)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
 
-def serve(settings: ServingSettings) -> None:
-    """Run the API under uvicorn on ``settings.host:settings.port`` until stopped."""
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="info", access_log=settings.access_log)
+def _writer(settings: ServingSettings, kafka: KafkaSettings) -> SharedProducer:
+    # The record times out when the request does, so a write answered 503 is not
+    # delivered later behind the client's back; linger 1 ms: writes wait one by one.
+    return SharedProducer(kafka, connect_timeout=settings.write_timeout_ms / 1000,
+                          cooldown=settings.retry_after_s, probe_every=settings.broker_check_s,
+                          message_timeout_ms=settings.write_timeout_ms, linger_ms=1)
 
 
-def _lifespan(settings: ServingSettings,
-              injected: Store | None) -> Callable[[FastAPI], Any]:
+def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None:
+    """Run the API under uvicorn on ``settings.host:settings.port`` until stopped.
+
+    Exits with status 2 and one clear log line when the settings cannot work (auth on
+    without a secret), before binding the port.
+    """
+    try:
+        app = create_app(settings, kafka=kafka or KafkaSettings())
+    except ConfigError as exc:
+        logger.error("cannot start the API: %s", exc.message)
+        raise SystemExit(2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+                access_log=settings.access_log)
+
+
+def _lifespan(settings: ServingSettings, injected: Store | None,
+              writer: SharedProducer) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if injected is not None:
             app.state.store, app.state.store_label = injected, type(injected).__name__
-            yield
+            try:
+                yield
+            finally:
+                writer.close()
             return
         store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
         app.state.store, app.state.store_label = store, _redact(settings.store_url)
-        logger.info("serving from %s", app.state.store_label)
+        logger.info("serving from %s (auth %s)", app.state.store_label,
+                    "on" if settings.auth else "OFF")
         try:
             yield
         finally:
+            writer.close()
             store.close()
 
     return lifespan
@@ -157,55 +205,88 @@ def _redact(url: str) -> str:
 # -- timelines -----------------------------------------------------------------------
 
 
-def _timeline_routes(settings: ServingSettings) -> APIRouter:
+def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness) -> APIRouter:
     home_fn = home_page if settings.read_mode == "fanout" else read_time_page
-    router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS)
+    router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS,
+                       dependencies=[Depends(_only_query({"limit", "cursor", "after"}))])
     user_id_t = Annotated[str, Path(
         description="User id, decimal, in [1, 2^63-1]. " + ID_NOTE,
-        examples=["9223372036854775807"])]
+        examples=["9223372036854775807"], json_schema_extra=ID_PATH_SCHEMA)]
     limit_t = Annotated[int | None, Query(
         ge=1, le=settings.max_page,
         description=f"Entries per page, 1..{settings.max_page} "
                     f"(default {settings.default_page}).")]
     cursor_t = Annotated[str | None, Query(
         description="The next_cursor of the previous page; omit for the newest page.")]
+    after_t = Annotated[str | None, Query(
+        max_length=MAX_TOKEN,
+        description="A write's consistency token: wait (bounded) until the view has "
+                    "applied that write; the page then says whether it had (consistent).")]
+    caller_t = Annotated[int | None, Depends(auth.caller)]
 
-    @router.get("/home", summary="Home timeline, newest first")
-    def home(request: Request, user_id: user_id_t, limit: limit_t = None,
-             cursor: cursor_t = None) -> TimelinePage:
-        """Tweets of everyone the user follows (fan-out cache merged with celebrities)."""
-        return _timeline(_store(request), home_fn, user_id, cursor,
-                         limit or settings.default_page)
+    @router.get("/home", summary="Home timeline, newest first", response_model_exclude_unset=True,
+                responses=_AUTH_ERRORS)
+    def home(request: Request, user_id: user_id_t, caller: caller_t, limit: limit_t = None,
+             cursor: cursor_t = None, after: after_t = None) -> TimelinePage:
+        """Tweets of everyone the user follows (fan-out cache merged with celebrities).
 
-    @router.get("/tweets", summary="An author's own tweets, newest first")
+        With auth on, only the user's own bearer token may read it.
+        """
+        user = parse_id(user_id, "user_id")
+        if caller is not None and caller != user:
+            msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
+            raise Forbidden(msg, field="user_id")
+        read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
+        return read.page(home_fn, freshness)
+
+    @router.get("/tweets", summary="An author's own tweets, newest first",
+                response_model_exclude_unset=True)
     def tweets(request: Request, user_id: user_id_t, limit: limit_t = None,
-               cursor: cursor_t = None) -> TimelinePage:
-        """The user's own live tweets."""
-        return _timeline(_store(request), author_page, user_id, cursor,
-                         limit or settings.default_page)
+               cursor: cursor_t = None, after: after_t = None) -> TimelinePage:
+        """The user's own live tweets (public)."""
+        user = parse_id(user_id, "user_id")
+        read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
+        return read.page(author_page, freshness)
 
     return router
 
 
-def _timeline(store: Store, page_fn: PageFn, raw_user: str, cursor: str | None,
-              limit: int) -> TimelinePage:
-    user = parse_id(raw_user, "user_id")
-    page = page_fn(store, user, _below(cursor), limit)
-    return TimelinePage(
-        user_id=str(user), entries=hydrate(store, page.entries),
-        next_cursor=encode_cursor(page.next_key) if page.next_key is not None else None)
+def _only_query(allowed: set[str]) -> Callable[[Request], None]:
+    """A dependency refusing query parameters the route does not know (typos, mostly)."""
+
+    def check(request: Request) -> None:
+        unknown = sorted(set(request.query_params) - allowed)
+        if unknown:
+            msg = (f"unknown query parameter {unknown[0][:40]!r}; this route takes "
+                   f"{', '.join(sorted(allowed))}")
+            raise BadRequest(msg, field=unknown[0][:40])
+
+    return check
 
 
-def parse_id(raw: str, field: str) -> int:
-    """A positive 64-bit id from its decimal form, or :class:`BadRequest` naming ``field``."""
-    if not (raw.isascii() and raw.isdigit()):
-        msg = f"{field} must be a decimal integer in [1, 2^63-1], got {raw[:40]!r}"
-        raise BadRequest(msg, field=field)
-    value = int(raw) if len(raw) <= 20 else MAX_ID + 1
-    if not 1 <= value <= MAX_ID:
-        msg = f"{field} must be in [1, 2^63-1], got {raw[:40]}"
-        raise BadRequest(msg, field=field)
-    return value
+class _Read:
+    """One page request: parse everything first, then wait (if asked), then read."""
+
+    def __init__(self, store: Store, user: int, cursor: str | None, limit: int,
+                 after: str | None) -> None:
+        self.store, self.user, self.limit, self.after = store, user, limit, after
+        self.below = _below(cursor)
+
+    def page(self, page_fn: PageFn, freshness: Freshness) -> TimelinePage:
+        consistent = freshness.wait(self.store, self.after) if self.after is not None else None
+        page = page_fn(self.store, self.user, self.below, self.limit)
+        out = TimelinePage(
+            user_id=str(self.user), entries=hydrate(self.store, page.entries),
+            next_cursor=encode_cursor(page.next_key) if page.next_key is not None else None)
+        if consistent is not None:
+            out.consistent = consistent
+        return out
+
+
+def _author_of(request: Request, tweet_id: int) -> int | None:
+    """The author the views know for ``tweet_id`` (for the delete route's 403)."""
+    row = _store(request).tweets([tweet_id]).get(tweet_id)
+    return row.author_id if row is not None else None
 
 
 def _below(cursor: str | None) -> Key | None:
@@ -237,107 +318,52 @@ def iso_millis(ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds") + "Z"
 
 
-# -- health --------------------------------------------------------------------------
-def _health_routes() -> APIRouter:
+# -- health and metrics ----------------------------------------------------------------
+def _health_routes(writer: SharedProducer) -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz", response_model=Health, summary="Liveness and applied offsets",
-                responses={503: {"model": ErrorBody, "description": "Store unreadable."}})
+    @router.get("/healthz", response_model=Health, response_model_exclude_none=True,
+                summary="Liveness, broker reachability and applied offsets",
+                responses={503: {"model": ErrorBody,
+                                 "description": "Store unreadable or broker unreachable."}})
     def healthz(request: Request) -> Any:
-        """``ok`` with the applied offsets, or 503 ``degraded`` if the store cannot be read."""
+        """``ok`` with the applied offsets, or 503 ``degraded``.
+
+        Degraded: the store cannot be read, or the broker is unreachable (asked at
+        most every few seconds; the answer is cached in between).
+        """
         label = getattr(request.app.state, "store_label", "none")
+        reachable = writer.broker_reachable()
+        broker = None if reachable is None else "ok" if reachable else "unreachable"
         try:
             offsets = _store(request).applied_offsets()
         except Exception:
             logger.exception("health check: the store cannot be read")
-            return JSONResponse(status_code=503, content={
-                "status": "degraded", "store": label, "error": Unavailable.code,
-                "message": "the store cannot be read"})
+            return _degraded(label, broker, "the store cannot be read")
+        if broker == "unreachable":
+            return _degraded(label, broker, "the broker is unreachable: writes answer 503")
         nested: dict[str, dict[str, int]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             nested.setdefault(topic, {})[str(partition)] = offset
-        return Health(status="ok", store=label, applied_offsets=nested)
+        return Health(status="ok", store=label, broker=broker, applied_offsets=nested)
 
     return router
 
 
-# -- errors --------------------------------------------------------------------------
-def _install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServingError, _on_serving_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StoreError, _on_store_error)
-    app.add_exception_handler(RequestValidationError,
-                              _on_validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(HTTPException, _on_http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _on_unexpected)
+def _degraded(store: str, broker: str | None, message: str) -> JSONResponse:
+    body = {"status": "degraded", "store": store, "broker": broker,
+            "error": Unavailable.code, "message": message}
+    return JSONResponse({k: v for k, v in body.items() if v is not None}, status_code=503)
 
 
-def _error(status: int, code: str, message: str, field: str | None = None,
-           headers: Mapping[str, str] | None = None) -> JSONResponse:
-    body = ErrorBody(error=code, message=message, field=field)
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+def _metrics_routes(metrics: Metrics) -> APIRouter:
+    router = APIRouter(tags=["operations"])
 
+    @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+                responses={200: {"content": {CONTENT_TYPE: {}},
+                                 "description": "Prometheus text exposition format."}})
+    def prometheus() -> Response:
+        """Request latencies, write outcomes, view lag, batches, dead letters, celebrities."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-async def _on_serving_error(request: Request, exc: ServingError) -> JSONResponse:
-    return _error(exc.status, exc.code, exc.message, exc.field)
-
-
-async def _on_store_error(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("store error on %s %s: %s", request.method, request.url.path, exc)
-    return _error(Unavailable.status, Unavailable.code, "the store cannot be read right now")
-
-
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    names = [str(part) for part in first.get("loc", ())[1:]]
-    field = ".".join(names) or None
-    reason = str(first.get("msg", "invalid request"))
-    return _error(400, BadRequest.code, f"{field}: {reason}" if field else reason, field)
-
-
-async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    status = exc.status_code
-    if status == 404:
-        message = f"no such route: {request.url.path}"
-    elif status == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    else:
-        message = str(exc.detail)
-    code = HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
-    return _error(status, code, message, headers=exc.headers)
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error(500, "internal", "internal server error")
-
-
-class _ContainErrors:
-    """Answer an unexpected exception with the JSON 500 and keep the connection.
-
-    The app's ``Exception`` handler alone is not enough: Starlette's
-    ServerErrorMiddleware re-raises after answering (so servers can log), and
-    uvicorn then closes the keep-alive connection under the client. This sits inside
-    it and stops the exception once the 500 has been sent.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking)
-        except Exception as exc:
-            if started:
-                raise
-            response = await _on_unexpected(Request(scope), exc)
-            await response(scope, receive, send)
+    return router

@@ -8,6 +8,7 @@ class ServingError(Exception):
 
     status = 500
     code = "internal"
+    headers: dict[str, str] = {}
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -40,3 +41,22 @@ class Unavailable(ServingError):
 
     status = 503
     code = "unavailable"
+
+
+class Unauthorized(ServingError):
+    """No valid bearer token (401); the answer names the scheme to use."""
+
+    status = 401
+    code = "unauthorized"
+    headers = {"WWW-Authenticate": 'Bearer realm="fanout"'}
+
+
+class Forbidden(ServingError):
+    """A valid token, but for another user's resource (403)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class ConfigError(ServingError):
+    """The API's settings cannot work (raised at startup, never answered)."""

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from serving.errors import ConfigError
+
+#: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
+MIN_SECRET = 16
 
 
 def _env(name: str, field: str) -> AliasChoices:
@@ -18,33 +23,87 @@ def _env(name: str, field: str) -> AliasChoices:
 
 
 class ServingSettings(BaseSettings):
-    """Listen address, store URL and paging limits of the HTTP API (DESIGN §7)."""
+    """Listen address, store, paging, auth and write limits of the HTTP API (DESIGN §7)."""
 
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    host: str = Field("127.0.0.1", validation_alias=_env("FANOUT_API_HOST", "host"),
-                      description="Interface the API binds to.")
-    port: int = Field(8080, ge=0, le=65535, validation_alias=_env("FANOUT_API_PORT", "port"),
-                      description="TCP port of the API (0: any free port).")
-    store_url: str = Field("sqlite:///run/fanout.sqlite",
-                           validation_alias=_env("FANOUT_STORE", "store_url"),
-                           description="Store to read: sqlite:///path or cassandra://hosts/ks.")
-    timeline_cap: int = Field(800, ge=1,
-                              validation_alias=_env("FANOUT_TIMELINE_CAP", "timeline_cap"),
-                              description="Cached entries per home timeline (the job's N).")
-    default_page: int = Field(20, ge=1,
-                              validation_alias=_env("FANOUT_API_DEFAULT_PAGE", "default_page"),
-                              description="Entries per page when a request gives no limit.")
-    max_page: int = Field(200, ge=1, validation_alias=_env("FANOUT_API_MAX_PAGE", "max_page"),
-                          description="Largest limit a request may ask for.")
+    host: str = Field(
+        default="127.0.0.1", validation_alias=_env("FANOUT_API_HOST", "host"),
+        description="Interface the API binds to.")
+    port: int = Field(
+        default=8080, ge=0, le=65535, validation_alias=_env("FANOUT_API_PORT", "port"),
+        description="TCP port of the API (0: any free port).")
+    store_url: str = Field(
+        default="sqlite:///run/fanout.sqlite", validation_alias=_env("FANOUT_STORE", "store_url"),
+        description="Store to read: sqlite:///path or cassandra://hosts/ks.")
+    timeline_cap: int = Field(
+        default=800, ge=1, validation_alias=_env("FANOUT_TIMELINE_CAP", "timeline_cap"),
+        description="Cached entries per home timeline (the job's N).")
+    default_page: int = Field(
+        default=20, ge=1, validation_alias=_env("FANOUT_API_DEFAULT_PAGE", "default_page"),
+        description="Entries per page when a request gives no limit.")
+    max_page: int = Field(
+        default=200, ge=1, validation_alias=_env("FANOUT_API_MAX_PAGE", "max_page"),
+        description="Largest limit a request may ask for.")
     read_mode: Literal["fanout", "read"] = Field(
-        "fanout", validation_alias=_env("FANOUT_READ_MODE", "read_mode"),
+        default="fanout", validation_alias=_env("FANOUT_READ_MODE", "read_mode"),
         description="fanout: the materialized view (cache + celebrity merge); read: "
                     "evaluate the home query at read time from author_tweets and the "
                     "follow graph (the fan-out-on-read baseline for load tests).")
-    access_log: bool = Field(True, validation_alias=_env("FANOUT_API_ACCESS_LOG", "access_log"),
-                             description="Log every request (uvicorn's access log); "
-                                         "turn off for load tests, it adds latency.")
+    access_log: bool = Field(
+        default=True, validation_alias=_env("FANOUT_API_ACCESS_LOG", "access_log"),
+        description="Log every request (uvicorn's access log); turn off for load tests, "
+                    "it adds latency.")
+    # -- access control, writes, read-your-writes, limits --------------------------------
+    auth: bool = Field(
+        default=True, validation_alias=_env("FANOUT_AUTH", "auth"),
+        description="on: writes and home timelines need the user's bearer token; off: "
+                    "anyone may act as anyone (demos, read-path load tests).")
+    auth_secret: SecretStr | None = Field(
+        default=None, validation_alias=_env("FANOUT_AUTH_SECRET", "auth_secret"),
+        description=f"HMAC key of the bearer tokens, at least {MIN_SECRET} characters; "
+                    "required when auth is on (`fanout up` generates one).")
+    token_ttl_s: int = Field(
+        default=86_400, ge=1, le=366 * 86_400,
+        validation_alias=_env("FANOUT_TOKEN_TTL_S", "token_ttl_s"),
+        description="Lifetime of a token minted by `fanout token`.")
+    after_timeout_ms: int = Field(
+        default=5_000, ge=0, le=60_000,
+        validation_alias=_env("FANOUT_AFTER_TIMEOUT_MS", "after_timeout_ms"),
+        description="Longest a read with ?after=TOKEN waits for the view to apply it.")
+    after_max_waiters: int = Field(
+        default=16, ge=0, validation_alias=_env("FANOUT_AFTER_MAX_WAITERS", "after_max_waiters"),
+        description="Reads that may wait on ?after= at once; more answer at once with "
+                    "consistent=false (each waiter holds a worker thread).")
+    write_timeout_ms: int = Field(
+        default=5_000, ge=100, le=60_000,
+        validation_alias=_env("FANOUT_WRITE_TIMEOUT_MS", "write_timeout_ms"),
+        description="Longest a write waits for the broker's acknowledgement before 503.")
+    retry_after_s: int = Field(
+        default=2, ge=1, validation_alias=_env("FANOUT_RETRY_AFTER_S", "retry_after_s"),
+        description="Retry-After of a 503 to a write; also how long writes fail fast "
+                    "after the broker was found unreachable.")
+    broker_check_s: float = Field(
+        default=5.0, gt=0, validation_alias=_env("FANOUT_BROKER_CHECK_S", "broker_check_s"),
+        description="/healthz asks the broker at most this often.")
+    max_body_bytes: int = Field(
+        default=16_384, ge=64, validation_alias=_env("FANOUT_API_MAX_BODY", "max_body_bytes"),
+        description="Largest request body; larger answers 413.")
+    worker_id: int | None = Field(
+        default=None, ge=0, le=1023, validation_alias=_env("FANOUT_WORKER_ID", "worker_id"),
+        description="Snowflake worker id of this API process for tweet ids (random if "
+                    "unset; give each API process its own when several take writes).")
+
+    def secret(self) -> bytes:
+        """The token key, or :class:`ConfigError` saying how to provide one."""
+        value = self.auth_secret.get_secret_value() if self.auth_secret else ""
+        if len(value) < MIN_SECRET:
+            msg = (f"auth is on but FANOUT_AUTH_SECRET is {'too short' if value else 'unset'}: "
+                   f"set it to a random string of at least {MIN_SECRET} characters (e.g. "
+                   "`python -c 'import secrets; print(secrets.token_hex(32))'`), or set "
+                   "FANOUT_AUTH=off to serve without access control")
+            raise ConfigError(msg)
+        return value.encode()
 
     @model_validator(mode="after")
     def _default_fits(self) -> ServingSettings:

@@ -132,7 +132,7 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Filled:
 @pytest.fixture(scope="module")
 def settings(filled: Filled) -> ServingSettings:
     return ServingSettings(store_url=f"sqlite:///{filled.path}", timeline_cap=CONFIG.cap,
-                           max_page=MAX_PAGE, default_page=DEFAULT_PAGE)
+                           max_page=MAX_PAGE, default_page=DEFAULT_PAGE, auth=False)
 
 
 @pytest.fixture(scope="module")

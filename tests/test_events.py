@@ -237,3 +237,15 @@ def test_key_of_each_topic_is_its_join_key():
     assert decode(FOLLOWS, encode_key(2), json.dumps(FOLLOW).encode()).key == 2
     reject(FOLLOWS, FOLLOW, key=encode_key(1), match="join key 2")  # follower, not followee
     reject(USERS, UPSERT, key=encode_key(3), match="join key 2")
+
+
+def test_lone_surrogate_text_is_invalid():
+    import json as _json
+
+    from ingest.errors import InvalidEvent
+    from ingest.events import decode
+
+    body = _json.dumps({"v": 1, "op": "post", "tweet_id": 1, "author_id": 2,
+                        "created_at": 3, "text": "\ud800"}).encode()
+    with pytest.raises(InvalidEvent, match="surrogate"):
+        decode("tweets", b"2", body)

@@ -256,3 +256,16 @@ def test_bucket_codec_round_trips(states):
     from views.codec import decode_bucket, encode_bucket
 
     assert decode_bucket(encode_bucket(states)) == states
+
+
+def test_a_delete_under_another_authors_id_does_not_hide_the_tweet():
+    h = Harness(JoinConfig())
+    h.run([Follow(2, 1, 1), Follow(2, 3, 1), Follow(4, 3, 1), Delete(10, 3, 2)])
+    # forged: tweet 10 is author 1's, and user 2 follows both
+    h.run([Post(10, 1, 3, "mine")])
+    assert [e.tweet_id for e in home_top(h.store, 2, 10)] == [10]
+    assert not h.store.tweets([10])[10].deleted
+    h.run([Delete(10, 3, 4)])
+    assert not h.store.tweets([10])[10].deleted
+    assert Reference().add([Follow(2, 1, 1), Delete(10, 3, 2), Post(10, 1, 3, "mine"),
+                            Delete(10, 3, 4)]).home(2, 10)[0][0] == 10

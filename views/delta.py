@@ -8,7 +8,7 @@ type serves every table so that Spark carries a single output schema
 kind       fields used
 ========== ============================================================
 TL_ADD     user_id, tweet_id, author_id, created_at
-TL_DEL     user_id, tweet_id, created_at (0 if not known)
+TL_DEL     user_id, tweet_id, author_id, created_at (0 if not known)
 TL_WIPE    user_id, author_id (drop all of the author's tweets there)
 HORIZON    user_id, created_at, tweet_id (raise the user's horizon)
 TWEET      tweet_id, author_id, created_at (0 if not known), text, flag (1 = deleted)
@@ -19,7 +19,7 @@ USER       user_id, created_at, text (handle), name
 OFFSET     topic, partition, offset (highest offset seen in the batch)
 DEAD       topic, partition, offset, text (reason), raw (value bytes)
 FANOUT     tweet_id, author_id, created_at, raw (follower ids): TL_ADD to each
-UNFANOUT   tweet_id, created_at, raw (follower ids): TL_DEL from each
+UNFANOUT   tweet_id, author_id, created_at, raw (follower ids): TL_DEL from each
 BACKFILL   user_id, author_id, raw ((created_at, tweet_id) pairs): TL_ADD of each
 ========== ============================================================
 
@@ -125,9 +125,10 @@ def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]]) -> list[
             out.append(Delta(DeltaKind.TL_ADD, user, pairs[1], author, pairs[0]))
     for tweet, (created_at, users) in removes.items():
         if len(users) > 1:
-            out.append(Delta(DeltaKind.UNFANOUT, 0, tweet, 0, created_at, raw=_longs(users)))
+            out.append(Delta(DeltaKind.UNFANOUT, 0, tweet, author, created_at,
+                             raw=_longs(users)))
         else:
-            out.append(Delta(DeltaKind.TL_DEL, users[0], tweet, 0, created_at))
+            out.append(Delta(DeltaKind.TL_DEL, users[0], tweet, author, created_at))
     return out
 
 
@@ -151,13 +152,13 @@ def timeline_adds(d: Delta) -> Iterator[tuple[int, int, int, int]]:
             yield (d.user_id, created_at, tweet, d.author_id)
 
 
-def timeline_removes(d: Delta) -> Iterator[tuple[int, int, int]]:
-    """(user, tweet, created_at) of every remove a TL_DEL/UNFANOUT carries."""
+def timeline_removes(d: Delta) -> Iterator[tuple[int, int, int, int]]:
+    """(user, tweet, created_at, author) of every remove a TL_DEL/UNFANOUT carries."""
     if d.kind == DeltaKind.TL_DEL:
-        yield (d.user_id, d.tweet_id, d.created_at)
+        yield (d.user_id, d.tweet_id, d.created_at, d.author_id)
     else:
         for user in unpack_longs(d.raw or b""):
-            yield (user, d.tweet_id, d.created_at)
+            yield (user, d.tweet_id, d.created_at, d.author_id)
 
 
 def _longs(values: list[int]) -> bytes:

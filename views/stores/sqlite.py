@@ -120,17 +120,24 @@ class SQLiteStore(Store):
     def _write_tables(db: sqlite3.Connection, plan: WritePlan) -> None:
         live = [d for d in plan.tweets.values() if not d.flag]
         gone = [d for d in plan.tweets.values() if d.flag]
+        # A tweet id belongs to whoever posted it: a delete under another author's
+        # id (a forged or mistaken delete) neither hides it nor keeps it hidden.
         db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0) ON CONFLICT (tweet_id) DO NOTHING",
+            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0) ON CONFLICT (tweet_id) DO UPDATE SET "
+            "author_id = excluded.author_id, created_at = excluded.created_at, "
+            "text = excluded.text, deleted = 0 WHERE tweets.author_id != excluded.author_id",
             [(d.tweet_id, d.author_id, d.created_at, d.text or "") for d in live])
-        db.executemany("INSERT OR IGNORE INTO author_tweets VALUES (?, ?, ?)",
-                       [(d.author_id, d.created_at, d.tweet_id) for d in live])
+        # A tweet deleted in an earlier batch stays deleted: no live row for it here either.
+        db.executemany(
+            "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE NOT EXISTS "
+            "(SELECT 1 FROM tweets WHERE tweet_id = ? AND deleted = 1)",
+            [(d.author_id, d.created_at, d.tweet_id, d.tweet_id) for d in live])
         db.executemany(
             "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
             [(d.author_id, d.tweet_id) for d in gone])
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, '', 1) ON CONFLICT (tweet_id) "
-            "DO UPDATE SET deleted = 1, text = ''",
+            "DO UPDATE SET deleted = 1, text = '' WHERE tweets.author_id = excluded.author_id",
             [(d.tweet_id, d.author_id, d.created_at) for d in gone])
         on = [(f, a, d.created_at) for (f, a), d in plan.follows.items() if d.flag]
         off = [(f, a) for (f, a), d in plan.follows.items() if not d.flag]
@@ -156,9 +163,10 @@ class SQLiteStore(Store):
                        sorted(plan.wipes))
         # A remove whose time the join did not know takes it from the tweets table.
         db.executemany(
-            "DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ? AND created_at = "
-            "coalesce(nullif(?, 0), (SELECT created_at FROM tweets WHERE tweet_id = ?))",
-            [(u, t, c, t) for u, t, c in plan.removes])
+            "DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ? AND author_id = ? "
+            "AND created_at = coalesce(nullif(?, 0), "
+            "(SELECT created_at FROM tweets WHERE tweet_id = ?))",
+            [(u, t, a, c, t) for u, t, c, a in plan.removes])
         meta = self._meta(db, {row[0] for row in plan.adds} | set(plan.horizons))
         for user, key in plan.horizons.items():
             meta[user][0] = max(meta[user][0], key)

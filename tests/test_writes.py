@@ -1,0 +1,287 @@
+"""The write path over real HTTP: records in the changelog, tokens, read-your-writes, 503s.
+
+Writes go through the app's real producer to the session's embedded broker (fresh
+topics per test) and are read back with ``assign()``; the view is simulated by
+applying OFFSET deltas to the store, which is all ``?after=`` looks at.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ingest.consistency import Applied, decode_token, encode_token
+from ingest.errors import InvalidToken
+from ingest.events import MAX_TEXT, Delete, Follow, Post
+from ingest.http import NOT_ONLY_SPACE
+from ingest.settings import KafkaSettings
+from ingest.snowflake import EPOCH_MS, Snowflake
+from tests.api_helpers import (
+    assert_error,
+    bearer,
+    open_store,
+    read_record,
+    serve,
+    settings,
+    unreachable_kafka,
+)
+from views.delta import Delta, DeltaKind
+from views.stores.sqlite import SQLiteStore
+
+ME, OTHER = 42, 2**63 - 1
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    store = open_store(tmp_path)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def client(store: SQLiteStore, kafka_settings: KafkaSettings) -> Iterator[httpx.Client]:
+    with serve(settings(store), store, kafka_settings) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """The app with its broker unreachable: input errors must answer before producing."""
+    store = open_store(tmp_path_factory.mktemp("offline"))
+    config = settings(store, write_timeout_ms=500, retry_after_s=3, broker_check_s=0.2)
+    with serve(config, store, unreachable_kafka()) as c:
+        yield c
+    store.close()
+
+
+def _applied(store: SQLiteStore, token: str) -> None:
+    where = decode_token(token)
+    store.apply([Delta(DeltaKind.OFFSET, topic=where.topic, partition=where.partition,
+                       offset=where.offset, created_at=T0)], batch_id=1)
+
+
+# -- records in the changelog -------------------------------------------------------------
+@pytest.mark.broker
+def test_post_lands_in_tweets_with_a_token(client: httpx.Client, kafka_settings: KafkaSettings):
+    before = time.time_ns() // 1_000_000
+    response = client.post("/v1/tweets", json={"text": "hello ✓"}, headers=bearer(ME))
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert set(body) == {"tweet_id", "token"}
+    key, event = read_record(kafka_settings, body["token"])
+    assert key == str(ME).encode()
+    assert isinstance(event, Post)
+    assert (str(event.tweet_id), event.author_id, event.text) == (body["tweet_id"], ME, "hello ✓")
+    assert before <= event.created_at <= time.time_ns() // 1_000_000
+    assert decode_token(body["token"]).topic == "tweets"
+
+
+@pytest.mark.broker
+def test_tweet_ids_are_time_ordered(client: httpx.Client):
+    ids = [int(client.post("/v1/tweets", json={"text": f"t{i}"}, headers=bearer(ME))
+               .json()["tweet_id"]) for i in range(5)]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+
+
+@pytest.mark.broker
+def test_delete_follow_unfollow_land_as_records(client: httpx.Client,
+                                                kafka_settings: KafkaSettings):
+    answers = [client.delete("/v1/tweets/1234", headers=bearer(ME)),
+               client.put(f"/v1/users/{ME}/following/{OTHER}", headers=bearer(ME)),
+               client.delete(f"/v1/users/{ME}/following/{OTHER}", headers=bearer(ME))]
+    assert [r.status_code for r in answers] == [202, 202, 202], [r.text for r in answers]
+    assert all(set(r.json()) == {"token"} for r in answers)
+    events = [read_record(kafka_settings, r.json()["token"]) for r in answers]
+    (k1, delete), (k2, follow), (k3, unfollow) = events
+    assert isinstance(delete, Delete) and (delete.tweet_id, delete.author_id) == (1234, ME)
+    assert k1 == str(ME).encode()
+    assert isinstance(follow, Follow) and follow.active
+    assert (follow.follower_id, follow.followee_id) == (ME, OTHER)
+    assert k2 == k3 == str(OTHER).encode()  # keyed by followee: co-partitioned with tweets
+    assert isinstance(unfollow, Follow) and not unfollow.active
+
+
+@pytest.mark.broker
+def test_delete_of_a_known_tweet_of_another_author_is_403(client: httpx.Client,
+                                                         store: SQLiteStore):
+    store.apply([Delta(DeltaKind.TWEET, tweet_id=77, author_id=OTHER, created_at=T0, text="x"),
+                 Delta(DeltaKind.TWEET, tweet_id=78, author_id=ME, created_at=T0, text="y")])
+    body = assert_error(client.delete("/v1/tweets/77", headers=bearer(ME)), 403)
+    assert body["error"] == "forbidden"
+    assert client.delete("/v1/tweets/78", headers=bearer(ME)).status_code == 202
+
+
+# -- read your writes -----------------------------------------------------------------------
+@pytest.mark.broker
+@pytest.mark.parametrize("route", ["home", "tweets"])
+def test_after_waits_bounded_then_reports_consistency(client: httpx.Client, store: SQLiteStore,
+                                                      route: str):
+    token = client.post("/v1/tweets", json={"text": "mine"}, headers=bearer(ME)).json()["token"]
+    path = f"/v1/users/{ME}/{route}"
+    plain = client.get(path, headers=bearer(ME))
+    assert plain.status_code == 200 and "consistent" not in plain.json()
+
+    started = time.monotonic()
+    stale = client.get(path, params={"after": token}, headers=bearer(ME))
+    waited = time.monotonic() - started
+    assert stale.status_code == 200 and stale.json()["consistent"] is False
+    assert 0.4 <= waited < 3.0, f"waited {waited:.2f}s for a 0.4s bound"
+
+    _applied(store, token)
+    started = time.monotonic()
+    fresh = client.get(path, params={"after": token}, headers=bearer(ME))
+    assert fresh.json()["consistent"] is True
+    assert time.monotonic() - started < 0.4
+
+
+@pytest.mark.broker
+def test_after_returns_as_soon_as_the_view_applies(client: httpx.Client, store: SQLiteStore,
+                                                   kafka_settings: KafkaSettings):
+    token = client.put(f"/v1/users/{ME}/following/7", headers=bearer(ME)).json()["token"]
+    applier = threading.Timer(0.1, _applied, (store, token))
+    applier.start()
+    try:
+        body = client.get(f"/v1/users/{ME}/home", params={"after": token},
+                          headers=bearer(ME)).json()
+    finally:
+        applier.join()
+    assert body["consistent"] is True
+
+
+@pytest.mark.parametrize("token", ["", "nope", "k1.", "k1.!!", "k1." + "A" * 100,
+                                   "k1.dHdlZXRzOjA6LTE", "k1.bm9wZTowOjA", "k1.dHdlZXRzOjA6MQ=x"])
+def test_bad_after_token_is_400(offline: httpx.Client, token: str):
+    body = assert_error(offline.get("/v1/users/1/tweets", params={"after": token}), 400)
+    assert body["field"] == "after"
+
+
+def test_consistency_token_round_trip_and_rejects():
+    token = encode_token("follows", 3, 2**63 - 1)
+    assert decode_token(token) == Applied("follows", 3, 2**63 - 1)
+    for bad in ["k1.dHdlZXRzOisxOjE", "k1.dHdlZXRzOjE6IDE", "x" + token, token + "AAAA"]:
+        with pytest.raises(InvalidToken):
+            decode_token(bad)
+    with pytest.raises(InvalidToken):
+        encode_token("nope", 0, 0)
+
+
+# -- bad input ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("body", "field"), [
+    ('{"text": "%s"}' % ("x" * (MAX_TEXT + 1)), "text"),
+    ('{"text": ""}', "text"),
+    ('{"text": "hi", "author_id": 1}', "author_id"),
+    ("{}", "text"),
+    ('{"text": 5}', "text"),
+    ('{"text": "\\ud800"}', "text"),  # a lone surrogate has no UTF-8 form
+    ("[]", None),
+    ("{", None),
+    ("null", None),
+])
+def test_bad_tweet_bodies_are_400(offline: httpx.Client, body: str, field: str | None):
+    headers = bearer(ME) | {"content-type": "application/json"}
+    got = assert_error(offline.post("/v1/tweets", content=body, headers=headers), 400)
+    assert got.get("field") == field
+
+
+def test_blank_text_and_self_follow_are_400_before_producing(offline: httpx.Client):
+    blank = offline.post("/v1/tweets", json={"text": " \n\t "}, headers=bearer(ME))
+    self_follow = offline.put(f"/v1/users/{ME}/following/{ME}", headers=bearer(ME))
+    bad_id = offline.put(f"/v1/users/{ME}/following/0", headers=bearer(ME))
+    bad_tweet = offline.delete("/v1/tweets/-5", headers=bearer(ME))
+    assert assert_error(blank, 400)["field"] == "text"
+    assert assert_error(self_follow, 400)["field"] == "other_id"
+    assert assert_error(bad_id, 400)["field"] == "other_id"
+    assert assert_error(bad_tweet, 400)["field"] == "tweet_id"
+
+
+@pytest.mark.broker
+def test_text_of_exactly_280_characters_is_accepted(client: httpx.Client):
+    response = client.post("/v1/tweets", json={"text": "é" * MAX_TEXT}, headers=bearer(ME))
+    assert response.status_code == 202, response.text
+
+
+def test_body_over_the_limit_is_413_json(offline: httpx.Client):
+    big = b'{"text": "' + b"x" * 20_000 + b'"}'
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(big), 1000):
+            yield big[i:i + 1000]
+
+    headers = bearer(ME) | {"content-type": "application/json"}
+    declared = offline.post("/v1/tweets", content=big, headers=headers)
+    streamed = offline.post("/v1/tweets", content=chunks(), headers=headers)
+    assert "16384 bytes" in assert_error(declared, 413)["message"]
+    assert assert_error(streamed, 413)["error"] == "request_entity_too_large"
+
+
+# -- the broker is unreachable --------------------------------------------------------------
+def test_unreachable_broker_answers_503_fast_with_retry_after(offline: httpx.Client):
+    started = time.monotonic()
+    first = offline.post("/v1/tweets", json={"text": "lost?"}, headers=bearer(ME))
+    first_took = time.monotonic() - started
+    started = time.monotonic()
+    second = offline.put(f"/v1/users/{ME}/following/7", headers=bearer(ME))
+    second_took = time.monotonic() - started
+    health = offline.get("/healthz")
+    reads = offline.get(f"/v1/users/{ME}/tweets")
+    for response in (first, second):
+        assert assert_error(response, 503)["error"] == "unavailable"
+        assert response.headers["retry-after"] == "3"
+        assert "127.0.0.1" not in response.text  # no internals in the answer
+    assert first_took < 3.0, f"the first write took {first_took:.2f}s"
+    assert second_took < 0.5, "within the cool-down a write should fail fast"
+    assert health.status_code == 503
+    assert health.json()["status"] == "degraded" and health.json()["broker"] == "unreachable"
+    assert reads.status_code == 200  # reads do not need the broker
+
+
+@pytest.mark.broker
+def test_healthz_reports_a_reachable_broker(client: httpx.Client):
+    body = client.get("/healthz").json()
+    assert (body["status"], body["broker"]) == ("ok", "ok")
+
+
+# -- snowflake ids --------------------------------------------------------------------------
+def test_snowflake_ids_are_unique_ordered_and_positive_under_threads():
+    flake = Snowflake(worker=1023, clock=lambda: EPOCH_MS + 5)  # a stuck clock
+    out: list[int] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        mine = [flake.next()[0] for _ in range(3000)]
+        with lock:
+            out.extend(mine)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(out)) == len(out) == 12_000
+    assert all(0 < i < 2**63 for i in out)
+
+
+def test_snowflake_borrows_the_next_millisecond_and_never_goes_back():
+    now = [EPOCH_MS + 100]
+    flake = Snowflake(worker=0, clock=lambda: now[0])
+    ids = [flake.next() for _ in range(4097)]
+    assert ids[-1][1] == EPOCH_MS + 101  # sequence full: next millisecond
+    now[0] = EPOCH_MS + 50  # the clock steps back
+    tweet_id, ms = flake.next()
+    assert ms == EPOCH_MS + 101 and tweet_id > ids[-1][0]
+    with pytest.raises(ValueError, match="worker"):
+        Snowflake(worker=1024)
+
+
+def test_documented_text_pattern_is_exactly_the_contracts_whitespace_rule():
+    pattern = re.compile(NOT_ONLY_SPACE)
+    for code in range(0x110000):
+        char = chr(code)
+        assert (pattern.fullmatch(char) is None) == (not char.strip()), hex(code)
