@@ -18,6 +18,7 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 # No ``from __future__ import annotations``: FastAPI must resolve the parameter types
 # that _timeline_routes builds at run time (they carry the configured max_page).
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from ingest.http import ID_PATH_SCHEMA, SharedProducer, write_router
 from ingest.settings import KafkaSettings
 from ingest.snowflake import Snowflake
 from serving.auth import Auth
+from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor, encode_cursor
 from serving.errors import BadRequest, ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
@@ -169,22 +171,30 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if injected is not None:
             app.state.store, app.state.store_label = injected, type(injected).__name__
-            try:
-                yield
-            finally:
-                writer.close()
-            return
-        store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
-        app.state.store, app.state.store_label = store, _redact(settings.store_url)
-        logger.info("serving from %s (auth %s)", app.state.store_label,
-                    "on" if settings.auth else "OFF")
+        else:
+            app.state.store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
+            app.state.store_label = _redact(settings.store_url)
+            logger.info("serving from %s (auth %s)", app.state.store_label,
+                        "on" if settings.auth else "OFF")
+        app.state.celebrities = _celebrity_cache(settings, app.state.store)
         try:
             yield
         finally:
+            if app.state.celebrities is not None:
+                app.state.celebrities.stop()
             writer.close()
-            store.close()
+            if injected is None:
+                app.state.store.close()
 
     return lifespan
+
+
+def _celebrity_cache(settings: ServingSettings, store: Store) -> CelebrityCache | None:
+    """The in-process cache of celebrities' tweets (none in fan-out-on-read mode)."""
+    if settings.read_mode != "fanout" or settings.celebrity_refresh_s <= 0:
+        return None
+    return CelebrityCache(store, depth=settings.timeline_cap,
+                          refresh_s=settings.celebrity_refresh_s).start()
 
 
 def _store(request: Request) -> Store:
@@ -237,6 +247,10 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
             msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
             raise Forbidden(msg, field="user_id")
         read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
+        cache = getattr(request.app.state, "celebrities", None)
+        if home_fn is home_page and cache is not None and after is None:
+            # Read-your-writes (?after=) reads celebrities from the store, not the cache.
+            return read.page(functools.partial(home_page, celebrities=cache), freshness)
         return read.page(home_fn, freshness)
 
     @router.get("/tweets", summary="An author's own tweets, newest first",

@@ -68,7 +68,10 @@ class CelebrityCache:
         self.refreshed_at = 0.0
 
     def start(self) -> CelebrityCache:
-        self.refresh()
+        try:
+            self.refresh()
+        except Exception:  # a degraded store must not keep the API from starting
+            log.exception("first celebrity cache refresh failed; retrying in the background")
         self._thread = threading.Thread(target=self._run, name="celebrity-cache", daemon=True)
         self._thread.start()
         return self

@@ -45,6 +45,11 @@ class ServingSettings(BaseSettings):
     max_page: int = Field(
         default=200, ge=1, validation_alias=_env("FANOUT_API_MAX_PAGE", "max_page"),
         description="Largest limit a request may ask for.")
+    celebrity_refresh_s: float = Field(
+        default=0.5, ge=0, validation_alias=_env("FANOUT_CELEBRITY_REFRESH_S",
+                                                 "celebrity_refresh_s"),
+        description="How often the in-process cache of celebrities' recent tweets is "
+                    "reloaded (its staleness bound); 0 reads them from the store.")
     read_mode: Literal["fanout", "read"] = Field(
         default="fanout", validation_alias=_env("FANOUT_READ_MODE", "read_mode"),
         description="fanout: the materialized view (cache + celebrity merge); read: "
