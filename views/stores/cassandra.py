@@ -9,15 +9,15 @@ writes go through ``cassandra.concurrent.execute_concurrent`` with at most
 
 **One batch, in phases.** Cassandra has no multi-partition transaction, so
 :meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes
-before the next starts: (1) reads the batch needs — the batch's timestamp, the stored
-state of its tweets, the partitions of wiped users, stored profiles; (2) at ``T``:
-tweets, graph, profiles, wipes, removes; (3) at ``T+1``: adds; (4) reads the head of
-each touched timeline, then at ``T+2`` trims and raises horizons; (5) offsets, dead
-letters, and the batch record. Every write is an upsert or delete keyed by its
-primary key with an explicit timestamp, so re-running a batch — after a crash at any
-point — converges to the same rows; offsets are written last, so a reader that sees
-an offset also sees everything the batch wrote. Why timestamps and phases, and how
-``T`` is chosen: :mod:`views.stores.cassandra_cql`.
+before the next starts: (1) reads the batch needs — its timestamp ``T``, the stored
+state of its tweets, the partitions of wiped users, stored profiles, the touched
+users' ``timeline_meta``; (2) at ``T``: tweets, graph, profiles, wipes, removes;
+(3) at ``T+1``: adds; (4) at ``T+2``: trims and ``timeline_meta``; (5) offsets,
+dead letters, the batch record. Every write is an upsert or delete keyed by its
+primary key with an explicit timestamp, so re-running a batch — after a crash at
+any point — converges to the same rows; offsets are written last, so a reader that
+sees an offset also sees everything the batch wrote. Why timestamps and phases, and
+how ``T`` is chosen: :mod:`views.stores.cassandra_cql`.
 
 **Deletes whose time is unknown.** The join sends ``created_at = 0`` when it no longer
 knows a deleted tweet's time, but a timeline row is addressed by
@@ -27,13 +27,22 @@ per deleted tweet, not per follower) rather than keeping a ``home_by_tweet`` ind
 celebrity) read the user's partition — at most ``cap`` rows plus untrimmed slack —
 and delete the author's rows.
 
-**Trimming** reads the ``cap + 1`` newest keys of each touched timeline and drops
-everything at or below the last one with one clustering-range delete (a single
-range tombstone), raising the user's horizon there. ``trim_chance`` below 1 trims a
-deterministic share of timelines per batch instead: timelines then run over the cap
-between trims, which costs space but not correctness — entries above the horizon
-are exact however many there are. Horizons, profiles (newest ``created_at`` wins) and
-tweet states are read-then-written: safe because one job writes a keyspace.
+**Trimming** is amortized as in the SQLite store: ``timeline_meta.size`` is an upper
+bound of a timeline's rows (adds raise it; removes and replays leave it high), and
+only a timeline past ``cap + trim_slack`` is read — its ``cap + 1`` newest keys — and
+cut with one clustering-range delete at the last of them (a single range tombstone),
+raising the user's horizon there. Adds at or below a user's horizon are not written:
+reads go through the query there. Timelines run over the cap by at most the slack
+plus a batch, which costs space, not correctness — entries above the horizon are
+exact however many there are. ``timeline_meta`` and profiles (newest ``created_at``
+wins) are read-then-written: safe because one job writes a keyspace.
+
+**Bookkeeping.** An applied offset is written with the offset itself as its write
+timestamp, so the cell keeps the maximum in whatever order writes land, with no read
+first; a dead letter is a conditional insert (IF NOT EXISTS: the first sighting is
+kept); the batch log lies in partitions of 10,000 batch ids, newest first, so
+:meth:`batches` reads one or two partitions. Clustering-range deletes over two
+columns need Cassandra 3.0 or later.
 
 **Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
 while a batch lands may mix rows from before and after it — say a timeline entry
@@ -60,9 +69,10 @@ from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
 
-from views.delta import TOP, Key
+from views.delta import Key
 from views.errors import StoreError
 from views.stores import cassandra_cql as cql
+from views.stores import cassandra_rows as reads
 from views.stores import schema
 from views.stores.base import (
     BatchInfo,
@@ -76,7 +86,6 @@ from views.stores.base import (
 from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig, parse_url
 
 log = logging.getLogger(__name__)
-Rows = list[tuple[Any, ...]]
 
 
 class CassandraStore(Store):
@@ -88,6 +97,8 @@ class CassandraStore(Store):
         self._cluster: Any = None
         self._session: Any = None
         self._statements: dict[str, Any] = {}
+        #: Rows a timeline may hold past the cap before it is trimmed (amortizes trims).
+        self.trim_slack = max(16, cap // 4) if config.trim_slack is None else config.trim_slack
         self._floor = 0
         self._write_lock = threading.Lock()
 
@@ -144,7 +155,7 @@ class CassandraStore(Store):
         return self._session
 
     # -- running statements ------------------------------------------------------------------
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Rows]:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
         """Run ops concurrently (bounded); rows of each, in order."""
         if not ops:
             return []
@@ -159,7 +170,7 @@ class CassandraStore(Store):
             raise StoreError(msg) from exc
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), *, scan: bool = False,
-              profile: object = EXEC_PROFILE_DEFAULT) -> Rows:
+              profile: object = EXEC_PROFILE_DEFAULT) -> reads.Rows:
         """One statement, synchronously (pages are fetched as they are consumed)."""
         timeout = self.config.scan_timeout if scan else self.config.timeout
         try:
@@ -169,18 +180,19 @@ class CassandraStore(Store):
             msg = f"Cassandra {name} failed: {exc}"
             raise StoreError(msg) from exc
 
-    def _rows_async(self, name: str, params: tuple[Any, ...]) -> asyncio.Future[Rows]:
+    def _rows_async(self, name: str, params: tuple[Any, ...]) -> asyncio.Future[reads.Rows]:
         future = self._require().execute_async(self._statements[name], params)
-        return bridge(future, asyncio.get_running_loop())
+        return reads.bridge(future, asyncio.get_running_loop())
 
     # -- write side ----------------------------------------------------------------------------
     def _write(self, plan: WritePlan, batch_id: int) -> None:
         start = time.perf_counter()
         with self._write_lock:
             ts = self._begin(plan, batch_id)
-            self._write_removes(plan, ts + cql.REMOVE)
-            self._run(cql.add_ops(plan.adds, ts + cql.ADD))
-            self._write_trims(plan, ts + cql.TRIM)
+            meta = self._write_removes(plan, ts + cql.REMOVE)
+            adds = cql.kept_adds(plan, meta)
+            self._run(cql.add_ops(adds, ts + cql.ADD))
+            self._write_trims(adds, meta, ts + cql.TRIM)
             self._finish(plan, batch_id, ts, time.perf_counter() - start)
 
     def _begin(self, plan: WritePlan, batch_id: int) -> int:
@@ -199,37 +211,38 @@ class CassandraStore(Store):
         self._run([cql.clock_op(ts)])
         return ts
 
-    def _write_removes(self, plan: WritePlan, ts: int) -> None:
+    def _write_removes(self, plan: WritePlan, ts: int) -> dict[int, cql.Meta]:
+        """Read what the batch needs, write tables, wipes and removes; return timeline_meta."""
         wipes = cql.wipe_users(plan.wipes)
         found = self._lookup({"tweet_state": cql.lookup_ids(plan), "home_all": sorted(wipes),
-                              "user_time": sorted(plan.users)})
-        states = {t: cql.TweetState(r[0][0], bool(r[0][1]))
-                  for t, r in found["tweet_state"].items() if r}
+                              "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
+        states = {t: s for t, rows in found["tweet_state"].items()
+                  if (s := cql.TweetState.decode(rows)) is not None}
         stored = {u: r[0][0] for u, r in found["user_time"].items() if r}
-        removes, unknown = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), ts)
-        if unknown:
-            log.debug("%d timeline removes name tweets never stored: nothing to delete", unknown)
+        owners = {t: s.author_id for t, s in states.items()}
+        removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
+                                          ts)
+        if skipped:
+            log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
+                      skipped)
         self._run(cql.tweet_ops(plan, states, ts) + cql.graph_ops(plan, ts)
                   + cql.user_ops(plan.users, stored, ts)
                   + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
+        return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
 
-    def _write_trims(self, plan: WritePlan, ts: int) -> None:
-        users = cql.trimmed_users(plan.adds, ts, self.config.trim_chance)
+    def _write_trims(self, adds: list[tuple[int, int, int, int]], meta: dict[int, cql.Meta],
+                     ts: int) -> None:
+        """Trim the timelines whose size estimate passed cap + slack; write timeline_meta."""
+        users = cql.over_cap(adds, meta, self.cap, self.trim_slack)
         heads = self._run([("home_head", (u, cql.bounded_limit(self.cap + 1))) for u in users])
         cuts = {}
         for user, rows in zip(users, heads, strict=True):
-            cut = cql.trim_cut([(r[0], r[1]) for r in rows], self.cap)
+            cut = cql.trim(meta[user], [(r[0], r[1]) for r in rows], self.cap)
             if cut is not None:
                 cuts[user] = cut
-        wanted = dict(plan.horizons)
-        for user, cut in cuts.items():
-            wanted[user] = max(wanted.get(user, cut), cut)
-        found = self._lookup({"horizon_get": sorted(wanted)})["horizon_get"]
-        stored = {u: _key(rows) for u, rows in found.items()}
-        self._run(cql.trim_ops(cuts, ts)
-                  + cql.horizon_ops(cql.raised_horizons(wanted, stored), ts))
+        self._run(cql.trim_ops(cuts, ts) + cql.meta_ops(meta, ts))
 
-    def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, Rows]]:
+    def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, reads.Rows]]:
         """Single-key reads of the writer, all in one bounded concurrent run."""
         results = iter(self._run([(name, (k,)) for name, keys in queries.items()
                                   for k in keys]))
@@ -251,61 +264,72 @@ class CassandraStore(Store):
     def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
         if limit <= 0:
             return []
-        return _entries(self._rows(*_cached_query(user, below, limit)))
+        return reads.entries(self._rows(*reads.cached_query(user, below, limit)))
 
     async def cached_async(self, user: int, below: Key | None, limit: int) -> list[Entry]:
         if limit <= 0:
             return []
-        return _entries(await self._rows_async(*_cached_query(user, below, limit)))
+        return reads.entries(await self._rows_async(*reads.cached_query(user, below, limit)))
 
     def horizon(self, user: int) -> Key | None:
-        return _key(self._rows("horizon_get", (user,)))
+        return reads.horizon_key(self._rows("horizon_get", (user,)))
 
     async def horizon_async(self, user: int) -> Key | None:
-        return _key(await self._rows_async("horizon_get", (user,)))
+        return reads.horizon_key(await self._rows_async("horizon_get", (user,)))
 
     def celebrities_followed(self, user: int) -> list[int]:
-        return _column(self._rows("celebs_followed", (user,)))
+        return reads.column(self._rows("celebs_followed", (user,)))
 
     async def celebrities_followed_async(self, user: int) -> list[int]:
-        return _column(await self._rows_async("celebs_followed", (user,)))
+        return reads.column(await self._rows_async("celebs_followed", (user,)))
 
     def followees(self, user: int) -> list[int]:
-        return _column(self._rows("followees", (user,)))
+        return reads.column(self._rows("followees", (user,)))
 
     async def followees_async(self, user: int) -> list[int]:
-        return _column(await self._rows_async("followees", (user,)))
+        return reads.column(await self._rows_async("followees", (user,)))
 
     def author_tweets(self, authors: Sequence[int], below: Key | None,
                       limit: int) -> list[Entry]:
-        ops = _author_queries(authors, below, limit)
+        ops = reads.author_queries(authors, below, limit)
         pages = self._run(ops, EXEC_PROFILE_DEFAULT)
-        return _merge_authors([p[0] for _, p in ops], pages, limit)
+        return reads.merge_authors([p[0] for _, p in ops], pages, limit)
 
     async def author_tweets_async(self, authors: Sequence[int], below: Key | None,
                                   limit: int) -> list[Entry]:
-        ops = _author_queries(authors, below, limit)
+        ops = reads.author_queries(authors, below, limit)
         pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return _merge_authors([p[0] for _, p in ops], list(pages), limit)
+        return reads.merge_authors([p[0] for _, p in ops], list(pages), limit)
+
+    def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
+        """Each author's newest ``n``: one concurrent run of single-partition reads."""
+        ops = reads.author_queries(authors, None, n)
+        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
+        out: dict[int, list[Entry]] = {a: [] for a in authors}
+        for (_, params), rows in zip(ops, pages, strict=True):
+            out[params[0]] = [Entry(c, t, params[0]) for c, t in rows]
+        return out
 
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        return _tweet_rows(self._run(_keyed("tweet_get", ids), EXEC_PROFILE_DEFAULT))
+        ops = reads.keyed_queries("tweet_get", ids)
+        return reads.tweet_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
 
     async def tweets_async(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        ops = _keyed("tweet_get", ids)
+        ops = reads.keyed_queries("tweet_get", ids)
         pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return _tweet_rows(list(pages))
+        return reads.tweet_rows(list(pages))
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        return _user_rows(self._run(_keyed("user_get", ids), EXEC_PROFILE_DEFAULT))
+        ops = reads.keyed_queries("user_get", ids)
+        return reads.user_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
 
     async def users_async(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        ops = _keyed("user_get", ids)
+        ops = reads.keyed_queries("user_get", ids)
         pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return _user_rows(list(pages))
+        return reads.user_rows(list(pages))
 
     def celebrities(self) -> list[int]:
-        return sorted(_column(self._rows("celebs")))
+        return sorted(reads.column(self._rows("celebs")))
 
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         return {(t, p): o for t, p, o in self._rows("offsets", scan=True)}
@@ -342,88 +366,5 @@ class CassandraStore(Store):
         """Users with a follow, a cached timeline or a celebrity edge (three key scans)."""
         found: set[int] = set()
         for name in ("followers_all", "home_users_all", "celeb_users_all"):
-            found.update(_column(self._rows(name, scan=True)))
+            found.update(reads.column(self._rows(name, scan=True)))
         return sorted(found)
-
-
-# -- the asyncio bridge ---------------------------------------------------------------------------
-
-def bridge(future: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Rows]:
-    """An asyncio future resolved by a driver ``ResponseFuture``, all pages collected.
-
-    The driver calls back on its own I/O thread; results cross to the event loop
-    with ``call_soon_threadsafe``, so nothing here blocks the loop.
-    """
-    done: asyncio.Future[Rows] = loop.create_future()
-    rows: Rows = []
-
-    def on_page(page: Rows) -> None:
-        rows.extend(page)
-        if future.has_more_pages:
-            future.start_fetching_next_page()
-        else:
-            loop.call_soon_threadsafe(_settle, done, rows, None)
-
-    def on_error(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(_settle, done, None, exc)
-
-    future.add_callbacks(on_page, on_error)
-    return done
-
-
-def _settle(done: asyncio.Future[Rows], rows: Rows | None, exc: BaseException | None) -> None:
-    if done.done():  # the awaiting task was cancelled
-        return
-    if exc is not None:
-        done.set_exception(StoreError(f"Cassandra read failed: {exc}"))
-    else:
-        done.set_result(rows or [])
-
-
-# -- queries and row decoding (shared by the sync and async reads) ----------------------------------
-
-def _cached_query(user: int, below: Key | None, limit: int) -> cql.Op:
-    below = below if below is not None else TOP
-    return ("home_page", (user, below[0], below[1], cql.bounded_limit(limit)))
-
-
-def _author_queries(authors: Sequence[int], below: Key | None, limit: int) -> list[cql.Op]:
-    if limit <= 0:
-        return []
-    below = below if below is not None else TOP
-    return [("author_page", (a, below[0], below[1], cql.bounded_limit(limit)))
-            for a in dict.fromkeys(authors)]
-
-
-def _keyed(name: str, ids: Sequence[int]) -> list[cql.Op]:
-    return [(name, (i,)) for i in dict.fromkeys(ids)]
-
-
-def _entries(rows: Rows) -> list[Entry]:
-    return [Entry(c, t, a) for c, t, a in rows]
-
-
-def _key(rows: Rows) -> Key | None:
-    return (rows[0][0], rows[0][1]) if rows and rows[0][0] is not None else None
-
-
-def _column(rows: Rows) -> list[int]:
-    return [row[0] for row in rows]
-
-
-def _merge_authors(authors: list[int], pages: list[Rows], limit: int) -> list[Entry]:
-    out = [Entry(c, t, a) for a, rows in zip(authors, pages, strict=True) for c, t in rows]
-    out.sort(reverse=True)
-    return out[:limit]
-
-
-def _tweet_rows(pages: list[Rows]) -> dict[int, TweetRow]:
-    out = {}
-    for rows in pages:
-        for tweet, author, created_at, body, deleted in rows:
-            out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted))
-    return out
-
-
-def _user_rows(pages: list[Rows]) -> dict[int, UserRow]:
-    return {u: UserRow(u, h or "", n or "") for rows in pages for u, h, n in rows}

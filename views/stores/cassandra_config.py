@@ -17,7 +17,8 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``concurrency``  statements in flight per micro-batch phase (default 64)
 ``timeout``    request timeout in seconds (default 10)
 ``scan_timeout``  timeout of full-table reads: counts, home_users (default 120)
-``trim_chance``  share of touched timelines trimmed per batch (default 1: all)
+``trim_slack``  rows a timeline may grow past the cap before it is trimmed
+               (default max(16, cap/4): trims are amortized, as in SQLite)
 ``schema``     ``check`` (default: require ``fanout schema apply``) or ``auto``
 ``ssl``        ``1`` to connect with TLS, verified against the system CAs
 =============  =====================================================================
@@ -101,7 +102,7 @@ class CassandraConfig:
     concurrency: int = 64
     timeout: float = 10.0
     scan_timeout: float = 120.0
-    trim_chance: float = 1.0
+    trim_slack: int | None = None
     auto_schema: bool = False
     ssl: bool = False
 
@@ -211,6 +212,13 @@ def _schema_mode(text: str) -> bool:
     return text == "auto"
 
 
+def _count(name: str, text: str) -> int:
+    if not text.isdigit():
+        msg = f"store option {name}={text!r} must be a whole number"
+        raise ConfigError(msg)
+    return int(text)
+
+
 def _int(name: str, text: str) -> int:
     if not text.isdigit():
         msg = f"store option {name}={text!r} must be a positive integer"
@@ -227,7 +235,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
     "concurrency": lambda t: ("concurrency", min(_int("concurrency", t), 2048)),
     "timeout": lambda t: ("timeout", _number("timeout", t, 0, 3600)),
     "scan_timeout": lambda t: ("scan_timeout", _number("scan_timeout", t, 0, 86400)),
-    "trim_chance": lambda t: ("trim_chance", _number("trim_chance", t, 0, 1)),
+    "trim_slack": lambda t: ("trim_slack", _count("trim_slack", t)),
     "schema": lambda t: ("auto_schema", _schema_mode(t)),
     "ssl": lambda t: ("ssl", _flag("ssl", t)),
 }

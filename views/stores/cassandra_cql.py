@@ -9,7 +9,7 @@ the ops.
 
 **Write timestamps.** Each micro-batch gets one client-side timestamp ``T`` (µs);
 its writes use ``T + phase``: table rows, wipes and removes at ``T + REMOVE``, adds at
-``T + ADD``, trims and horizons at ``T + TRIM``. Cassandra resolves a conflict by
+``T + ADD``, trims and timeline_meta at ``T + TRIM``. Cassandra resolves a conflict by
 timestamp and lets a deletion win a tie, so without the phases an add that follows
 a wipe of the same row in one batch (an unfollow then a follow) would be lost.
 ``T`` is larger than every earlier batch's (see :func:`batch_timestamp`), so later
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -39,6 +40,8 @@ STRIDE: Final = 4
 #: two partitions, read newest first, and a partition stays small (~1 MB).
 BATCH_BUCKET: Final = 10_000
 _INT_MAX: Final = 2**31 - 1
+#: The horizon of a user whose cached timeline is complete (stored as -1, -1).
+NO_HORIZON: Final[Key] = (-1, -1)
 
 STATEMENTS: Final[dict[str, str]] = {
     # -- home timelines -------------------------------------------------------------
@@ -55,8 +58,10 @@ STATEMENTS: Final[dict[str, str]] = {
     "home_all": "SELECT created_at, tweet_id, author_id FROM home_timeline WHERE user_id = ?",
     "horizon_get": "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta "
                    "WHERE user_id = ?",
-    "horizon_set": "INSERT INTO timeline_meta (user_id, horizon_created_at, horizon_tweet_id) "
-                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
+    "meta_get": "SELECT horizon_created_at, horizon_tweet_id, size FROM timeline_meta "
+                "WHERE user_id = ?",
+    "meta_set": "INSERT INTO timeline_meta (user_id, horizon_created_at, horizon_tweet_id, "
+                "size) VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
     # -- tweets ------------------------------------------------------------------------
     "author_add": "INSERT INTO author_tweets (author_id, created_at, tweet_id) "
                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -64,13 +69,13 @@ STATEMENTS: Final[dict[str, str]] = {
                   "WHERE author_id = ? AND created_at = ? AND tweet_id = ?",
     "author_page": "SELECT created_at, tweet_id FROM author_tweets "
                    "WHERE author_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
-    "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body) "
-                  "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted) "
+                  "VALUES (?, ?, ?, ?, false) USING TIMESTAMP ?",
     "tweet_gone": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, deleted = true, "
                   "body = '' WHERE tweet_id = ?",
     "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
                      "deleted = true, body = '' WHERE tweet_id = ?",
-    "tweet_state": "SELECT created_at, deleted FROM tweets WHERE tweet_id = ?",
+    "tweet_state": "SELECT created_at, deleted, author_id FROM tweets WHERE tweet_id = ?",
     "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted FROM tweets "
                  "WHERE tweet_id = ?",
     # -- graph and profiles --------------------------------------------------------------
@@ -132,6 +137,15 @@ class TweetState(NamedTuple):
 
     created_at: int | None
     deleted: bool
+    author_id: int | None = None
+
+    @classmethod
+    def decode(cls, rows: list[tuple[Any, ...]]) -> TweetState | None:
+        """From a ``tweet_state`` read (None: no row)."""
+        if not rows:
+            return None
+        created_at, deleted, author = rows[0]
+        return cls(created_at, bool(deleted), author)
 
 
 # -- batch timestamps ---------------------------------------------------------------------
@@ -149,29 +163,23 @@ def batch_timestamp(now_us: int, floor: int, recorded: tuple[int, str] | None,
     """The write timestamp of a batch.
 
     A batch already applied with the same input (same id, same offsets) reuses its
-    recorded timestamp, so a replay writes bit-identical cells and a late duplicate
-    of an old batch loses to every later one. Otherwise the clock, but never below
-    ``floor`` (the last timestamp used + STRIDE, kept in ``writer_clock``), so
-    batches stay ordered across restarts on hosts whose clocks disagree.
+    recorded timestamp, so a replay writes the same cells at the same timestamps, and
+    a late duplicate of an old batch loses to every later batch (it cannot resurrect
+    a row a later batch deleted). Otherwise the clock, but never below ``floor`` (the
+    last timestamp used + STRIDE, kept in ``writer_clock``), so batches stay ordered
+    across restarts on hosts whose clocks disagree. Batch ids restart at 0 with a new
+    Spark checkpoint, which is why a new checkpoint needs a fresh keyspace.
     """
     if recorded is not None and digest and recorded[1] == digest:
         return recorded[0]
     return max(now_us, floor)
 
 
-def should_trim(user: int, ts: int, chance: float) -> bool:
-    """Whether this batch trims ``user``'s timeline (deterministic per user and batch)."""
-    if chance >= 1.0:
-        return True
-    seed = hashlib.blake2b(f"{user}:{ts}".encode(), digest_size=8).digest()
-    return int.from_bytes(seed, "big") / 2**64 < chance
-
-
 # -- reads the writer needs first ------------------------------------------------------------
 
 def lookup_ids(plan: WritePlan) -> list[int]:
     """Tweets whose stored state the batch needs: its tweets and removes of unknown time."""
-    unknown = {t for _, t, created_at in plan.removes if not created_at}
+    unknown = {t for _, t, created_at, _ in plan.removes if not created_at}
     return sorted(set(plan.tweets) | unknown)
 
 
@@ -193,14 +201,23 @@ def wipe_users(wipes: Iterable[tuple[int, int]]) -> dict[int, set[int]]:
 # -- phase REMOVE: tables, wipes, removes ------------------------------------------------------
 
 def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> list[Op]:
-    """Tweets and author_tweets. A deleted tweet stays deleted (no live write over it)."""
+    """Tweets and author_tweets, as the SQLite store writes them.
+
+    A tweet id belongs to whoever posted it: a delete under another author's id
+    neither hides the tweet nor keeps it hidden, and a tweet its author deleted
+    stays deleted (no live write over it).
+    """
     times = tweet_times(plan, states)
     ops: list[Op] = []
     for tweet, d in sorted(plan.tweets.items()):
+        stored = states.get(tweet)
+        owner = stored.author_id if stored is not None else d.author_id
         if not d.flag:
-            if not states.get(tweet, TweetState(None, False)).deleted:
+            if stored is None or not stored.deleted or owner != d.author_id:
                 ops.append(("tweet_live", (tweet, d.author_id, d.created_at, d.text or "", ts)))
                 ops.append(("author_add", (d.author_id, d.created_at, tweet, ts)))
+        elif owner != d.author_id:
+            continue  # someone else's tweet
         elif tweet in times:
             ops.append(("tweet_gone_at", (ts, d.author_id, times[tweet], tweet)))
             ops.append(("author_del", (ts, d.author_id, times[tweet], tweet)))
@@ -242,18 +259,21 @@ def wipe_ops(wipes: Mapping[int, set[int]], partitions: Mapping[int, list[tuple[
             if author in authors]
 
 
-def remove_ops(removes: Iterable[tuple[int, int, int]], times: Mapping[int, int],
-               ts: int) -> tuple[list[Op], int]:
-    """Row deletes for removed entries; and how many had no known time (skipped).
+def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int, int],
+               owners: Mapping[int, int | None], ts: int) -> tuple[list[Op], int]:
+    """Row deletes for removed entries; and how many were skipped.
 
-    A tweet reaches a timeline only through a batch that also writes its ``tweets``
-    row (earlier in phase order), so a tweet whose time is nowhere known never
-    reached one, and there is nothing to delete.
+    A remove of unknown time takes the time from ``tweets`` — only if the tweet stored
+    there is the removing author's (else the row is someone else's tweet). A tweet
+    reaches a timeline only through a batch that also writes its ``tweets`` row
+    (earlier in phase order), so a tweet whose time is nowhere known never reached
+    one, and there is nothing to delete.
     """
     ops: list[Op] = []
     skipped = 0
-    for user, tweet, created_at in sorted(set(removes)):
-        when = created_at or times.get(tweet)
+    for user, tweet, created_at, author in sorted(set(removes)):
+        owned = owners.get(tweet) in (None, author)
+        when = created_at or (times.get(tweet) if owned else None)
         if when is None:
             skipped += 1
         else:
@@ -263,20 +283,63 @@ def remove_ops(removes: Iterable[tuple[int, int, int]], times: Mapping[int, int]
 
 # -- phase ADD, phase TRIM --------------------------------------------------------------------
 
+@dataclass
+class Meta:
+    """A user's timeline_meta: the horizon, and an upper bound of the cached rows."""
+
+    horizon: Key = NO_HORIZON
+    size: int = 0
+
+
+def meta_users(plan: WritePlan) -> list[int]:
+    """Users whose timeline_meta the batch reads and writes: added to, or horizon raised."""
+    return sorted({row[0] for row in plan.adds} | set(plan.horizons))
+
+
+def decode_meta(rows: list[tuple[Any, ...]]) -> Meta:
+    """A user's stored timeline_meta (the defaults when there is no row)."""
+    if not rows or rows[0][0] is None:
+        return Meta()
+    return Meta((rows[0][0], rows[0][1]), rows[0][2] or 0)
+
+
+def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> list[tuple[int, int, int, int]]:
+    """Adds above their user's horizon (raised by this batch's HORIZON deltas first).
+
+    At or below the horizon a timeline is read through the query, not the cache, so
+    an add there would only be trimmed again.
+    """
+    for user, key in plan.horizons.items():
+        meta[user].horizon = max(meta[user].horizon, key)
+    return sorted({a for a in plan.adds if (a[1], a[2]) > meta[a[0]].horizon})
+
+
 def add_ops(adds: Iterable[tuple[int, int, int, int]], ts: int) -> list[Op]:
     """Timeline inserts (run after the batch's wipes and removes, one tick later)."""
     return [("home_add", (user, created_at, tweet, author, ts))
             for user, created_at, tweet, author in sorted(set(adds))]
 
 
-def trimmed_users(adds: Iterable[tuple[int, int, int, int]], ts: int, chance: float) -> list[int]:
-    """Users whose timelines this batch trims: those it added to, or a share of them."""
-    return [u for u in sorted({row[0] for row in adds}) if should_trim(u, ts, chance)]
+def over_cap(adds: Iterable[tuple[int, int, int, int]], meta: Mapping[int, Meta], cap: int,
+             slack: int) -> list[int]:
+    """Count the adds into each size estimate; the users now past ``cap + slack``.
+
+    The estimate only grows with adds (removes and replays make it an upper bound),
+    so a timeline is read and trimmed once per ``slack`` adds, not on every batch.
+    """
+    for user, added in Counter(a[0] for a in adds).items():
+        meta[user].size += added
+    return sorted(u for u, m in meta.items() if m.size > cap + slack)
 
 
-def trim_cut(rows: list[tuple[int, int]], cap: int) -> Key | None:
-    """The newest key to drop from a partition read newest first (``cap + 1`` rows)."""
-    return (rows[cap][0], rows[cap][1]) if len(rows) > cap else None
+def trim(meta: Meta, head: list[tuple[int, int]], cap: int) -> Key | None:
+    """Update ``meta`` from the ``cap + 1`` newest keys; return the key to cut at, if any."""
+    if len(head) <= cap:
+        meta.size = len(head)  # the exact count: nothing to trim
+        return None
+    cut = (head[cap][0], head[cap][1])
+    meta.horizon, meta.size = max(meta.horizon, cut), cap
+    return cut
 
 
 def trim_ops(cuts: Mapping[int, Key], ts: int) -> list[Op]:
@@ -284,19 +347,10 @@ def trim_ops(cuts: Mapping[int, Key], ts: int) -> list[Op]:
     return [("home_trim", (ts, user, c, t)) for user, (c, t) in sorted(cuts.items())]
 
 
-def raised_horizons(wanted: Mapping[int, Key], stored: Mapping[int, Key | None]) -> dict[int, Key]:
-    """The horizons that move: a horizon only ever rises."""
-    out = {}
-    for user, key in wanted.items():
-        old = stored.get(user)
-        if old is None or key > old:
-            out[user] = key
-    return out
-
-
-def horizon_ops(raised: Mapping[int, Key], ts: int) -> list[Op]:
-    """Upserts of the horizons that rose."""
-    return [("horizon_set", (u, c, t, ts)) for u, (c, t) in sorted(raised.items())]
+def meta_ops(meta: Mapping[int, Meta], ts: int) -> list[Op]:
+    """timeline_meta of every user the batch touched (single writer: no read race)."""
+    return [("meta_set", (u, m.horizon[0], m.horizon[1], min(m.size, _INT_MAX), ts))
+            for u, m in sorted(meta.items())]
 
 
 # -- bookkeeping --------------------------------------------------------------------------------

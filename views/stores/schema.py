@@ -34,10 +34,14 @@ log = logging.getLogger(__name__)
 STEP_FILE: Final = re.compile(r"(\d{3})_([a-z0-9_]+)\.cql")
 VERSION_TABLE: Final = ("CREATE TABLE IF NOT EXISTS schema_version "
                         "(version int PRIMARY KEY, name text, applied_at bigint)")
-_KEYSPACE_EXISTS: Final = "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?"
+_KEYSPACE_EXISTS: Final = ("SELECT keyspace_name FROM system_schema.keyspaces "
+                           "WHERE keyspace_name = ?")
 _TABLE_EXISTS: Final = ("SELECT table_name FROM system_schema.tables "
                         "WHERE keyspace_name = ? AND table_name = 'schema_version'")
 _RECORD: Final = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
+#: Seconds a DDL statement may take, schema agreement included (the driver's wait is
+#: at most Cluster.max_schema_agreement_wait, 10 s, on top of the request itself).
+DDL_TIMEOUT: Final = 120.0
 
 
 class SchemaError(StoreError):
@@ -149,7 +153,7 @@ def require_current(session: Any, keyspace: str) -> None:
 
 
 def _ddl(session: Any, statement: str) -> None:
-    result = session.execute(statement)
+    result = session.execute(statement, timeout=DDL_TIMEOUT)
     if not getattr(result.response_future, "is_schema_agreed", True):
         msg = (f"the cluster did not agree on the schema after: {statement[:80]}…; check that "
                "every node is up (nodetool describecluster), then run the step again")

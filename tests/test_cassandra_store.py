@@ -1,0 +1,518 @@
+"""The Cassandra store's parts that need no cluster: URL, policies, statements, phases.
+
+The store's behaviour is in the contract suite (``test_store_contract.py``); here are
+the pure steps it is built from — the URL and its options, the driver objects it
+configures, the plan → statement step, batch timestamps, the schema step — plus the
+order of a batch's phases and the asyncio bridge, checked on the CQL model and on
+``spec_set`` mocks of the driver's ``ResponseFuture``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from unittest.mock import MagicMock
+
+import pytest
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ResponseFuture
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import tuple_factory
+
+from infra.cli import _parser
+from tests.cql_model import ModelCluster, ModelError, ModelSession
+from views.delta import Delta, DeltaKind
+from views.errors import StoreError
+from views.stores import cassandra_cql as cql
+from views.stores import store_from_url
+from views.stores.base import Store, WritePlan
+from views.stores.cassandra import CassandraStore
+from views.stores.cassandra_config import (
+    WRITE_PROFILE,
+    ConfigError,
+    Replication,
+    cluster_options,
+    consistency_level,
+    load_balancing,
+    parse_url,
+)
+from views.stores.cassandra_rows import bridge
+from views.stores.schema import (
+    SchemaError,
+    Step,
+    apply_schema,
+    keyspace_cql,
+    load_steps,
+    pending,
+    require_current,
+    split_cql,
+)
+
+BIG = 2**63 - 1
+
+
+# -- the URL -----------------------------------------------------------------------------------
+
+def test_a_full_url_parses() -> None:
+    config = parse_url("cassandra://ann:s%40cret@c1,c2,c3:9142/fanout?dc=eu-1:3,us_2:2"
+                       "&local_dc=eu-1&read_cl=local_one&write_cl=EACH_QUORUM&concurrency=32"
+                       "&timeout=2.5&scan_timeout=60&trim_slack=0&schema=auto&ssl=1")
+    assert config.hosts == ("c1", "c2", "c3") and config.port == 9142
+    assert (config.keyspace, config.username, config.password) == ("fanout", "ann", "s@cret")
+    assert config.replication == Replication("NetworkTopologyStrategy",
+                                             (("eu-1", 3), ("us_2", 2)))
+    assert config.local_dc == "eu-1"
+    assert (config.read_cl, config.write_cl) == (ConsistencyLevel.LOCAL_ONE,
+                                                 ConsistencyLevel.EACH_QUORUM)
+    assert (config.concurrency, config.timeout, config.scan_timeout) == (32, 2.5, 60.0)
+    assert (config.trim_slack, config.auto_schema, config.ssl) == (0, True, True)
+    assert "s@cret" not in repr(config)
+
+
+def test_url_defaults() -> None:
+    config = parse_url("cassandra://cassandra/fanout")
+    assert (config.hosts, config.port, config.username) == (("cassandra",), 9042, None)
+    assert config.replication.cql_map() == "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    assert config.read_cl == config.write_cl == ConsistencyLevel.LOCAL_QUORUM
+    assert (config.auto_schema, config.ssl, config.trim_slack) == (False, False, None)
+
+
+def test_ports_and_ipv6_hosts() -> None:
+    assert parse_url("cassandra://a:9043,b:9043/k").port == 9043
+    config = parse_url("cassandra://[::1]:9044,[fe80::2]/k")
+    assert (config.hosts, config.port) == (("::1", "fe80::2"), 9044)
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("cassandra://h", "needs a keyspace"),
+    ("cassandra://h/bad-name", "needs a keyspace"),
+    ("cassandra:///ks", "no Cassandra host"),
+    ("cassandra://a:9042,b:9043/ks", "one native port"),
+    ("cassandra://a:http/ks", "bad port"),
+    ("cassandra://a/ks?replicas=3", "unknown Cassandra store option"),
+    ("cassandra://a/ks?rf=3&dc=dc1:3", "either rf"),
+    ("cassandra://a/ks?rf=0", "at least 1"),
+    ("cassandra://a/ks?dc=dc1", "expected dc1:3"),
+    ("cassandra://a/ks?read_cl=SERIAL", "consistency level"),
+    ("cassandra://a/ks?read_cl=EACH_QUORUM", "consistency level"),
+    ("cassandra://a/ks?write_cl=ANY", "consistency level"),
+    ("cassandra://a/ks?timeout=0", "must be a number"),
+    ("cassandra://a/ks?schema=create", "check or auto"),
+    ("cassandra://a/ks?ssl=yes", "0/1/true/false"),
+    ("cassandra://a/ks?trim_slack=-1", "whole number"),
+    ("sqlite:///x", "not a cassandra"),
+])
+def test_bad_urls_say_what_is_wrong(url: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_url(url)
+
+
+def test_consistency_levels_parse_case_insensitively() -> None:
+    assert consistency_level(" local_quorum ") == ConsistencyLevel.LOCAL_QUORUM
+    assert consistency_level("each_quorum", write=True) == ConsistencyLevel.EACH_QUORUM
+    with pytest.raises(ConfigError):
+        consistency_level("LOCAL_SERIAL", write=True)
+
+
+def test_store_from_url_builds_without_connecting() -> None:
+    store = store_from_url("cassandra://no-such-host.invalid/ks", cap=12)
+    assert isinstance(store, CassandraStore) and store.cap == 12
+    assert store.trim_slack == 16
+    with pytest.raises(StoreError, match="not open"):
+        store.cached(1, None, 10)
+
+
+# -- driver objects ----------------------------------------------------------------------------
+
+def test_load_balancing_is_token_aware_over_the_local_dc() -> None:
+    policy = load_balancing("dc1")
+    assert isinstance(policy, TokenAwarePolicy) and policy.shuffle_replicas
+    child = policy._child_policy
+    assert isinstance(child, DCAwareRoundRobinPolicy) and child.local_dc == "dc1"
+    assert load_balancing(None)._child_policy.local_dc == ""
+
+
+def test_cluster_options_carry_levels_profiles_and_credentials() -> None:
+    config = parse_url("cassandra://u:p@10.0.0.1,10.0.0.2:9043/ks?read_cl=ONE&write_cl=QUORUM"
+                       "&local_dc=dc9&timeout=3&ssl=1")
+    options = cluster_options(config)
+    assert (options["contact_points"], options["port"]) == (["10.0.0.1", "10.0.0.2"], 9043)
+    read, write = (options["execution_profiles"][k] for k in (EXEC_PROFILE_DEFAULT,
+                                                                WRITE_PROFILE))
+    assert (read.consistency_level, write.consistency_level) == (ConsistencyLevel.ONE,
+                                                                 ConsistencyLevel.QUORUM)
+    assert write.serial_consistency_level == ConsistencyLevel.LOCAL_SERIAL
+    assert read.row_factory is tuple_factory and read.request_timeout == 3
+    assert read.load_balancing_policy is not write.load_balancing_policy
+    assert read.load_balancing_policy._child_policy.local_dc == "dc9"
+    assert isinstance(options["auth_provider"], PlainTextAuthProvider)
+    assert options["ssl_context"] is not None
+
+
+def test_a_cluster_is_built_without_touching_the_network() -> None:
+    cluster = Cluster(**cluster_options(parse_url("cassandra://127.0.0.1/ks")))
+    try:
+        assert cluster.port == 9042 and not cluster.is_shutdown
+    finally:
+        cluster.shutdown()
+
+
+# -- statements --------------------------------------------------------------------------------
+
+@pytest.fixture
+def model() -> ModelSession:
+    cluster = ModelCluster()
+    session = cluster.session()
+    apply_schema(session, "ks", Replication().cql_map())
+    yield session
+    cluster.close()
+
+
+def test_every_statement_is_valid_against_the_schema(model: ModelSession) -> None:
+    for name, text in cql.STATEMENTS.items():
+        model.prepare(text)  # raises on unknown columns, missing key parts, bad slices
+        assert "{" not in text and "%" not in text, name
+
+
+def test_the_model_rejects_what_cassandra_would(model: ModelSession) -> None:
+    for bad in ("SELECT nope FROM tweets WHERE tweet_id = ?",
+                "DELETE FROM home_timeline USING TIMESTAMP ? WHERE user_id = ? AND tweet_id = ?",
+                "INSERT INTO home_timeline (user_id, tweet_id) VALUES (?, ?) USING TIMESTAMP ?",
+                "UPDATE tweets USING TIMESTAMP ? SET tweet_id = ? WHERE tweet_id = ?"):
+        with pytest.raises(ModelError):
+            model.prepare(bad)
+
+
+def _plan(*deltas: Delta) -> WritePlan:
+    return Store.plan(deltas)
+
+
+def _check_markers(ops: list[cql.Op]) -> None:
+    for name, params in ops:
+        assert cql.STATEMENTS[name].count("?") == len(params), name
+
+
+def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
+    plan = _plan(Delta(DeltaKind.TWEET, 0, 10, 1, 5, 0, "hi"),
+                 Delta(DeltaKind.TWEET, 0, 11, 1, 0, 1),          # time from the table
+                 Delta(DeltaKind.TWEET, 0, 12, 1, 0, 1),          # never posted
+                 Delta(DeltaKind.TWEET, 0, 13, 1, 7, 0, "late"),  # its author deleted it
+                 Delta(DeltaKind.TWEET, 0, 14, 1, 8, 0, "mine"),  # a forged delete before
+                 Delta(DeltaKind.TWEET, 0, 15, 3, 0, 1))          # a forged delete now
+    states = {11: cql.TweetState(4, False, 1), 13: cql.TweetState(None, True, 1),
+              14: cql.TweetState(None, True, 3), 15: cql.TweetState(6, False, 1)}
+    ops = cql.tweet_ops(plan, states, 100)
+    _check_markers(ops)
+    assert ops == [("tweet_live", (10, 1, 5, "hi", 100)), ("author_add", (1, 5, 10, 100)),
+                   ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
+                   ("tweet_gone", (100, 1, 12)),
+                   ("tweet_live", (14, 1, 8, "mine", 100)), ("author_add", (1, 8, 14, 100))]
+    assert cql.TweetState.decode([(4, None, 1)]) == cql.TweetState(4, False, 1)
+    assert cql.TweetState.decode([]) is None
+
+
+def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
+    plan = _plan(Delta(DeltaKind.TL_DEL, 2, 10, 1, 0), Delta(DeltaKind.TL_DEL, 2, 11, 1, 0),
+                 Delta(DeltaKind.TL_DEL, 2, 12, 1, 9), Delta(DeltaKind.TL_DEL, 3, 13, 1, 0),
+                 Delta(DeltaKind.TL_DEL, 3, 16, 5, 0),  # another author's tweet 16
+                 Delta(DeltaKind.TWEET, 0, 11, 1, 6, 1))
+    assert cql.lookup_ids(plan) == [10, 11, 13, 16]
+    states = {10: cql.TweetState(0, False, 1), 13: cql.TweetState(None, True, 1),
+              16: cql.TweetState(3, False, 1)}
+    owners = {t: s.author_id for t, s in states.items()}
+    ops, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners, 7)
+    _check_markers(ops)
+    assert ops == [("home_del", (7, 2, 0, 10)), ("home_del", (7, 2, 6, 11)),
+                   ("home_del", (7, 2, 9, 12))]
+    assert skipped == 2
+
+
+def test_wipes_delete_the_authors_rows_found() -> None:
+    wipes = cql.wipe_users([(2, 1), (2, 5), (3, 1)])
+    partitions = {2: [(9, 90, 1), (8, 80, 4), (7, 70, 5)], 3: []}
+    ops = cql.wipe_ops(wipes, partitions, 3)
+    _check_markers(ops)
+    assert ops == [("home_del", (3, 2, 9, 90)), ("home_del", (3, 2, 7, 70))]
+
+
+def test_graph_and_profile_ops() -> None:
+    plan = _plan(Delta(DeltaKind.FOLLOW, 2, 0, 1, 5, 1), Delta(DeltaKind.FOLLOW, 3, 0, 1, 6, 0),
+                 Delta(DeltaKind.CELEB_EDGE, 2, 0, 9, 0, 1), Delta(DeltaKind.CELEB, 0, 0, 9, 0, 0),
+                 Delta(DeltaKind.USER, 4, 0, 0, 5, 0, "h", "n"),
+                 Delta(DeltaKind.USER, 5, 0, 0, 2, 0, "old", "o"))
+    ops = cql.graph_ops(plan, 8) + cql.user_ops(plan.users, {4: 5, 5: 3}, 8)
+    _check_markers(ops)
+    assert ops == [("follow_on", (2, 1, 5, 8)), ("follow_off", (8, 3, 1)),
+                   ("celeb_edge_on", (2, 9, 8)), ("celeb_off", (8, 9)),
+                   ("user_set", (4, "h", "n", 5, 8))]
+
+
+def test_adds_at_or_below_the_horizon_are_dropped() -> None:
+    plan = _plan(Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 3),
+                 Delta(DeltaKind.TL_ADD, 3, 12, 1, 1), Delta(DeltaKind.TL_ADD, 3, 12, 1, 1),
+                 Delta(DeltaKind.HORIZON, 2, 11, 0, 3))
+    meta = {u: cql.Meta() for u in cql.meta_users(plan)}
+    kept = cql.kept_adds(plan, meta)
+    assert kept == [(2, 5, 10, 1), (3, 1, 12, 1)]
+    assert meta[2].horizon == (3, 11)
+    ops = cql.add_ops(kept, 41)
+    _check_markers(ops)
+    assert ops == [("home_add", (2, 5, 10, 1, 41)), ("home_add", (3, 1, 12, 1, 41))]
+
+
+def test_trimming_is_amortized_by_the_size_estimate() -> None:
+    meta = {2: cql.Meta((1, 1), 3), 3: cql.Meta(size=0)}
+    adds = [(2, 9, 90, 1), (2, 8, 80, 1), (3, 7, 70, 1)]
+    assert cql.over_cap(adds, meta, cap=3, slack=1) == [2]
+    cut = cql.trim(meta[2], [(9, 90), (8, 80), (5, 50), (4, 40), (1, 1)], 3)
+    assert cut == (4, 40) and meta[2] == cql.Meta((4, 40), 3)
+    assert cql.trim(meta[3], [(7, 70)], 3) is None and meta[3].size == 1
+    ops = cql.trim_ops({2: cut}, 12) + cql.meta_ops(meta, 12)
+    _check_markers(ops)
+    assert ops == [("home_trim", (12, 2, 4, 40)), ("meta_set", (2, 4, 40, 3, 12)),
+                   ("meta_set", (3, -1, -1, 1, 12))]
+    assert cql.decode_meta([]) == cql.Meta() and cql.decode_meta([(5, 6, 7)]) == cql.Meta((5, 6), 7)
+
+
+def test_bookkeeping_ops() -> None:
+    plan = _plan(Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=41),
+                 Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=40),
+                 Delta(DeltaKind.DEAD, text="bad", topic="users", partition=0, offset=3, raw=b"x"))
+    ops = cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, 99) + cql.BatchRecord(
+        12_345, 1000, "d", 99, 3, 0.5, 7).ops() + [cql.clock_op(1000)]
+    _check_markers(ops)
+    assert ops[:2] == [("offset_set", ("tweets", 1, 41, 41)),
+                       ("dead_add", ("users", 0, 3, "bad", b"x", 99))]
+    assert ops[2] == ("batch_set", (1, 12_345, 1000, "d", 99, 3, 0.5, 7, 1000 + cql.TRIM))
+    assert ops[3:] == [("last_batch_set", (1000 + cql.TRIM, 12_345)), ("clock_set", (1000, 1000))]
+    assert cql.offset_ops({("t", 0): -1}) == []
+
+
+def test_batch_timestamps() -> None:
+    digest = cql.offsets_digest({("tweets", 0): 5, ("follows", 1): 2})
+    assert digest == cql.offsets_digest({("follows", 1): 2, ("tweets", 0): 5})
+    assert cql.offsets_digest({}) == ""
+    assert cql.batch_timestamp(100, 50, (30, digest), digest) == 30  # a replay: same cells
+    assert cql.batch_timestamp(100, 50, (30, "other"), digest) == 100  # new input: new time
+    assert cql.batch_timestamp(100, 50, (30, ""), "") == 100  # no offsets: never reused
+    assert cql.batch_timestamp(100, 500, None, digest) == 500  # a clock behind the floor
+
+
+def test_batch_log_partitions() -> None:
+    assert cql.batch_bucket(cql.BATCH_BUCKET * 3 + 5) == 3
+    assert cql.batch_buckets(cql.BATCH_BUCKET * 3 + 5, 100) == [3, 2]
+    assert cql.batch_buckets(5, 100) == [0]
+
+
+# -- the schema step ---------------------------------------------------------------------------
+
+def test_schema_steps_are_numbered_and_idempotent() -> None:
+    steps = load_steps()
+    assert [s.label for s in steps][:1] == ["001_tables"]
+    assert all(s.startswith("CREATE TABLE IF NOT EXISTS") for step in steps
+               for s in step.statements)
+    assert pending(steps, {1: "tables"}) == steps[1:]
+
+
+def test_split_cql_drops_comments() -> None:
+    text = "-- a comment; with a semicolon\nCREATE TABLE a (x int PRIMARY KEY); -- tail\n\n" \
+           "CREATE TABLE b (\n  y int PRIMARY KEY\n);\n"
+    assert split_cql(text) == ["CREATE TABLE a (x int PRIMARY KEY)",
+                               "CREATE TABLE b ( y int PRIMARY KEY )"]
+
+
+@pytest.mark.parametrize("names", [["1_x.cql"], ["001_X.cql"], ["001_a.cql", "001_b.cql"],
+                                   ["000_zero.cql"]])
+def test_misnamed_schema_files_are_refused(tmp_path: Path, names: list[str]) -> None:
+    for name in names:
+        (tmp_path / name).write_text("CREATE TABLE IF NOT EXISTS t (k int PRIMARY KEY);")
+    with pytest.raises(SchemaError):
+        load_steps(tmp_path)
+
+
+def test_keyspace_ddl_takes_validated_names_only() -> None:
+    assert keyspace_cql("fanout", Replication.per_dc("dc1:3").cql_map()) == (
+        "CREATE KEYSPACE IF NOT EXISTS fanout WITH replication = "
+        "{'class': 'NetworkTopologyStrategy', 'dc1': 3} AND durable_writes = true")
+    with pytest.raises(SchemaError):
+        keyspace_cql("x; DROP KEYSPACE y", "{}")
+
+
+def test_apply_records_steps_once_and_check_sees_them() -> None:
+    cluster = ModelCluster()
+    session = cluster.session()
+    try:
+        with pytest.raises(SchemaError, match="does not exist"):
+            require_current(session, "ks")
+        extra = Step(2, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
+        assert [s.label for s in apply_schema(session, "ks", "{}", load_steps())] == [
+            "001_tables"]
+        require_current(session, "ks")
+        assert [s.label for s in apply_schema(session, "ks", "{}", [*load_steps(), extra])] == [
+            "002_extra"]
+        assert apply_schema(session, "ks", "{}", [*load_steps(), extra]) == []
+    finally:
+        cluster.close()
+
+
+def test_open_requires_the_schema_unless_auto() -> None:
+    cluster = ModelCluster()
+
+    class Store(CassandraStore):
+        def _connect(self) -> tuple[ModelCluster, ModelSession]:
+            return cluster, cluster.session()
+
+    try:
+        with pytest.raises(SchemaError, match="fanout schema apply"):
+            Store(parse_url("cassandra://m/fresh")).open()
+        store = Store(parse_url("cassandra://m/fresh?schema=auto")).open()
+        store.close()
+        Store(parse_url("cassandra://m/fresh")).open().close()
+    finally:
+        cluster.close()
+
+
+def test_the_schema_command_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(["schema", "apply", "--store", f"sqlite:///{tmp_path}/s.db"])
+    assert args.func(args) == 0
+    assert (tmp_path / "s.db").exists()
+    args = _parser().parse_args(["schema", "status", "--store", f"sqlite:///{tmp_path}/s.db"])
+    assert args.func(args) == 0
+    args = _parser().parse_args(["schema", "apply", "--store", "cassandra://h/bad-ks-"])
+    assert args.func(args) == 2
+    assert "needs a keyspace" in capsys.readouterr().out
+
+
+# -- a batch's phases, on the model ------------------------------------------------------------
+
+def test_a_batch_writes_in_phase_order() -> None:
+    cluster = ModelCluster()
+
+    class Store(CassandraStore):
+        def _connect(self) -> tuple[ModelCluster, ModelSession]:
+            return cluster, cluster.session()
+
+    store = Store(parse_url("cassandra://m/ks?schema=auto&trim_slack=0"), cap=1).open()
+    try:
+        store.apply([Delta(DeltaKind.TWEET, 0, 10, 1, 5, 0, "a"),
+                     Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 6),
+                     Delta(DeltaKind.TL_WIPE, 3, 0, 1),
+                     Delta(DeltaKind.OFFSET, topic="tweets", partition=0, offset=4)], 7)
+        names = [_name(text) for text, _ in cluster.executed]
+        first = {n: names.index(n) for n in reversed(names)}
+        last = {n: i for i, n in enumerate(names)}
+        assert last["clock_set"] < first["tweet_live"]
+        assert last["home_all"] < first["tweet_live"] and last["tweet_live"] < first["home_add"]
+        assert last["home_add"] < first["home_trim"] < first["offset_set"] < first["batch_set"]
+        stamps = {_name(t): p for t, p in cluster.executed}
+        base = stamps["clock_set"][0]
+        assert stamps["tweet_live"][-1] == base + cql.REMOVE
+        assert stamps["home_add"][-1] == base + cql.ADD
+        assert stamps["home_trim"][0] == base + cql.TRIM
+        assert store.cached(2, None, 5) == [store.cached(2, None, 1)[0]]
+    finally:
+        store.close()
+        cluster.close()
+
+
+def _name(text: str) -> str:
+    return next(n for n, t in cql.STATEMENTS.items() if t == text) if text in \
+        cql.STATEMENTS.values() else text
+
+
+def test_async_reads_equal_sync_reads() -> None:
+    cluster = ModelCluster(page_size=2)
+
+    class Store(CassandraStore):
+        def _connect(self) -> tuple[ModelCluster, ModelSession]:
+            return cluster, cluster.session()
+
+    store = Store(parse_url("cassandra://m/ks?schema=auto")).open()
+    try:
+        store.apply([Delta(DeltaKind.TWEET, 0, t, 1, t, 0, f"t{t}") for t in range(10, 15)]
+                    + [Delta(DeltaKind.TL_ADD, 2, t, 1, t) for t in range(10, 15)]
+                    + [Delta(DeltaKind.USER, 1, 0, 0, 1, 0, "h", "n"),
+                       Delta(DeltaKind.FOLLOW, 2, 0, 1, 1, 1)])
+
+        async def both() -> None:
+            assert await store.cached_async(2, None, 10) == store.cached(2, None, 10)
+            assert await store.horizon_async(2) == store.horizon(2)
+            assert await store.followees_async(2) == store.followees(2) == [1]
+            assert await store.celebrities_followed_async(2) == []
+            assert await store.author_tweets_async([1], (13, 13), 2) == \
+                store.author_tweets([1], (13, 13), 2)
+            assert await store.tweets_async([10, 11, 99]) == store.tweets([10, 11, 99])
+            assert await store.users_async([1]) == store.users([1])
+
+        asyncio.run(both())
+    finally:
+        store.close()
+        cluster.close()
+
+
+# -- the asyncio bridge on spec'd driver futures -----------------------------------------------
+
+def _future(pages: list[list[tuple]]) -> MagicMock:
+    future = MagicMock(spec_set=ResponseFuture)
+    state = {"page": 0}
+    callbacks: list = []
+
+    def add_callbacks(on_page, on_error) -> None:
+        callbacks.append(on_page)
+        on_page(pages[0])
+
+    def next_page() -> None:
+        state["page"] += 1
+        future.has_more_pages = state["page"] + 1 < len(pages)
+        callbacks[0](pages[state["page"]])
+
+    future.has_more_pages = len(pages) > 1
+    future.add_callbacks.side_effect = add_callbacks
+    future.start_fetching_next_page.side_effect = next_page
+    return future
+
+
+def test_the_bridge_collects_every_page() -> None:
+    async def run() -> list[tuple]:
+        return await bridge(_future([[(1,), (2,)], [(3,)], [(4,)]]), asyncio.get_running_loop())
+
+    assert asyncio.run(run()) == [(1,), (2,), (3,), (4,)]
+
+
+def test_the_bridge_raises_the_drivers_error_as_a_store_error() -> None:
+    future = MagicMock(spec_set=ResponseFuture)
+    future.add_callbacks.side_effect = lambda on_page, on_error: on_error(TimeoutError("slow"))
+
+    async def run() -> None:
+        await bridge(future, asyncio.get_running_loop())
+
+    with pytest.raises(StoreError, match="slow"):
+        asyncio.run(run())
+
+
+def test_the_bridge_ignores_a_result_after_cancellation() -> None:
+    future = MagicMock(spec_set=ResponseFuture)
+    held: list = []
+    future.add_callbacks.side_effect = lambda on_page, on_error: held.append(on_page)
+    future.has_more_pages = False
+
+    errors: list = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        waiting = bridge(future, loop)
+        waiting.cancel()
+        held[0]([(1,)])  # the driver answers late
+        await asyncio.sleep(0)
+        assert waiting.cancelled()
+
+    asyncio.run(run())
+    assert errors == []
+
+
+def test_big_ids_fit_the_bound_types() -> None:
+    plan = _plan(Delta(DeltaKind.TL_ADD, BIG, BIG - 1, BIG - 2, 2**62))
+    _check_markers(cql.add_ops(plan.adds, 1))
+    assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1

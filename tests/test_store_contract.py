@@ -1,0 +1,591 @@
+"""The store contract, written once and run against every backend (STYLE §7).
+
+Backends: ``sqlite`` (a temporary file, always); ``cassandra`` (a real cluster, a
+fresh keyspace per run, dropped at the end) whenever ``FANOUT_CASSANDRA_HOSTS`` names
+one — ``host1,host2[:port]``, optionally ``user:password@`` first, with more URL
+options in ``FANOUT_CASSANDRA_OPTIONS`` (e.g. ``local_dc=dc1&rf=3``) — and skipped
+with that reason otherwise; ``cassandra-model``, the Cassandra store's real code on
+an in-memory model of Cassandra's semantics (``tests/cql_model.py``), always.
+
+Cassandra keyspaces are shared by the tests of a run, so every test works in its own
+id space (:class:`Space`) and checks global reads (celebrities, counts, offsets) by
+membership or difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import random
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from serving.timeline import home_top, read_time_page
+from tests.cql_model import ModelCluster
+from tests.test_join import ALL_USERS, BIG, Harness, events
+from views.delta import Delta, DeltaKind, Key
+from views.join import AuthorState, Change, JoinConfig, apply_batch
+from views.reference import Reference
+from views.stores.base import Entry, Store
+from views.stores.cassandra import CassandraStore
+from views.stores.cassandra_config import parse_url
+from views.stores.cassandra_cql import BATCH_BUCKET
+from views.stores.schema import apply_schema, connect
+from views.stores.sqlite import SQLiteStore
+
+NO_CLUSTER = "FANOUT_CASSANDRA_HOSTS is not set: no Cassandra cluster to test against"
+_SPACES = itertools.count(1)
+
+
+# -- backends ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Backend:
+    """Makes open stores of one kind; ``examples`` sizes its property tests."""
+
+    name: str
+    make: Callable[[int, int | None], Store]
+    examples: int
+
+    def store(self, cap: int = 800, slack: int | None = None) -> Store:
+        return self.make(cap, slack)
+
+
+class ModelStore(CassandraStore):
+    """The Cassandra store connected to the in-memory model instead of a cluster."""
+
+    model: ModelCluster
+
+    def _connect(self) -> tuple[ModelCluster, object]:
+        return self.model, self.model.session()
+
+
+@pytest.fixture(scope="session")
+def cassandra_url() -> Iterator[str]:
+    """A fresh keyspace on the cluster FANOUT_CASSANDRA_HOSTS names; dropped at the end."""
+    hosts = os.environ.get("FANOUT_CASSANDRA_HOSTS")
+    if not hosts:
+        pytest.skip(NO_CLUSTER)
+    keyspace = f"fanout_test_{uuid.uuid4().hex[:12]}"
+    options = os.environ.get("FANOUT_CASSANDRA_OPTIONS", "")
+    url = f"cassandra://{hosts}/{keyspace}" + (f"?{options}" if options else "")
+    config = parse_url(url)
+    cluster, session = connect(config, wait=60)
+    try:
+        apply_schema(session, keyspace, config.replication.cql_map())
+        yield url
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}")
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cql_model() -> Iterator[ModelCluster]:
+    model = ModelCluster(page_size=7)  # small pages, so paging paths run too
+    yield model
+    model.close()
+
+
+def _shared(open_store: Callable[[], CassandraStore]) -> Callable[[int, int | None], Store]:
+    """One open store per session; cap and slack are plain attributes, set per use."""
+    holder: list[CassandraStore] = []
+
+    def make(cap: int, slack: int | None) -> Store:
+        if not holder:
+            holder.append(open_store())
+        store = holder[0]
+        store.cap = cap
+        store.trim_slack = max(16, cap // 4) if slack is None else slack
+        return store
+
+    make.close = lambda: [s.close() for s in holder]  # type: ignore[attr-defined]
+    return make
+
+
+@pytest.fixture(scope="session")
+def model_backend(cql_model: ModelCluster) -> Iterator[Backend]:
+    def open_store() -> CassandraStore:
+        store = ModelStore(parse_url("cassandra://model/fanout_contract?schema=auto"))
+        store.model = cql_model
+        return store.open()
+
+    make = _shared(open_store)
+    yield Backend("cassandra-model", make, 60)
+    make.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def cassandra_backend(cassandra_url: str) -> Iterator[Backend]:
+    make = _shared(lambda: CassandraStore.from_url(cassandra_url).open())
+    yield Backend("cassandra", make, 30)
+    make.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["sqlite", "cassandra-model", "cassandra"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "cassandra":
+        yield request.getfixturevalue("cassandra_backend")
+        return
+    if request.param == "cassandra-model":
+        yield request.getfixturevalue("model_backend")
+        return
+    opened: list[SQLiteStore] = []
+
+    def make(cap: int, slack: int | None) -> Store:
+        for old in opened:
+            old.close()
+        opened.append(SQLiteStore(tmp_path / f"s{len(opened)}.sqlite", cap=cap,
+                                  trim_slack=slack).open())
+        return opened[-1]
+
+    yield Backend("sqlite", make, 150)
+    for store in opened:
+        store.close()
+
+
+# -- ids and deltas ----------------------------------------------------------------------------
+
+class Space:
+    """Ids, topics and batch ids no other test of the run uses."""
+
+    def __init__(self) -> None:
+        self.n = next(_SPACES)
+        self.base = (10**6 + self.n) * 1000
+
+    def __call__(self, k: int) -> int:
+        return self.base + k
+
+    def big(self, k: int = 0) -> int:
+        """An id near 2^63 - 1."""
+        return BIG - self.n * 1000 - k
+
+    def topic(self, name: str = "tweets") -> str:
+        return f"{name}_{self.n}"
+
+    def batch(self, k: int = 0) -> int:
+        """Batch ids in a batch-log partition of their own."""
+        return (10**5 + self.n) * BATCH_BUCKET + k
+
+
+@pytest.fixture
+def space() -> Space:
+    return Space()
+
+
+def post(tweet: int, author: int, at: int, text: str = "x") -> Delta:
+    return Delta(DeltaKind.TWEET, 0, tweet, author, at, 0, text)
+
+
+def gone(tweet: int, author: int, at: int = 0) -> Delta:
+    return Delta(DeltaKind.TWEET, 0, tweet, author, at, 1)
+
+
+def add(user: int, tweet: int, author: int, at: int) -> Delta:
+    return Delta(DeltaKind.TL_ADD, user, tweet, author, at)
+
+
+def rm(user: int, tweet: int, author: int, at: int = 0) -> Delta:
+    return Delta(DeltaKind.TL_DEL, user, tweet, author, at)
+
+
+def wipe(user: int, author: int) -> Delta:
+    return Delta(DeltaKind.TL_WIPE, user, 0, author)
+
+
+def horizon(user: int, key: Key) -> Delta:
+    return Delta(DeltaKind.HORIZON, user, key[1], 0, key[0])
+
+
+def follow(follower: int, followee: int, at: int = 1, on: bool = True) -> Delta:
+    return Delta(DeltaKind.FOLLOW, follower, 0, followee, at, int(on))
+
+
+def edge(user: int, celeb: int, on: bool = True) -> Delta:
+    return Delta(DeltaKind.CELEB_EDGE, user, 0, celeb, 0, int(on))
+
+
+def celeb(author: int, on: bool = True) -> Delta:
+    return Delta(DeltaKind.CELEB, 0, 0, author, 0, int(on))
+
+
+def profile(user: int, handle: str, name: str, at: int) -> Delta:
+    return Delta(DeltaKind.USER, user, 0, 0, at, 0, handle, name)
+
+
+def offset(topic: str, partition: int, off: int, at: int = 0) -> Delta:
+    return Delta(DeltaKind.OFFSET, created_at=at, topic=topic, partition=partition, offset=off)
+
+
+def dead(topic: str, partition: int, off: int, reason: str, raw: bytes) -> Delta:
+    return Delta(DeltaKind.DEAD, text=reason, topic=topic, partition=partition, offset=off,
+                 raw=raw)
+
+
+def ids(entries: list[Entry]) -> list[int]:
+    return [e.tweet_id for e in entries]
+
+
+# -- the contract ------------------------------------------------------------------------------
+
+def test_applying_a_batch_twice_is_applying_it_once(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, v, a, c = space(1), space(2), space(3), space(4)
+    t1, t2, t3 = space(11), space(12), space(13)
+    deltas = [post(t1, a, 5, "one"), post(t2, a, 6, "two"), gone(t3, a), follow(u, a),
+              follow(v, a), add(u, t1, a, 5), add(u, t2, a, 6), add(v, t1, a, 5), rm(v, t3, a),
+              horizon(v, (1, t1)), profile(a, "ann", "Ann", 3), edge(u, c), celeb(c),
+              offset(space.topic(), 0, 41, 6), dead(space.topic(), 0, 40, "bad", b"\x00x")]
+
+    def seen() -> dict[str, object]:
+        return {"cached": [store.cached(x, None, 10) for x in (u, v)],
+                "horizons": [store.horizon(x) for x in (u, v)],
+                "authors": store.author_tweets([a], None, 10), "tweets": store.tweets([t1, t2, t3]),
+                "users": store.users([a]), "graph": [store.followees(u), store.followees(v),
+                                                     store.celebrities_followed(u)],
+                "celeb": c in store.celebrities(),
+                "offsets": {k: o for k, o in store.applied_offsets().items()
+                            if k[0] == space.topic()},
+                "dead": [d for d in store.dead_letters(1000) if d.topic == space.topic()]}
+
+    store.apply(deltas, space.batch())
+    once, counts = seen(), store.counts()
+    store.apply(deltas, space.batch())
+    assert seen() == once
+    store.apply(deltas)  # the same deltas again, as an unlogged batch
+    assert seen() == once
+    assert store.counts() == counts
+    assert ids(once["cached"][0]) == [t2, t1]  # type: ignore[index]
+
+
+def test_wipes_apply_before_adds(backend: Backend, space: Space) -> None:
+    """An unfollow and a re-follow in one batch: the wipe first, then the backfill."""
+    store = backend.store()
+    u, a, b = space(1), space(2), space(3)
+    t1, t2, t3 = space(11), space(12), space(13)
+    store.apply([post(t1, a, 1), post(t2, b, 2), add(u, t1, a, 1), add(u, t2, b, 2)])
+    store.apply([post(t3, a, 3), wipe(u, a), add(u, t3, a, 3)])
+    assert ids(store.cached(u, None, 10)) == [t3, t2]
+
+
+def test_a_remove_of_unknown_time_finds_the_time(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, a = space(1), space(2)
+    t1, t2 = space(11), space(12)
+    store.apply([post(t1, a, 7), post(t2, a, 8), add(u, t1, a, 7), add(u, t2, a, 8)])
+    store.apply([rm(u, t1, a, 0), gone(t1, a, 0)])
+    assert ids(store.cached(u, None, 10)) == [t2]
+    assert ids(store.author_tweets([a], None, 10)) == [t2]
+    row = store.tweets([t1])[t1]
+    assert (row.deleted, row.created_at, row.author_id) == (True, 7, a)
+
+
+def test_a_remove_of_a_tweet_never_stored_changes_nothing(backend: Backend,
+                                                          space: Space) -> None:
+    store = backend.store()
+    u, a, t1, t9 = space(1), space(2), space(11), space(19)
+    store.apply([post(t1, a, 7), add(u, t1, a, 7)])
+    store.apply([rm(u, t9, a, 0), gone(t9, a, 0)])
+    assert ids(store.cached(u, None, 10)) == [t1]
+    assert store.tweets([t9])[t9].deleted
+
+
+def test_trimming_to_the_cap_raises_the_horizon(backend: Backend, space: Space) -> None:
+    store = backend.store(cap=3, slack=0)
+    u, a = space(1), space(2)
+    t = [space(10 + i) for i in range(8)]
+    store.apply([post(t[i], a, i) for i in range(1, 6)] + [add(u, t[i], a, i) for i in range(1, 6)])
+    assert ids(store.cached(u, None, 10)) == [t[5], t[4], t[3]]
+    assert store.horizon(u) == (2, t[2])
+    store.apply([post(t[0], a, 0), add(u, t[0], a, 0)])  # below the horizon: not cached
+    assert ids(store.cached(u, None, 10)) == [t[5], t[4], t[3]]
+    assert store.horizon(u) == (2, t[2])
+    store.apply([post(t[6], a, 6), add(u, t[6], a, 6)])
+    assert ids(store.cached(u, None, 10)) == [t[6], t[5], t[4]]
+    assert store.horizon(u) == (3, t[3])
+
+
+def test_slack_defers_trimming_without_changing_reads(backend: Backend, space: Space) -> None:
+    store = backend.store(cap=2, slack=3)
+    u, a = space(1), space(2)
+    t = [space(10 + i) for i in range(6)]
+    store.apply([post(t[i], a, i) for i in range(4)] + [add(u, t[i], a, i) for i in range(4)])
+    assert store.horizon(u) is None  # 4 rows ≤ cap + slack: not trimmed yet
+    store.apply([post(t[i], a, i) for i in (4, 5)] + [add(u, t[i], a, i) for i in (4, 5)])
+    assert ids(store.cached(u, None, 10)) == [t[5], t[4]]
+    assert store.horizon(u) == (3, t[3])
+
+
+def test_a_horizon_only_rises(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, v = space(1), space(2)
+    assert store.horizon(u) is None
+    store.apply([horizon(u, (5, space(15)))])
+    store.apply([horizon(u, (3, space(13)))])
+    assert store.horizon(u) == (5, space(15))
+    store.apply([horizon(u, (5, space(16))), horizon(v, (0, space(10)))])
+    assert (store.horizon(u), store.horizon(v)) == ((5, space(16)), (0, space(10)))
+
+
+def test_cached_is_newest_first_strictly_below(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, a = space(1), space(2)
+    rows = [(4, space(11)), (4, space(13)), (4, space(12)), (9, space(10)), (1, space(19))]
+    store.apply([post(t, a, c) for c, t in rows] + [add(u, t, a, c) for c, t in rows])
+    newest = sorted(rows, reverse=True)
+    assert [(e.created_at, e.tweet_id, e.author_id) for e in store.cached(u, None, 10)] == [
+        (c, t, a) for c, t in newest]
+    assert [e.key for e in store.cached(u, (4, space(13)), 10)] == newest[2:]
+    assert [e.key for e in store.cached(u, (4, space(12)), 2)] == newest[3:5]
+    assert store.cached(u, None, 0) == []
+    assert store.cached(space(99), None, 10) == []
+
+
+def test_author_tweets_merge_authors_newest_first(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    a, b, c = space(1), space(2), space(3)
+    store.apply([post(space(11), a, 1), post(space(12), b, 2), post(space(13), a, 3),
+                 post(space(14), b, 3), post(space(15), c, 9), gone(space(16), a, 5)])
+    got = store.author_tweets([a, b], None, 10)
+    assert [(e.key, e.author_id) for e in got] == [
+        ((3, space(14)), b), ((3, space(13)), a), ((2, space(12)), b), ((1, space(11)), a)]
+    assert ids(store.author_tweets([a, b], (3, space(14)), 2)) == [space(13), space(12)]
+    assert store.author_tweets([], None, 10) == []
+    assert store.recent_by_author([a, c, space(9)], 1) == {
+        a: [Entry(3, space(13), a)], c: [Entry(9, space(15), c)], space(9): []}
+
+
+def test_hydration_with_ids_near_2_pow_63(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    user, author, tweet = space.big(1), space.big(2), space.big(3)
+    store.apply([post(tweet, author, 2**40, "big"), profile(author, "b", "Big", 1),
+                 follow(user, author), add(user, tweet, author, 2**40)])
+    assert store.cached(user, None, 5) == [Entry(2**40, tweet, author)]
+    assert set(store.tweets([tweet, tweet, space(1)])) == {tweet}
+    row = store.tweets([tweet])[tweet]
+    assert (row.author_id, row.created_at, row.text, row.deleted) == (author, 2**40, "big", False)
+    assert store.users([author, space(1)])[author][1:] == ("b", "Big")
+    assert store.followees(user) == [author]
+
+
+def test_the_newest_profile_wins(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u = space(1)
+    store.apply([profile(u, "new", "New", 5)])
+    store.apply([profile(u, "old", "Old", 3)])
+    assert store.users([u])[u][1:] == ("new", "New")
+    store.apply([profile(u, "newer", "Newer", 5)])
+    assert store.users([u])[u][1:] == ("newer", "Newer")
+
+
+def test_a_deleted_tweet_stays_deleted(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    a, t = space(1), space(11)
+    store.apply([gone(t, a, 0)])
+    store.apply([post(t, a, 4, "late")])
+    assert store.tweets([t])[t].deleted
+    assert store.author_tweets([a], None, 10) == []
+
+
+def test_a_delete_under_another_authors_id_hides_nothing(backend: Backend,
+                                                         space: Space) -> None:
+    store = backend.store()
+    u, owner, forger, t = space(1), space(2), space(3), space(11)
+    store.apply([gone(t, forger, 0), rm(u, t, forger, 0)])  # before the post
+    store.apply([post(t, owner, 3, "mine"), add(u, t, owner, 3)])
+    store.apply([gone(t, forger, 0), rm(u, t, forger, 0)])  # and after it
+    row = store.tweets([t])[t]
+    assert (row.deleted, row.author_id, row.text) == (False, owner, "mine")
+    assert ids(store.cached(u, None, 10)) == [t]
+    assert ids(store.author_tweets([owner], None, 10)) == [t]
+    store.apply([gone(t, owner, 0), rm(u, t, owner, 0)])  # its author's delete
+    assert store.tweets([t])[t].deleted and store.cached(u, None, 10) == []
+    assert store.author_tweets([owner], None, 10) == []
+
+
+def test_follow_and_celebrity_edges(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, a, b, c = space(1), space(2), space(3), space(4)
+    store.apply([follow(u, a), follow(u, b), edge(u, c), celeb(c), follow(u, c)])
+    assert store.followees(u) == [a, b, c]
+    assert store.celebrities_followed(u) == [c]
+    assert c in store.celebrities()
+    assert {u} <= set(store.home_users())
+    store.apply([follow(u, a, 2, on=False), edge(u, c, on=False), celeb(c, on=False)])
+    assert store.followees(u) == [b, c]
+    assert store.celebrities_followed(u) == []
+    assert c not in store.celebrities()
+
+
+def test_applied_offsets_keep_the_maximum(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    topic = space.topic()
+
+    def mine() -> dict[tuple[str, int], int]:
+        return {k: o for k, o in store.applied_offsets().items() if k[0] == topic}
+
+    store.apply([offset(topic, 0, 5), offset(topic, 0, 2), offset(topic, 1, 7)])
+    assert mine() == {(topic, 0): 5, (topic, 1): 7}
+    store.apply([offset(topic, 0, 3)])
+    assert mine() == {(topic, 0): 5, (topic, 1): 7}
+    store.apply([offset(topic, 0, 9)])
+    assert mine() == {(topic, 0): 9, (topic, 1): 7}
+
+
+def test_dead_letters_are_kept_once_as_first_seen(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    topic = space.topic()
+    before = store.dead_letter_count()
+    letters = [dead(topic, 0, 3, "not json", b"{"), dead(topic, 1, 4, "no op", b"{}")]
+    store.apply(letters, space.batch())
+    first = {(d.partition, d.offset): d for d in store.dead_letters(1000) if d.topic == topic}
+    store.apply(letters, space.batch(1))
+    again = {(d.partition, d.offset): d for d in store.dead_letters(1000) if d.topic == topic}
+    assert again == first
+    assert sorted((k, d.reason, d.raw) for k, d in first.items()) == [
+        ((0, 3), "not json", b"{"), ((1, 4), "no op", b"{}")]
+    assert store.dead_letter_count() == before + 2
+    assert len(store.dead_letters(1)) == 1
+
+
+def test_counts_and_home_users_see_new_rows(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, a, t1, t2 = space(1), space(2), space(11), space(12)
+    before = store.counts()
+    store.apply([post(t1, a, 1), post(t2, a, 2), add(u, t1, a, 1), add(u, t2, a, 2)])
+    after = store.counts()
+    assert after["home_timeline"] - before["home_timeline"] == 2
+    assert after["tweets"] - before["tweets"] == 2
+    assert after["author_tweets"] - before["author_tweets"] == 2
+    assert u in store.home_users()
+
+
+def test_the_batch_log_is_newest_first(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    topic = space.topic()
+    for k in range(3):
+        store.apply([post(space(10 + k), space(1), k), offset(topic, 0, k, at=100 + k)],
+                    space.batch(k))
+    newest = store.batches(2)
+    assert [b.batch_id for b in newest] == [space.batch(2), space.batch(1)]
+    assert [b.max_event_time for b in newest] == [102, 101]
+    assert all(b.rows > 0 and b.finished_at > 0 for b in newest)
+
+
+def test_reads_work_inside_a_snapshot(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, a, t = space(1), space(2), space(11)
+    store.apply([post(t, a, 1), add(u, t, a, 1)])
+    with store.snapshot():
+        assert ids(store.cached(u, None, 10)) == [t]
+        assert store.horizon(u) is None
+
+
+def test_a_late_replay_of_an_old_batch_cannot_resurrect(backend: Backend, space: Space) -> None:
+    """Cassandra's batch timestamps: a replayed batch writes its original cells."""
+    if backend.name == "sqlite":
+        pytest.skip("SQLite applies batches in arrival order; Spark only ever replays the "
+                    "latest batch, which is safe on every backend")
+    store = backend.store()
+    u, a, t = space(1), space(2), space(11)
+    old = [post(t, a, 1), add(u, t, a, 1), offset(space.topic(), 0, 1)]
+    store.apply(old, space.batch(0))
+    store.apply([rm(u, t, a, 1), offset(space.topic(), 0, 2)], space.batch(1))
+    store.apply(old, space.batch(0))
+    assert store.cached(u, None, 10) == []
+
+
+# -- the join through each backend, against the SQL --------------------------------------------
+
+def _remap(event: Event, ns: int) -> Event:
+    """The same event in an id space of its own (order of tweet ids preserved)."""
+    def user(x: int) -> int:
+        return BIG - ns * 100 if x == BIG else ns * 100 + x
+
+    def tweet(x: int) -> int:
+        return BIG - 1 - ns * 100 if x == BIG - 1 else ns * 100 + x
+
+    if isinstance(event, Post | Delete):
+        return dataclasses.replace(event, tweet_id=tweet(event.tweet_id),
+                                   author_id=user(event.author_id))
+    if isinstance(event, Follow):
+        return dataclasses.replace(event, follower_id=user(event.follower_id),
+                                   followee_id=user(event.followee_id))
+    assert isinstance(event, UserUpsert)
+    return dataclasses.replace(event, user_id=user(event.user_id))
+
+
+def _check(store: Store, history: list[Event], users: list[int], cap: int) -> None:
+    ref = Reference().add(history)
+    for user in users:
+        want = [(t, a, c) for t, a, c, _ in ref.home(user, cap)]
+        got = [(e.tweet_id, e.author_id, e.created_at)
+               for e in home_top(store, user, cap, page_size=3)]
+        assert got == want, f"user {user}"
+        on_read = [(e.tweet_id, e.author_id, e.created_at)
+                   for e in home_top(store, user, cap, page_size=3, page_fn=read_time_page)]
+        assert on_read == want, f"user {user}, fan-out on read"
+
+
+def _split(items: list[Event], cuts: list[int]) -> list[list[Event]]:
+    points = sorted({c % (len(items) + 1) for c in cuts})
+    bounds = [0, *points, len(items)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def test_served_timelines_equal_the_sql(backend: Backend) -> None:
+    @settings(max_examples=backend.examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(history=st.lists(events(), min_size=5, max_size=60), seed=st.integers(0, 2**32),
+           cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
+           promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2), slack=st.integers(0, 3))
+    def run(history: list[Event], seed: int, cuts: list[int], cap: int, promote_at: int,
+            demote_gap: int, slack: int) -> None:
+        ns = next(_SPACES)
+        history = [_remap(e, ns) for e in history]
+        rng = random.Random(seed)
+        arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
+        rng.shuffle(arrivals)  # out of order
+        config = JoinConfig(cap, promote_at, max(1, promote_at - demote_gap))
+        harness = Harness(config, store=backend.store(cap, slack))  # type: ignore[arg-type]
+        for batch in _split(arrivals, cuts):
+            harness.run(batch)
+        _check(harness.store, history, [_remap(Follow(u, u, 0), ns).follower_id
+                                        for u in ALL_USERS], cap)
+
+    run()
+
+
+def test_replaying_every_batch_changes_nothing(backend: Backend) -> None:
+    """Each micro-batch applied twice under its id (a crash between sink and checkpoint)."""
+    @settings(max_examples=max(10, backend.examples // 3), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(history=st.lists(events(), max_size=40), seed=st.integers(0, 2**32),
+           cuts=st.lists(st.integers(0, 100), max_size=4))
+    def run(history: list[Event], seed: int, cuts: list[int]) -> None:
+        ns = next(_SPACES)
+        history = [_remap(e, ns) for e in history]
+        config = JoinConfig(3, 3, 2)
+        store = backend.store(3, 0)
+        states: dict[int, AuthorState] = {}
+        arrivals = random.Random(seed).sample(history, k=len(history))
+        for number, batch in enumerate(_split(arrivals, cuts)):
+            by_key: dict[int, list[Change]] = defaultdict(list)
+            for i, event in enumerate(batch):
+                by_key[event.key].append(Change(event, i))
+            deltas = [offset(f"replay_{ns}", 0, number)]
+            for key, changes in by_key.items():
+                states[key], out = apply_batch(states.get(key), key, changes, config)
+                deltas += out
+            store.apply(deltas, number)
+            store.apply(deltas, number)
+        _check(store, history, [_remap(Follow(u, u, 0), ns).follower_id for u in ALL_USERS], 3)
+
+    run()

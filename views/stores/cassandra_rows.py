@@ -1,0 +1,115 @@
+"""Reads of the Cassandra store: queries, row decoding, and the asyncio bridge.
+
+Each read is a statement name with bound values (:mod:`views.stores.cassandra_cql`)
+and a decoder from rows to the contract's types, shared by the store's sync methods
+(which run statements on the calling thread) and its ``*_async`` methods (which run
+them through the driver's ``execute_async`` and await :func:`bridge`). Rows come from
+the ``tuple_factory`` row factory: plain tuples in the selected column order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from views.delta import TOP, Key
+from views.errors import StoreError
+from views.stores import cassandra_cql as cql
+from views.stores.base import Entry, TweetRow, UserRow
+
+Rows = list[tuple[Any, ...]]
+
+
+# -- the asyncio bridge ---------------------------------------------------------------------------
+
+def bridge(future: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Rows]:
+    """An asyncio future resolved by a driver ``ResponseFuture``, all pages collected.
+
+    The driver calls back on its own I/O thread; results cross to the event loop
+    with ``call_soon_threadsafe``, so nothing here blocks the loop.
+    """
+    done: asyncio.Future[Rows] = loop.create_future()
+    rows: Rows = []
+
+    def on_page(page: Rows) -> None:
+        rows.extend(page)
+        if future.has_more_pages:
+            future.start_fetching_next_page()
+        else:
+            loop.call_soon_threadsafe(_settle, done, rows, None)
+
+    def on_error(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_settle, done, None, exc)
+
+    future.add_callbacks(on_page, on_error)
+    return done
+
+
+def _settle(done: asyncio.Future[Rows], rows: Rows | None, exc: BaseException | None) -> None:
+    if done.done():  # the awaiting task was cancelled
+        return
+    if exc is not None:
+        done.set_exception(StoreError(f"Cassandra read failed: {exc}"))
+    else:
+        done.set_result(rows or [])
+
+
+# -- queries and decoders ------------------------------------------------------------------------
+
+def cached_query(user: int, below: Key | None, limit: int) -> cql.Op:
+    """A page of the cached timeline: keys strictly below ``below`` (or all)."""
+    below = below if below is not None else TOP
+    return ("home_page", (user, below[0], below[1], cql.bounded_limit(limit)))
+
+
+def author_queries(authors: Sequence[int], below: Key | None, limit: int) -> list[cql.Op]:
+    """One single-partition page per distinct author (merged by :func:`merge_authors`)."""
+    if limit <= 0:
+        return []
+    below = below if below is not None else TOP
+    return [("author_page", (a, below[0], below[1], cql.bounded_limit(limit)))
+            for a in dict.fromkeys(authors)]
+
+
+def keyed_queries(name: str, ids: Sequence[int]) -> list[cql.Op]:
+    """One single-partition read per distinct id (no multi-partition IN)."""
+    return [(name, (i,)) for i in dict.fromkeys(ids)]
+
+
+def entries(rows: Rows) -> list[Entry]:
+    """Timeline rows (created_at, tweet_id, author_id) as entries."""
+    return [Entry(c, t, a) for c, t, a in rows]
+
+
+def horizon_key(rows: Rows) -> Key | None:
+    """A stored horizon; None when there is none (no row, or (-1, -1))."""
+    if not rows or rows[0][0] is None or rows[0][0] < 0:
+        return None
+    return (rows[0][0], rows[0][1])
+
+
+def column(rows: Rows) -> list[int]:
+    """The first column of every row."""
+    return [row[0] for row in rows]
+
+
+def merge_authors(authors: list[int], pages: list[Rows], limit: int) -> list[Entry]:
+    """Per-author pages, each newest first, merged into the newest ``limit``."""
+    out = [Entry(c, t, a) for a, rows in zip(authors, pages, strict=True) for c, t in rows]
+    out.sort(reverse=True)
+    return out[:limit]
+
+
+def tweet_rows(pages: list[Rows]) -> dict[int, TweetRow]:
+    """Tweets by id; a row an UPDATE made (a delete never posted) reads as zeros."""
+    out = {}
+    for rows in pages:
+        for tweet, author, created_at, body, deleted in rows:
+            out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted))
+    return out
+
+
+def user_rows(pages: list[Rows]) -> dict[int, UserRow]:
+    """Profiles by id."""
+    return {u: UserRow(u, h or "", n or "") for rows in pages for u, h, n in rows}
