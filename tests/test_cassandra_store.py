@@ -22,7 +22,7 @@ from cassandra.query import tuple_factory
 
 from infra.cli import _parser
 from tests.cql_model import ModelCluster, ModelError, ModelSession
-from views.delta import Delta, DeltaKind
+from views.delta import Delta, DeltaKind, pack
 from views.errors import StoreError
 from views.stores import cassandra_cql as cql
 from views.stores import store_from_url
@@ -237,8 +237,8 @@ def test_wipes_delete_the_authors_rows_found() -> None:
 
 
 def test_graph_and_profile_ops() -> None:
-    plan = _plan(Delta(DeltaKind.FOLLOW, 2, 0, 1, 5, 1), Delta(DeltaKind.FOLLOW, 3, 0, 1, 6, 0),
-                 Delta(DeltaKind.CELEB_EDGE, 2, 0, 9, 0, 1), Delta(DeltaKind.CELEB, 0, 0, 9, 0, 0),
+    plan = _plan(*pack(1, {}, edges={2: (True, 5), 3: (False, 6)}),
+                 *pack(9, {}, starred={2: True}), Delta(DeltaKind.CELEB, 0, 0, 9, 0, 0),
                  Delta(DeltaKind.USER, 4, 0, 0, 5, 0, "h", "n"),
                  Delta(DeltaKind.USER, 5, 0, 0, 2, 0, "old", "o"))
     ops = cql.graph_ops(plan, 8) + cql.user_ops(plan.users, {4: 5, 5: 3}, 8)
@@ -251,7 +251,7 @@ def test_graph_and_profile_ops() -> None:
 def test_adds_at_or_below_the_horizon_are_dropped() -> None:
     plan = _plan(Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 3),
                  Delta(DeltaKind.TL_ADD, 3, 12, 1, 1), Delta(DeltaKind.TL_ADD, 3, 12, 1, 1),
-                 Delta(DeltaKind.HORIZON, 2, 11, 0, 3))
+                 *pack(0, {}, horizons={2: (3, 11)}))
     meta = {u: cql.Meta() for u in cql.meta_users(plan)}
     kept = cql.kept_adds(plan, meta)
     assert kept == [(2, 5, 10, 1), (3, 1, 12, 1)]
@@ -397,7 +397,7 @@ def test_a_batch_writes_in_phase_order() -> None:
     try:
         store.apply([Delta(DeltaKind.TWEET, 0, 10, 1, 5, 0, "a"),
                      Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 6),
-                     Delta(DeltaKind.TL_WIPE, 3, 0, 1),
+                     *pack(1, {}, wipes=[3]),
                      Delta(DeltaKind.OFFSET, topic="tweets", partition=0, offset=4)], 7)
         names = [_name(text) for text, _ in cluster.executed]
         first = {n: names.index(n) for n in reversed(names)}
@@ -433,7 +433,7 @@ def test_async_reads_equal_sync_reads() -> None:
         store.apply([Delta(DeltaKind.TWEET, 0, t, 1, t, 0, f"t{t}") for t in range(10, 15)]
                     + [Delta(DeltaKind.TL_ADD, 2, t, 1, t) for t in range(10, 15)]
                     + [Delta(DeltaKind.USER, 1, 0, 0, 1, 0, "h", "n"),
-                       Delta(DeltaKind.FOLLOW, 2, 0, 1, 1, 1)])
+                       *pack(1, {}, edges={2: (True, 1)})])
 
         async def both() -> None:
             assert await store.cached_async(2, None, 10) == store.cached(2, None, 10)

@@ -31,7 +31,7 @@ from ingest.events import Delete, Event, Follow, Post, UserUpsert
 from serving.timeline import home_top, read_time_page
 from tests.cql_model import ModelCluster
 from tests.test_join import ALL_USERS, BIG, Harness, events
-from views.delta import Delta, DeltaKind, Key
+from views.delta import Delta, DeltaKind, Key, pack
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.stores.base import Entry, Store
@@ -197,19 +197,23 @@ def rm(user: int, tweet: int, author: int, at: int = 0) -> Delta:
 
 
 def wipe(user: int, author: int) -> Delta:
-    return Delta(DeltaKind.TL_WIPE, user, 0, author)
+    (delta,) = pack(author, {}, wipes=[user])
+    return delta
 
 
 def horizon(user: int, key: Key) -> Delta:
-    return Delta(DeltaKind.HORIZON, user, key[1], 0, key[0])
+    (delta,) = pack(0, {}, horizons={user: key})
+    return delta
 
 
 def follow(follower: int, followee: int, at: int = 1, on: bool = True) -> Delta:
-    return Delta(DeltaKind.FOLLOW, follower, 0, followee, at, int(on))
+    (delta,) = pack(followee, {}, edges={follower: (on, at)})
+    return delta
 
 
 def edge(user: int, celeb: int, on: bool = True) -> Delta:
-    return Delta(DeltaKind.CELEB_EDGE, user, 0, celeb, 0, int(on))
+    (delta,) = pack(celeb, {}, starred={user: on})
+    return delta
 
 
 def celeb(author: int, on: bool = True) -> Delta:
@@ -579,7 +583,7 @@ def test_replaying_every_batch_changes_nothing(backend: Backend) -> None:
         for number, batch in enumerate(_split(arrivals, cuts)):
             by_key: dict[int, list[Change]] = defaultdict(list)
             for i, event in enumerate(batch):
-                by_key[event.key].append(Change(event, i))
+                by_key[event.key].append(Change.of(event, i))
             deltas = [offset(f"replay_{ns}", 0, number)]
             for key, changes in by_key.items():
                 states[key], out = apply_batch(states.get(key), key, changes, config)

@@ -59,6 +59,7 @@ def decode_state(blob: bytes) -> AuthorState:
         evicted=(ev_at, ev_id),
         celebrity=bool(celeb),
         profile_at=profile_at,
+        active=f_on.count(1),
     )
 
 

@@ -9,11 +9,11 @@ kind       fields used
 ========== ============================================================
 TL_ADD     user_id, tweet_id, author_id, created_at
 TL_DEL     user_id, tweet_id, author_id, created_at (0 if not known)
-TL_WIPE    user_id, author_id (drop all of the author's tweets there)
-HORIZON    user_id, created_at, tweet_id (raise the user's horizon)
+TL_WIPE    author_id, raw (user ids): drop all of the author's tweets there
+HORIZON    created_at, tweet_id, raw (user ids): raise each user's horizon to it
 TWEET      tweet_id, author_id, created_at (0 if not known), text, flag (1 = deleted)
-FOLLOW     user_id (follower), author_id (followee), created_at, flag
-CELEB_EDGE user_id (follower), author_id (celebrity), flag (1 = on)
+FOLLOW     author_id (followee), flag (1 = follows), raw ((follower, created_at) pairs)
+CELEB_EDGE author_id (celebrity), flag (1 = on), raw (follower ids)
 CELEB      author_id, flag (1 = is a celebrity)
 USER       user_id, created_at, text (handle), name
 OFFSET     topic, partition, offset (highest offset seen in the batch)
@@ -23,10 +23,11 @@ UNFANOUT   tweet_id, author_id, created_at, raw (follower ids): TL_DEL from each
 BACKFILL   user_id, author_id, raw ((created_at, tweet_id) pairs): TL_ADD of each
 ========== ============================================================
 
-The last three are packed forms (:func:`pack`): one row for a post that reaches
-many followers instead of one per follower, because every row crosses from the
-Python worker to the JVM and on to the sink, and that per-row cost dominated.
-Packed arrays are little-endian signed 64-bit integers.
+Rows that concern many users carry them packed in ``raw`` (:func:`pack`): one row
+for a post that reaches many followers, not one per follower, because every row
+crosses from the Python worker to the JVM and on to the sink, and that per-row cost
+dominated. Packed arrays are native-endian signed 64-bit integers (the driver and
+the Python workers share one architecture).
 
 **The timeline key.** Home timelines are ordered by ``(created_at, tweet_id)``
 descending (DESIGN §4). :func:`sort_key` is that pair; a *horizon* is such a key
@@ -38,7 +39,7 @@ timeline is exact; reads that go below it evaluate the query at read time.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -100,13 +101,38 @@ def sort_key(created_at: int, tweet_id: int) -> Key:
     return (created_at, tweet_id)
 
 
-def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]]) -> list[Delta]:
-    """Timeline changes of one author's tweets, packed into as few rows as is simple.
+def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]],
+         wipes: Collection[int] = (), edges: Mapping[int, tuple[bool, int]] | None = None,
+         starred: Mapping[int, bool] | None = None,
+         horizons: Mapping[int, Key] | None = None) -> list[Delta]:
+    """One author's net changes of a batch, packed into as few rows as is simple.
 
-    ``home`` maps (user, tweet) to (added, created_at). Adds that share a tweet become
-    one FANOUT row; the remaining adds that share a user become one BACKFILL row;
-    removes that share a tweet become one UNFANOUT row; the rest stay single rows.
+    ``home`` maps (user, tweet) to (added, created_at): adds that share a tweet become
+    one FANOUT row, the remaining adds that share a user one BACKFILL row, removes
+    that share a tweet one UNFANOUT row. ``wipes`` (users), ``edges`` (follower →
+    (active, created_at)), ``starred`` (follower → celebrity edge on) and
+    ``horizons`` (user → key) become one row per distinct flag or key.
     """
+    out = _pack_timeline(author, home)
+    if wipes:
+        out.append(Delta(DeltaKind.TL_WIPE, 0, 0, author, raw=_longs(sorted(wipes))))
+    for flag in (1, 0):
+        pairs = [v for u, (on, at) in (edges or {}).items() if on == flag for v in (u, at)]
+        if pairs:
+            out.append(Delta(DeltaKind.FOLLOW, 0, 0, author, 0, flag, raw=_longs(pairs)))
+        users = [u for u, on in (starred or {}).items() if on == flag]
+        if users:
+            out.append(Delta(DeltaKind.CELEB_EDGE, 0, 0, author, 0, flag, raw=_longs(users)))
+    by_key: dict[Key, list[int]] = {}
+    for user, key in (horizons or {}).items():
+        by_key.setdefault(key, []).append(user)
+    out += [Delta(DeltaKind.HORIZON, 0, t, 0, c, raw=_longs(users))
+            for (c, t), users in by_key.items()]
+    return out
+
+
+def _pack_timeline(author: int, home: Mapping[tuple[int, int], tuple[bool, int]]
+                   ) -> list[Delta]:
     adds: dict[int, tuple[int, list[int]]] = {}
     removes: dict[int, tuple[int, list[int]]] = {}
     for (user, tweet), (added, created_at) in home.items():

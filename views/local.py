@@ -30,7 +30,7 @@ class LocalJoin:
     def run(self, batch: Iterable[Event]) -> BatchStats:
         by_key: dict[int, list[Change]] = defaultdict(list)
         for event in batch:
-            by_key[event.key].append(Change(event, self.offset))
+            by_key[event.key].append(Change.of(event, self.offset))
             self.offset += 1
         deltas = []
         for key, changes in by_key.items():

@@ -27,38 +27,56 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from ingest.events import TOPIC_RANK
 from views.codec import decode_bucket, decode_state, encode_bucket, encode_state
 from views.delta import DELTA_FIELDS, Delta, DeltaKind
 from views.join import Change, JoinConfig, apply_batch
-from views.kinds import Kind, to_event
+from views.kinds import Kind
 
 log = logging.getLogger(__name__)
 
 STATE_SCHEMA = StructType([StructField("authors", BinaryType(), False)])
-_COLUMNS = ("topic", "partition", "offset", "kind", "key", "created_at", "tweet_id",
-            "other_id", "text", "name", "error", "raw")
+_CHANGE_COLUMNS = ("created_at", "offset", "kind", "tweet_id", "other_id", "text", "name")
 
 
 def read_rows(frames: Iterator[pd.DataFrame]) -> tuple[dict[int, list[Change]], list[Delta]]:
     """Split a bucket's input rows into per-author changes and bookkeeping deltas."""
     changes: dict[int, list[Change]] = {}
-    dead: list[Delta] = []
     marks: dict[tuple[str, int], tuple[int, int]] = {}
+    dead: list[Delta] = []
     for frame in frames:
-        cols: list[list[Any]] = [frame[c].tolist() for c in _COLUMNS]
-        for topic, part, off, kind, key, at, tweet, other, text, name, err, raw in zip(
-                *cols, strict=True):
-            seen = marks.get((topic, part), (-1, 0))
-            marks[(topic, part)] = (max(seen[0], off), max(seen[1], at))
-            if kind == Kind.INVALID:
-                dead.append(Delta(DeltaKind.DEAD, text=err, topic=topic, partition=part,
-                                  offset=off, raw=raw))
-            else:
-                event = to_event(kind, key, at, tweet, other, text, name)
-                changes.setdefault(key, []).append(Change(event, off))
+        _mark(frame, marks)
+        invalid = frame["kind"] == Kind.INVALID
+        if invalid.any():
+            dead += _dead_letters(frame[invalid])
+            frame = frame[~invalid]
+        ranks = frame["topic"].map(TOPIC_RANK).tolist()
+        rows = zip(*(frame[c].tolist() for c in _CHANGE_COLUMNS), strict=True)
+        for key, change in zip(frame["key"].tolist(), map(Change._make, (
+                (at, rank, off, kind, tweet, other, text, name)
+                for rank, (at, off, kind, tweet, other, text, name) in zip(ranks, rows,
+                                                                          strict=True))),
+                               strict=True):
+            changes.setdefault(key, []).append(change)
     offsets = [Delta(DeltaKind.OFFSET, created_at=at, topic=t, partition=p, offset=o)
                for (t, p), (o, at) in marks.items()]
     return changes, dead + offsets
+
+
+def _mark(frame: pd.DataFrame, marks: dict[tuple[str, int], tuple[int, int]]) -> None:
+    """Highest offset and event time per (topic, partition) in the frame."""
+    top = frame.groupby(["topic", "partition"], sort=False)[["offset", "created_at"]].max()
+    for (topic, part), off, at in zip(top.index, top["offset"].tolist(),
+                                      top["created_at"].tolist(), strict=True):
+        seen = marks.get((topic, part), (-1, 0))
+        marks[(topic, part)] = (max(seen[0], off), max(seen[1], at))
+
+
+def _dead_letters(frame: pd.DataFrame) -> list[Delta]:
+    return [Delta(DeltaKind.DEAD, text=err, topic=topic, partition=part, offset=off, raw=raw)
+            for topic, part, off, err, raw in zip(
+                frame["topic"].tolist(), frame["partition"].tolist(), frame["offset"].tolist(),
+                frame["error"].tolist(), frame["raw"].tolist(), strict=True)]
 
 
 class JoinProcessor(StatefulProcessor):

@@ -21,7 +21,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from views.delta import Delta, DeltaKind, Key, timeline_adds, timeline_removes
+from views.delta import (
+    Delta,
+    DeltaKind,
+    Key,
+    timeline_adds,
+    timeline_removes,
+    unpack_longs,
+)
 
 
 class Entry(NamedTuple):
@@ -250,7 +257,8 @@ def _fold_add(plan: WritePlan, d: Delta) -> None:
 
 def _fold_horizon(plan: WritePlan, d: Delta) -> None:
     key = (d.created_at, d.tweet_id)
-    plan.horizons[d.user_id] = max(plan.horizons.get(d.user_id, key), key)
+    for user in unpack_longs(d.raw or b""):
+        plan.horizons[user] = max(plan.horizons.get(user, key), key)
 
 
 def _fold_offset(plan: WritePlan, d: Delta) -> None:
@@ -260,8 +268,20 @@ def _fold_offset(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_wipe(plan: WritePlan, d: Delta) -> None:
-    # Adds from other keys for this user are other authors' tweets: kept.
-    plan.wipes.add((d.user_id, d.author_id))
+    # Adds from other keys for these users are other authors' tweets: kept.
+    plan.wipes.update((user, d.author_id) for user in unpack_longs(d.raw or b""))
+
+
+def _fold_follow(plan: WritePlan, d: Delta) -> None:
+    pairs = unpack_longs(d.raw or b"")
+    for follower, created_at in zip(pairs[::2], pairs[1::2], strict=True):
+        plan.follows[(follower, d.author_id)] = Delta(
+            DeltaKind.FOLLOW, follower, 0, d.author_id, created_at, d.flag)
+
+
+def _fold_celeb_edge(plan: WritePlan, d: Delta) -> None:
+    for user in unpack_longs(d.raw or b""):
+        plan.celeb_edges[(user, d.author_id)] = d.flag
 
 
 _FOLD = {
@@ -273,8 +293,8 @@ _FOLD = {
     DeltaKind.TL_WIPE: _fold_wipe,
     DeltaKind.HORIZON: _fold_horizon,
     DeltaKind.TWEET: _fold_tweet,
-    DeltaKind.FOLLOW: lambda p, d: p.follows.__setitem__((d.user_id, d.author_id), d),
-    DeltaKind.CELEB_EDGE: lambda p, d: p.celeb_edges.__setitem__((d.user_id, d.author_id), d.flag),
+    DeltaKind.FOLLOW: _fold_follow,
+    DeltaKind.CELEB_EDGE: _fold_celeb_edge,
     DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, d.flag),
     DeltaKind.USER: lambda p, d: p.users.__setitem__(d.user_id, d),
     DeltaKind.OFFSET: _fold_offset,
