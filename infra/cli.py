@@ -17,7 +17,10 @@ import sys
 import threading
 from pathlib import Path
 
+from infra import load as load_cli
 from infra import stack as stack_mod
+from serving import cli as serving_cli
+from views.stores import schema as schema_cli
 
 log = logging.getLogger("fanout")
 
@@ -63,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_stack(sub)
     _add_services(sub)
     ingest_cli.register(sub)
+    serving_cli.register(sub)
     _add_verify(sub)
     _add_dead_letters(sub)
+    schema_cli.register(sub)
     _add_demo(sub)
+    load_cli.register(sub)
     return parser
 
 

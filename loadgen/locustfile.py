@@ -1,0 +1,348 @@
+r"""Locust users for fanout: home-timeline readers and writers, timed with HdrHistograms.
+
+Run it as any locustfile (web UI, ``--headless``, ``--master``/``--worker``,
+``--processes``)::
+
+    locust -f loadgen/locustfile.py --host http://127.0.0.1:8080
+    locust -f loadgen/locustfile.py --headless -u 50 -r 50 -t 60s --host ... \\
+        --fanout-rate 200 --fanout-out reports/manual
+
+Each user repeats one action drawn from the mix (``--fanout-profile``; see
+:mod:`loadgen.workload`), as users drawn Zipf-like by activity (``--fanout-users`` or
+``--fanout-workload``). Closed loop by default, as Locust is; with
+``--fanout-rate R`` the process's users share an open-loop schedule of R actions/s
+(:mod:`loadgen.openloop`) and each request is timed from its intended send time.
+
+Every request's latency goes into HdrHistograms through Locust's ``request`` event
+(:mod:`loadgen.recording`); workers ship them encoded to the master with their
+regular reports, and the master adds them up. With ``--fanout-out DIR`` the local
+runner or the master writes ``hdr.json`` (everything recorded) and, every second,
+``live.json`` (progress); at the end it logs a percentile table. The figures in
+Locust's own UI are Locust's rounded ones, timed from the actual send.
+
+Writes need the acting user's bearer token when the API has auth on: pass a tokens
+file (``fanout load`` writes one) or the API's secret; with auth off the acting user
+travels in ``X-User-Id``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import FastHttpUser, events, task
+from locust.argument_parser import LocustArgumentParser
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from loadgen.action import Call, Memory, Planner, tweet_texts
+from loadgen.bearer import mint
+from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
+from loadgen.recording import Recorder
+from loadgen.summary import summarize, table
+from loadgen.workload import (
+    PROFILES,
+    Mix,
+    Workload,
+    load_tokens,
+    parse_mix,
+    parse_user_range,
+)
+
+log = logging.getLogger("fanout.loadgen")
+
+RESULTS = "hdr.json"
+LIVE = "live.json"
+TOKEN_TTL = 86_400
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser: LocustArgumentParser) -> None:
+    g = parser.add_argument_group("fanout", "fanout workload (each flag falls back to the "
+                                            "LOCUST_FANOUT_* variable named in its help)")
+    g.add_argument("--fanout-users", default="1-2000", env_var="LOCUST_FANOUT_USERS",
+                   help="user ids to act as, lo-hi (LOCUST_FANOUT_USERS; default 1-2000)")
+    g.add_argument("--fanout-workload", default="", env_var="LOCUST_FANOUT_WORKLOAD",
+                   help="workload JSON from `fanout load` (users ranked by activity); "
+                        "overrides --fanout-users (LOCUST_FANOUT_WORKLOAD)")
+    g.add_argument("--fanout-profile", default="read-heavy", env_var="LOCUST_FANOUT_PROFILE",
+                   help=f"action mix: one of {', '.join(PROFILES)}, optionally with "
+                        "overrides, e.g. read-heavy:post=2,page=0.5 (LOCUST_FANOUT_PROFILE)")
+    g.add_argument("--fanout-rate", type=float, default=0.0, env_var="LOCUST_FANOUT_RATE",
+                   help="open loop: total actions/s over all processes, each timed from "
+                        "its intended send time; 0 = closed loop (LOCUST_FANOUT_RATE)")
+    g.add_argument("--fanout-arrivals", choices=("constant", "poisson"), default="constant",
+                   env_var="LOCUST_FANOUT_ARRIVALS",
+                   help="open-loop schedule (LOCUST_FANOUT_ARRIVALS; default constant)")
+    g.add_argument("--fanout-think", type=float, default=0.0, env_var="LOCUST_FANOUT_THINK",
+                   help="closed loop: mean think time in s between actions, uniform on "
+                        "[0, 2x] (LOCUST_FANOUT_THINK; default 0)")
+    g.add_argument("--fanout-warmup", type=float, default=0.0, env_var="LOCUST_FANOUT_WARMUP",
+                   help="seconds after the start whose requests are left out of the "
+                        "histograms (LOCUST_FANOUT_WARMUP; default 0)")
+    g.add_argument("--fanout-tokens", default="", env_var="LOCUST_FANOUT_TOKENS",
+                   help="bearer tokens file {\"tokens\": {id: token}} (LOCUST_FANOUT_TOKENS)")
+    # On the parser itself: only it knows is_secret (masked in the web UI).
+    parser.add_argument("--fanout-auth-secret", default="", env_var="LOCUST_FANOUT_AUTH_SECRET",
+                        is_secret=True, help="the API's FANOUT_AUTH_SECRET: mint tokens for "
+                                             "every user (LOCUST_FANOUT_AUTH_SECRET)")
+    g.add_argument("--fanout-out", default="", env_var="LOCUST_FANOUT_OUT",
+                   help="directory for hdr.json and live.json (LOCUST_FANOUT_OUT)")
+    g.add_argument("--fanout-interval", type=float, default=1.0,
+                   env_var="LOCUST_FANOUT_INTERVAL",
+                   help="seconds per timeline interval (LOCUST_FANOUT_INTERVAL; default 1)")
+    g.add_argument("--fanout-max-requests", type=int, default=0,
+                   env_var="LOCUST_FANOUT_MAX_REQUESTS",
+                   help="stop after this many measured requests, 0 = no bound "
+                        "(LOCUST_FANOUT_MAX_REQUESTS)")
+    g.add_argument("--fanout-seed", type=int, default=0, env_var="LOCUST_FANOUT_SEED",
+                   help="seed of the user and action draws (LOCUST_FANOUT_SEED)")
+
+
+class _Run:
+    """What one Locust process knows about the current test (reset at each start)."""
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None
+        self.pacer: Pacer | None = None
+        self.workload: Workload | None = None
+        self.mix = Mix()
+        self.tokens: dict[int, str] = {}
+        self.memory = Memory()
+        self.texts: list[str] = []
+        self.think = 0.0
+        self.seed = 0
+        self.users_started = 0
+        self.meta: dict[str, Any] = {}
+        self.out: Path | None = None
+        self.live: gevent.Greenlet | None = None
+        self.environment: Environment | None = None
+
+    def start(self, options: Any, processes: int, index: int) -> None:
+        """Build this process's workload, mix, schedule and recorder from the options."""
+        now = time.time()
+        self.seed = int(options.fanout_seed) + 7919 * index
+        self.mix = parse_mix(options.fanout_profile)
+        self.tokens = _tokens(options)
+        self.workload = _workload(options).with_tokens(self.tokens)
+        self.texts = self.texts or tweet_texts(self.seed)
+        self.think = float(options.fanout_think)
+        self.memory = Memory()
+        self.pacer = _pacer(options, now, processes, self.seed)
+        self.start_recording(options, now)
+
+    def start_recording(self, options: Any, now: float) -> None:
+        """A fresh recorder, the results directory and the run's metadata."""
+        measure_from = now + float(options.fanout_warmup)
+        self.recorder = Recorder(measure_from, float(options.fanout_interval))
+        self.out = Path(options.fanout_out) if options.fanout_out else None
+        self.meta = {"started_at": now, "measure_from": measure_from, "stopped_at": None,
+                     "options": {k: v for k, v in vars(options).items()
+                                 if k.startswith("fanout_") and k != "fanout_auth_secret"}}
+
+    def planner(self) -> Planner:
+        """A planner for one more simulated user of this process."""
+        if self.workload is None:
+            msg = "the test has not started (no workload yet)"
+            raise RuntimeError(msg)
+        self.users_started += 1
+        rng = random.Random(self.seed * 1_000_003 + self.users_started)
+        return Planner(self.workload, self.mix, rng, self.memory, self.texts)
+
+    def headers(self, call: Call) -> dict[str, str]:
+        """Credentials of the call's actor: a bearer token, else X-User-Id (auth off)."""
+        if call.actor is None:
+            return {}
+        token = self.tokens.get(call.actor)
+        return {"Authorization": f"Bearer {token}"} if token else {"X-User-Id": str(call.actor)}
+
+    def save(self, environment: Environment) -> None:
+        """Write everything recorded to ``hdr.json`` (atomically), if an out dir is set."""
+        if self.out is None or self.recorder is None:
+            return
+        self.meta |= {"host": environment.host, "runner": type(environment.runner).__name__}
+        _write_json(self.out / RESULTS, {"meta": self.meta, "recording": self.recorder.to_dict()})
+
+
+RUN = _Run()
+
+
+def _tokens(options: Any) -> dict[int, str]:
+    if options.fanout_tokens:
+        return load_tokens(Path(options.fanout_tokens))
+    if options.fanout_auth_secret:
+        users = _workload(options)
+        secret = options.fanout_auth_secret.encode()
+        return {u: mint(u, secret, TOKEN_TTL) for u in {*users.readers, *users.authors}}
+    return {}
+
+
+def _workload(options: Any) -> Workload:
+    if options.fanout_workload:
+        return Workload.load(Path(options.fanout_workload))
+    lo, hi = parse_user_range(options.fanout_users)
+    return Workload.from_range(lo, hi, seed=int(options.fanout_seed))
+
+
+def _pacer(options: Any, now: float, processes: int, seed: int) -> Pacer | None:
+    if not options.fanout_rate:
+        return None
+    rate = per_process_rate(float(options.fanout_rate), processes)
+    schedule = Schedule(rate, now, poisson=options.fanout_arrivals == "poisson", seed=seed)
+    return Pacer(schedule, time.time, gevent.sleep)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _options(environment: Environment) -> Any:
+    if environment.parsed_options is None:
+        msg = "Locust's options are not parsed yet (the locustfile needs them)"
+        raise RuntimeError(msg)
+    return environment.parsed_options
+
+
+# -- Locust events ----------------------------------------------------------------------
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    RUN.environment = environment  # worker_report does not pass it
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    options, runner = _options(environment), environment.runner
+    if isinstance(runner, MasterRunner):
+        # Custom options travel to the workers with each spawn message: tell them how
+        # many share the open-loop rate.
+        options.fanout_processes = max(1, runner.worker_count)
+        RUN.start_recording(options, time.time())
+    elif isinstance(runner, WorkerRunner):
+        RUN.start(options, int(getattr(options, "fanout_processes", 1)), runner.worker_index)
+    else:
+        RUN.start(options, 1, 0)
+    if not isinstance(runner, WorkerRunner) and RUN.out is not None:
+        RUN.live = gevent.spawn(_live, environment)
+
+
+@events.request.add_listener
+def _on_request(name: str, response_time: float, exception: BaseException | None,
+                context: dict[str, Any] | None = None, start_time: float | None = None,
+                **_: Any) -> None:
+    if RUN.recorder is None:
+        return
+    service = response_time / 1000
+    sent = start_time if start_time is not None else time.time() - service
+    due = (context or {}).get("fanout_due") or sent
+    RUN.recorder.record(name, due=due, done=sent + service,
+                        latency=corrected(due, sent, service), service=service,
+                        ok=exception is None)
+
+
+@events.report_to_master.add_listener
+def _on_report_to_master(data: dict[str, Any], **_: Any) -> None:
+    if RUN.recorder is not None:
+        data["fanout"] = RUN.recorder.drain()
+
+
+@events.worker_report.add_listener
+def _on_worker_report(data: dict[str, Any], **_: Any) -> None:
+    if RUN.recorder is not None and "fanout" in data:
+        RUN.recorder.merge(data["fanout"])
+        if RUN.environment is not None:
+            RUN.save(RUN.environment)  # the last reports arrive after `quitting`
+
+
+@events.reset_stats.add_listener
+def _on_reset_stats(**_: Any) -> None:
+    if RUN.recorder is not None:
+        RUN.recorder.reset()
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    RUN.meta["stopped_at"] = time.time()
+    if RUN.live is not None:
+        RUN.live.kill(block=False)
+        RUN.live = None
+    RUN.save(environment)
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, WorkerRunner) or RUN.recorder is None:
+        return
+    RUN.meta["stopped_at"] = RUN.meta.get("stopped_at") or time.time()
+    RUN.save(environment)
+    seconds = RUN.meta["stopped_at"] - RUN.meta["measure_from"]
+    log.info("HdrHistogram latencies (ms, timed from the %s send time):\n%s",
+             "intended" if _options(environment).fanout_rate else "actual",
+             table(summarize(RUN.recorder, max(seconds, 1e-9))))
+
+
+def _live(environment: Environment) -> None:
+    """Every second: progress to ``live.json``; stop at ``--fanout-max-requests``."""
+    bound = int(_options(environment).fanout_max_requests)
+    while RUN.recorder is not None and RUN.out is not None:
+        count = RUN.recorder.count()
+        _write_json(RUN.out / LIVE, {
+            "now": time.time(), "started_at": RUN.meta["started_at"],
+            "measure_from": RUN.meta["measure_from"], "count": count,
+            "errors": sum(RUN.recorder.errors.values()), "warmup": RUN.recorder.warmup,
+            "late": RUN.pacer.late if RUN.pacer else 0,
+            "users": environment.runner.user_count if environment.runner else 0})
+        if bound and count >= bound and environment.runner is not None:
+            log.info("--fanout-max-requests %d reached: stopping", bound)
+            environment.runner.quit()
+            return
+        gevent.sleep(1.0)
+
+
+# -- the simulated user -------------------------------------------------------------------
+class TimelineUser(FastHttpUser):
+    """Reads home timelines (paging on now and then) and writes, in the configured mix."""
+
+    network_timeout = 30.0
+    connection_timeout = 10.0
+
+    def wait_time(self) -> float:
+        """No wait in the open loop (the pacer waits); the think time in the closed one."""
+        return 0.0 if RUN.pacer is not None else random.uniform(0, 2 * RUN.think)
+
+    def on_start(self) -> None:
+        self.planner = RUN.planner()
+
+    @task
+    def act(self) -> None:
+        """One action: wait for its slot (open loop), send, follow up on the answer."""
+        due = RUN.pacer.acquire() if RUN.pacer is not None else None
+        call: Call | None = self.planner.next_call()
+        pages = 0
+        while call is not None:
+            body = self._send(call, due)
+            pages += 1
+            call, due = self.planner.answered(call, body, pages), None
+
+    def _send(self, call: Call, due: float | None) -> dict[str, Any] | None:
+        context = {"fanout_due": due} if due is not None else {}
+        with self.client.request(call.method, call.url(), name=call.name, json=call.body,
+                                 headers=RUN.headers(call), context=context,
+                                 catch_response=True) as response:
+            status = response.status_code or 0
+            if not 200 <= status < 300:
+                response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
+                return None
+            try:
+                return response.json()
+            except ValueError:
+                response.failure(f"HTTP {status}: the body is not JSON")
+                return None

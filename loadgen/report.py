@@ -1,0 +1,300 @@
+"""The report of a load run: ``summary.json``, PNG plots and a self-contained ``report.html``.
+
+Input is one :class:`ModeRun` per read mode measured (``fanout``: the materialized
+view; ``read``: the home query evaluated at read time): the Locust results file
+(``hdr.json``, see ``locustfile.py``), the fan-out probe's samples and the view
+job's lag per micro-batch. :func:`build` writes everything into one directory and
+returns the summary; :func:`render_text` is the short table printed at the end.
+Every figure comes from HdrHistograms; percentiles are in milliseconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Final
+
+from hdrh.histogram import HdrHistogram
+
+from loadgen import plot
+from loadgen.errors import ReportError
+from loadgen.probe import CLASSES, ProbeResult
+from loadgen.recording import Recorder, kind
+from loadgen.summary import PERCENTILES, label, merged, problems, stats, summarize, table, timeline
+
+SUMMARY: Final = "summary.json"
+HTML: Final = "report.html"
+COMPARE_COLUMNS: Final = ("p50", "p99", "p99.9")
+
+
+@dataclass
+class ModeRun:
+    """What was measured against one API read mode."""
+
+    mode: str
+    results: dict[str, Any]
+    probe: ProbeResult | None = None
+    batches: list[tuple[float, float]] = field(default_factory=list)
+    probe_deadline: float = 30.0
+
+    @cached_property
+    def recorder(self) -> Recorder:
+        return Recorder.from_dict(self.results["recording"])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.results["meta"]
+
+    def seconds(self) -> float:
+        """Measured seconds: from the end of the warm-up to the stop."""
+        stop = self.meta.get("stopped_at") or self.meta["measure_from"]
+        return max(stop - self.meta["measure_from"], 1e-9)
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """The ``hdr.json`` a Locust run wrote, or :class:`ReportError` saying why not."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        msg = f"no Locust results in {path}: {exc}"
+        raise ReportError(msg) from exc
+    if "meta" not in data or "recording" not in data:
+        msg = f"{path} is not a results file of loadgen/locustfile.py"
+        raise ReportError(msg)
+    return data
+
+
+def build(runs: list[ModeRun], info: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write summary.json, the PNGs and report.html into ``out``; return the summary."""
+    if not runs:
+        msg = "nothing was measured: no run to report"
+        raise ReportError(msg)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"run": info, "modes": {r.mode: mode_summary(r) for r in runs}}
+    summary["compare"] = compare_rows(summary)
+    images = _plots(runs, out)
+    summary["images"] = [p.name for p in images]
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=_json_default))
+    (out / HTML).write_text(render_html(summary, images))
+    return summary
+
+
+def mode_summary(run: ModeRun) -> dict[str, Any]:
+    """Figures of one mode: endpoints, reads/writes/all, fan-out, view lag, checks."""
+    seconds = run.seconds()
+    figures = summarize(run.recorder, seconds)
+    figures["meta"] = run.meta
+    figures["fanout_latency"] = probe_summary(run.probe, seconds) if run.probe else None
+    figures["view_lag"] = lag_summary(run.batches)
+    figures["problems"] = problems(figures)
+    return figures
+
+
+def probe_summary(result: ProbeResult, seconds: float) -> dict[str, Any]:
+    """Per author class: post → visible percentiles, timeouts and errors; all samples."""
+    out: dict[str, Any] = {k: stats(result.hists[k], seconds, result.errors[k])
+                           | {"timeouts": result.timeouts[k]} for k in CLASSES}
+    out["skipped"] = result.skipped
+    out["samples"] = [asdict(s) for s in result.samples]
+    return out
+
+
+def lag_summary(batches: list[tuple[float, float]]) -> dict[str, Any]:
+    """Event time → applied lag over the run's micro-batches (ms)."""
+    lags = sorted(lag * 1000 for _, lag in batches)
+    out: dict[str, Any] = {"batches": len(lags), "series": batches}
+    for p in (50.0, 99.0):
+        out[label(p)] = lags[min(len(lags) - 1, math.ceil(p / 100 * len(lags)) - 1)] if lags \
+            else None
+    out["max"] = lags[-1] if lags else None
+    return out
+
+
+def compare_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Read percentiles per mode (all reads and first home pages), side by side."""
+    rows = []
+    for mode, figures in summary["modes"].items():
+        home = figures["endpoints"].get("GET home", {})
+        rows.append({"mode": mode, "rate": figures["meta"]["options"].get("fanout_rate"),
+                     "reads": figures["reads"]["count"], "read_errors": figures["reads"]["errors"],
+                     **{f"read {c}": figures["reads"].get(c) for c in COMPARE_COLUMNS},
+                     **{f"home {c}": home.get(c) for c in COMPARE_COLUMNS}})
+    return rows
+
+
+# -- plots ----------------------------------------------------------------------------
+def _plots(runs: list[ModeRun], out: Path) -> list[Path]:
+    images = [plot.percentiles(_curves(runs), out / "latency-percentiles.png",
+                               "Latency by percentile (HdrHistogram, from intended send time "
+                               "in open loop)")]
+    for run in runs:
+        start, rec = run.meta["started_at"], run.recorder
+        images.append(plot.over_time(timeline(rec), start, run.meta["measure_from"],
+                                     out / f"over-time-{run.mode}.png",
+                                     f"Latency and throughput over time ({run.mode} mode)"))
+        if run.probe is not None or run.batches:
+            samples = [asdict(s) for s in run.probe.samples] if run.probe else []
+            images.append(plot.fanout_lag(samples, run.batches, start, run.probe_deadline,
+                                          out / f"fanout-lag-{run.mode}.png",
+                                          f"Fan-out lag over time ({run.mode} mode)"))
+    return images
+
+
+def _curves(runs: list[ModeRun]) -> dict[str, HdrHistogram]:
+    """Every endpoint for one mode; reads per endpoint and all writes for several."""
+    curves: dict[str, HdrHistogram] = {}
+    for run in runs:
+        rec = run.recorder
+        prefix = f"{run.mode}: " if len(runs) > 1 else ""
+        for name in sorted(rec.latency):
+            if len(runs) == 1 or kind(name) == "read":
+                curves[prefix + name] = rec.latency[name]
+        writes = [h for n, h in rec.latency.items() if kind(n) == "write"]
+        if len(runs) > 1 and writes:
+            curves[prefix + "all writes"] = merged(writes)
+    return curves
+
+
+# -- text and HTML ----------------------------------------------------------------------
+def render_text(summary: dict[str, Any]) -> str:
+    """The short end-of-run table: per mode, fan-out latency, and the comparison."""
+    parts = []
+    for mode, figures in summary["modes"].items():
+        parts.append(table(figures, f"== {mode} mode: latency in ms over "
+                                    f"{figures['seconds']:.0f} s"))
+        fan = figures.get("fanout_latency")
+        if fan:
+            parts.append(_fanout_text(fan))
+        for problem in figures["problems"]:
+            parts.append(f"INCONSISTENT: {problem}")
+    if len(summary["compare"]) > 1:
+        parts.append(_compare_text(summary["compare"]))
+    return "\n\n".join(parts)
+
+
+def _fanout_text(fan: dict[str, Any]) -> str:
+    lines = ["fan-out latency (post → visible in a follower's home timeline), ms"]
+    for k in CLASSES:
+        s = fan[k]
+        lines.append(f"  {k:<10} n={s['count']:<5} p50={_ms(s.get('p50'))} "
+                     f"p99={_ms(s.get('p99'))} max={_ms(s.get('max'))} "
+                     f"timeouts={s['timeouts']} errors={s['errors']}")
+    return "\n".join(lines)
+
+
+def _compare_text(rows: list[dict[str, Any]]) -> str:
+    head = f"{'read mode':<10}{'rate/s':>8}{'reads':>9}" + "".join(
+        f"{'read ' + c:>14}" for c in COMPARE_COLUMNS)
+    lines = ["fan-out-on-write vs fan-out-on-read, same open-loop load (ms):", head]
+    for r in rows:
+        lines.append(f"{r['mode']:<10}{r['rate'] or 0:>8g}{r['reads']:>9}" + "".join(
+            f"{_ms(r['read ' + c]):>14}" for c in COMPARE_COLUMNS))
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def render_html(summary: dict[str, Any], images: list[Path]) -> str:
+    """A single HTML page with the tables and the PNGs embedded as data URIs."""
+    body = [f"<h1>fanout load report — {_e(summary['run'].get('name', ''))}</h1>",
+            _info_html(summary["run"])]
+    if len(summary["compare"]) > 1:
+        body.append("<h2>Fan-out on write vs fan-out on read</h2>" + _compare_html(summary))
+    for mode, figures in summary["modes"].items():
+        body.append(_mode_html(mode, figures))
+    body.append("<h2>Plots</h2>")
+    body += [f'<figure><img alt="{_e(p.stem)}" src="data:image/png;base64,'
+             f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{_e(p.name)}'
+             f"</figcaption></figure>" for p in images]
+    return _PAGE.format(title=_e(summary["run"].get("name", "fanout load")),
+                        body="\n".join(body))
+
+
+def _info_html(info: dict[str, Any]) -> str:
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in info.items())
+    return f"<table class='info'>{rows}</table>"
+
+
+def _compare_html(summary: dict[str, Any]) -> str:
+    cols = ["mode", "rate", "reads", "read_errors",
+            *(f"read {c}" for c in COMPARE_COLUMNS), *(f"home {c}" for c in COMPARE_COLUMNS)]
+    return _table_html(cols, [[r[c] for c in cols] for r in summary["compare"]],
+                       "Read latency in ms at the same open-loop rate, on the same store.")
+
+
+def _mode_html(mode: str, figures: dict[str, Any]) -> str:
+    cols = ["endpoint", "count", "errors", "rps", *(label(p) for p in PERCENTILES), "max"]
+    rows = [[name, *(s.get(c) for c in cols[1:])] for name, s in
+            {**figures["endpoints"], **{g: figures[g] for g in ("reads", "writes", "all")}}.items()]
+    open_loop = bool(figures["meta"]["options"].get("fanout_rate"))
+    note = ("Timed from the intended send time (open loop, coordinated omission corrected)."
+            if open_loop else "Timed from the actual send time (closed loop).")
+    parts = [f"<h2>{_e(mode)} mode</h2>", _table_html(cols, rows, note)]
+    if open_loop:
+        service = [[n, s["count"], s.get("p50"), s.get("p99"), s.get("p99.9"), s.get("max")]
+                   for n, s in figures["service"].items()]
+        parts.append(_table_html(["endpoint", "count", "p50", "p99", "p99.9", "max"], service,
+                                 "Service time only (from the actual send): what a "
+                                 "closed-loop tool would have reported."))
+    parts.append(_fanout_html(figures.get("fanout_latency"), figures["view_lag"]))
+    checks = figures["problems"] or ["counts add up and percentiles are monotonic"]
+    parts.append("<p class='checks'>Checks: " + "; ".join(map(_e, checks)) + "</p>")
+    return "\n".join(parts)
+
+
+def _fanout_html(fan: dict[str, Any] | None, lag: dict[str, Any]) -> str:
+    rows = [[k, fan[k]["count"], fan[k]["timeouts"], fan[k]["errors"], fan[k].get("p50"),
+             fan[k].get("p99"), fan[k].get("max")] for k in CLASSES] if fan else []
+    rows.append(["view job, per batch", lag["batches"], "", "", lag.get("p50"), lag.get("p99"),
+                 lag.get("max")])
+    return _table_html(["fan-out", "count", "timeouts", "errors", "p50", "p99", "max"], rows,
+                       "Post → visible in a follower's home timeline (ms), and the view "
+                       "job's newest event time → applied per micro-batch.")
+
+
+def _table_html(cols: list[str], rows: list[list[Any]], caption: str) -> str:
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+                   for row in rows)
+    return f"<table><caption>{_e(caption)}</caption><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    return _e("" if value is None else value)
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    msg = f"cannot serialize {type(value).__name__}"
+    raise TypeError(msg)
+
+
+_PAGE: Final = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+table.info th {{ text-align: left; }}
+caption {{ caption-side: bottom; font-size: 0.85em; color: #555; text-align: left; }}
+img {{ max-width: 100%; }}
+.checks {{ color: #555; font-size: 0.85em; }}
+</style></head><body>
+{body}
+</body></html>
+"""

@@ -1,0 +1,104 @@
+"""The load generator for real: ``fanout load --compare`` and plain ``locust`` on a live stack.
+
+One stack (embedded broker, Spark view job, API with auth off) is started for the
+module in a temporary run directory and filled with a tiny synthetic history; both
+load runs are subprocesses, as a user would run them, bounded in time, loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.launch import up
+from infra.loadprep import History, seed
+from infra.stack import Stack, down
+from loadgen.recording import Recorder
+from loadgen.summary import PERCENTILES, label
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parents[1]
+RATE, DURATION, WARMUP = 40, 8, 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    run_dir = tmp_path_factory.mktemp("load-stack")
+    env = {"FANOUT_AUTH": "off", "FANOUT_API_ACCESS_LOG": "false",
+           "FANOUT_CELEBRITY_THRESHOLD": "40"}
+    running = up(run_dir, extra_env=env)
+    try:
+        seed(running, History(users=300, follows=3000, tweets=1500, celebrity_threshold=40,
+                              seed=3), run_dir / "history")
+        yield running
+    finally:
+        down(run_dir)
+
+
+def _env() -> dict[str, str]:
+    """The test process's environment minus anything pointing at another stack."""
+    drop = ("KAFKA_BOOTSTRAP", "FANOUT_STORE", "FANOUT_API_URL", "FANOUT_TOPIC_PREFIX")
+    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("LOCUST_")}
+
+
+def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: Path):
+    cmd = [sys.executable, "-m", "infra.cli", "--run-dir", stack.run_dir, "load", "--compare",
+           "--rate", str(RATE), "--duration", str(DURATION), "--warmup", str(WARMUP),
+           "--users", "8", "--probe-interval", "0.5", "--probe-authors", "3",
+           "--reports", str(tmp_path), "--name", "t"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "t"
+    for name in ("summary.json", "report.html", "latency-percentiles.png",
+                 "over-time-fanout.png", "over-time-read.png", "fanout-lag-fanout.png"):
+        assert (out / name).stat().st_size > 1000, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["auth"] == "off" and summary["run"]["modes"] == ["fanout", "read"]
+    for mode, figures in summary["modes"].items():
+        _check_mode(mode, figures, out)
+    assert [row["mode"] for row in summary["compare"]] == ["fanout", "read"]
+    assert all(isinstance(row["read p99.9"], float) for row in summary["compare"])
+    assert "fan-out-on-write vs fan-out-on-read" in done.stdout
+
+
+def _check_mode(mode: str, figures: dict, out: Path) -> None:
+    assert figures["problems"] == [], (mode, figures["problems"])
+    endpoints = figures["endpoints"]
+    assert sum(e["count"] for e in endpoints.values()) == figures["all"]["count"]
+    assert figures["reads"]["count"] + figures["writes"]["count"] == figures["all"]["count"]
+    assert figures["all"]["errors"] == 0, endpoints
+    # Open loop: first pages and writes follow the schedule; next pages come on top.
+    actions = figures["all"]["count"] - endpoints.get("GET home (next page)", {}).get("count", 0)
+    assert 0.8 * RATE * DURATION <= actions <= 1.2 * RATE * DURATION + 5, actions
+    assert {"GET home", "POST tweet"} <= set(endpoints)
+    for s in endpoints.values():
+        values = [s[label(p)] for p in PERCENTILES] + [s["max"]]
+        assert values == sorted(values) and 0 < values[0] < 5_000
+    results = json.loads((out / mode / "hdr.json").read_text())
+    assert Recorder.from_dict(results["recording"]).count() == figures["all"]["count"]
+    fan = figures["fanout_latency"]
+    assert fan["normal"]["count"] >= 3 and fan["normal"]["timeouts"] == 0
+    assert fan["celebrity"]["count"] >= 3, "the tiny history should have celebrities"
+    assert 0 < fan["normal"]["p50"] <= fan["normal"]["p99"] <= fan["normal"]["max"] < 30_000
+    assert figures["view_lag"]["batches"] > 0
+
+
+def test_plain_locust_headless_run_exits_zero(stack: Stack, tmp_path: Path):
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"),
+           "--headless", "-u", "5", "-r", "5", "-t", "10s", "--host", stack.api_url,
+           "--fanout-users", "1-300", "--fanout-out", str(tmp_path), "--only-summary"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "hdr.json").read_text())
+    recorder = Recorder.from_dict(results["recording"])
+    assert recorder.count() > 50 and not recorder.errors
+    assert "HdrHistogram latencies" in done.stderr
