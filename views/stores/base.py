@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -102,9 +102,10 @@ class WritePlan:
     dead: list[Delta] = field(default_factory=list)
 
     def rows(self) -> int:
-        return sum(map(len, (self.tweets, self.follows, self.celeb_edges, self.celebs,
-                             self.users, self.wipes, self.removes, self.adds, self.horizons,
-                             self.dead)))
+        parts: tuple[Sized, ...] = (self.tweets, self.follows, self.celeb_edges, self.celebs,
+                                     self.users, self.wipes, self.removes, self.adds,
+                                     self.horizons, self.dead)
+        return sum(len(part) for part in parts)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Store(abc.ABC):
         """
         plan = WritePlan()
         for d in deltas:
-            _FOLD[d.kind](plan, d)
+            _FOLD[DeltaKind(d.kind)](plan, d)
         return plan
 
     @abc.abstractmethod

@@ -267,7 +267,7 @@ class SQLiteStore(Store):
     def author_tweets(self, authors: Sequence[int], below: Key | None,
                       limit: int) -> list[Entry]:
         below = below if below is not None else TOP
-        db, out = self._conn(), []
+        db, out = self._conn(), list[Entry]()
         for author in authors:
             out.extend(Entry(c, t, author) for c, t in db.execute(
                 "SELECT created_at, tweet_id FROM author_tweets WHERE author_id = ? "
