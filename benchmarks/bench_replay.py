@@ -61,7 +61,9 @@ def _phase(pipe, name: str, run) -> dict:
             for phase, ms in (progress.get("durationMs") or {}).items():
                 spark_ms[phase] = spark_ms.get(phase, 0) + ms
     join_s = sum(durations)
-    return {"spark_ms": spark_ms, "batch_seconds_total": round(join_s, 2),"phase": name, "seconds": round(elapsed, 2),
+    timeline = [(b["batch_id"], round(b["finished"] - start, 2), round(b["seconds"], 2), b["deltas"])
+                for b in batches]
+    return {"batch_timeline": timeline,"spark_ms": spark_ms, "batch_seconds_total": round(join_s, 2),"phase": name, "seconds": round(elapsed, 2),
             "catch_up_after_produce_s": round(caught, 2), "producer": produced,
             "batches": len(durations), "timeline_rows": rows,
             "timeline_rows_per_s": round(rows / elapsed), "batch_p50_s": percentile(durations, .5),
@@ -93,6 +95,7 @@ def main() -> int:
         two = _phase(pipe, "tweet burst", lambda: replay_process(pipe, [str(burst_dir)], []))
         two["tweet_events_per_s"] = round(args.burst / two["seconds"])
         two["tweet_events_per_batch_s"] = round(args.burst / max(two["batch_seconds_total"], 1e-9))
+        two["followers_per_tweet"] = round(two["timeline_rows"] / args.burst, 1)
         events = sum(pipe.ends().values())
         log_ = read_changelog(pipe.kafka)
         check = compare(log_, pipe.store, pipe.view.timeline_cap, sample=args.verify_sample)
@@ -114,7 +117,8 @@ def _print(r: dict) -> None:
           f"celebrities {r['celebrities']}, peak RSS {r['peak_rss_mb']} MB")
     for p in r["phases"]:
         extra = (f", {p['tweet_events_per_s']:,} tweets/s wall, "
-                 f"{p['tweet_events_per_batch_s']:,} tweets/s in micro-batches"
+                 f"{p['tweet_events_per_batch_s']:,} tweets/s in micro-batches, "
+                 f"{p['followers_per_tweet']} timeline rows per tweet"
                  if "tweet_events_per_s" in p else "")
         print(f"  {p['phase']:<13} {p['seconds']:7.1f}s  {p['timeline_rows_per_s']:>8,} "
               f"timeline rows/s{extra}; batches {p['batches']}, p50 {p['batch_p50_s']:.2f}s, "

@@ -77,7 +77,15 @@ class Pipeline:
                       f"({time.perf_counter() - start:.0f}s)", file=sys.stderr, flush=True)
                 last = done
             time.sleep(0.2)
-        return time.perf_counter() - start
+        caught = time.perf_counter() - start
+        # The store commits before the sink's callback logs the batch: wait for the log,
+        # or the figures would miss the batch that finished the catch-up.
+        newest = self.store.recent_batches(1)
+        while newest and not any(b["batch_id"] == newest[0][0] for b in self.batch_log):
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"batch {newest[0][0]} was never logged by the sink")
+            time.sleep(0.05)
+        return caught
 
     def batches_since(self, first: int) -> list[dict[str, float]]:
         return [b for b in self.batch_log if b["batch_id"] >= first]
