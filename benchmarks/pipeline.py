@@ -29,10 +29,9 @@ from infra.broker import EmbeddedBroker  # noqa: E402
 from infra.spark import build_session  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
-from views.job import start_query  # noqa: E402
+from views.job import spooling_sink, start_query  # noqa: E402
 from views.kafka_offsets import EndOffsets  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
-from views.sink import Sink  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,7 +44,7 @@ class Pipeline:
     kafka: KafkaSettings
     view: ViewSettings
     store: SQLiteStore
-    sink: Sink
+    sink: Any
     workdir: Path
     query: Any = None
     peak_rss: int = 0
@@ -121,7 +120,7 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
         spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
                               extra_conf=conf)
         store = SQLiteStore(work / "v.sqlite", cap=cap).open()
-        pipe = Pipeline(kafka, view, store, Sink(store), work)
+        pipe = Pipeline(kafka, view, store, spooling_sink(view, store), work)
         stop = threading.Event()
 
         def record(stats: Any, total: float) -> None:
@@ -144,6 +143,7 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
         finally:
             stop.set()
             pipe.query.stop()
+            pipe.sink.close()
             store.close()
             spark.stop()
 

@@ -10,6 +10,7 @@ buckets, because changing any of them makes an old checkpoint unreadable (DESIGN
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -23,9 +24,10 @@ from pyspark.sql.streaming import StreamingQuery
 from ingest.settings import KafkaSettings
 from views.codec import VERSION as STATE_VERSION
 from views.delta import DELTA_DDL
+from views.errors import BrokerUnreachable, OffsetsPastEnd
 from views.processor import JoinProcessor
 from views.settings import ViewSettings
-from views.sink import Sink
+from views.sink import Sink, SpoolingSink
 from views.source import FORMAT
 from views.stores import store_from_url
 from views.stores.base import Store
@@ -40,14 +42,28 @@ def checkpoint_path(view: ViewSettings) -> Path:
                                   f"-b{view.key_buckets}")
 
 
+def spooling_sink(view: ViewSettings, store: Store) -> SpoolingSink:
+    """The job's sink, after applying any batch an earlier run left spooled."""
+    sink = SpoolingSink(store, checkpoint_path(view) / "spool")
+    recovered = sink.recover()
+    if recovered:
+        log.info("applied %d spooled batch(es) left by the previous run", recovered)
+    return sink
+
+
 def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, store: Store,
                 *, available_now: bool = False, sink: Sink | None = None) -> StreamingQuery:
-    """Start the view query; ``available_now`` drains what is there and stops."""
+    """Start the view query; ``available_now`` drains what is there and stops.
+
+    Without a ``sink`` it writes synchronously (:class:`~views.sink.Sink`), so a
+    drained query has applied everything; :func:`run` uses :func:`spooling_sink`.
+    """
     source = (spark.readStream.format(FORMAT)
               .option("bootstrap", kafka.bootstrap)
               .option("topic_prefix", kafka.topic_prefix)
               .option("partitions", str(kafka.partitions))
               .option("maxRecordsPerBatch", str(view.max_records_per_batch))
+              .option("brokerRetrySeconds", str(view.broker_retry_s))
               .load())
     bucket = F.pmod(F.xxhash64("key"), F.lit(view.key_buckets))
     deltas = source.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
@@ -69,21 +85,41 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     """Run the job until ``stop`` is set or a signal arrives; return an exit code."""
     stop = stop or _stop_on_signals()
     store = store_from_url(view.store_url, cap=view.timeline_cap).open()
-    query = start_query(spark, kafka, view, store)
+    sink = spooling_sink(view, store)
+    query = start_query(spark, kafka, view, store, sink=sink)
     log.info("view job started: store %s, checkpoint %s", view.store_url, checkpoint_path(view))
     if on_started is not None:
         on_started()
     try:
         while not stop.wait(5.0):
             if query.exception() is not None:
-                log.error("view query failed: %s", query.exception())
-                return 1
+                return _failed(str(query.exception()))
             _log_progress(query.lastProgress)
         return 0
     finally:
         query.stop()
+        sink.close()
         store.close()
         log.info("view job stopped")
+
+
+#: Exit code of a job stopped because its checkpoint is past the end of the topics.
+EXIT_PAST_END = 3
+#: Exit code of a job that gave up on an unreachable broker.
+EXIT_BROKER = 4
+
+
+def _failed(error: str) -> int:
+    """Log why the query failed — the source's own words when it is one of ours."""
+    for name, code in ((OffsetsPastEnd.__name__, EXIT_PAST_END),
+                       (BrokerUnreachable.__name__, EXIT_BROKER)):
+        # The source runs in a Python worker: its exception reaches us as text.
+        reason = re.search(rf"{name}: (.+)", error)
+        if reason is not None:
+            log.error("view job stopped: %s", reason.group(1).strip())
+            return code
+    log.error("view query failed: %s", error)
+    return 1
 
 
 def _stop_on_signals() -> threading.Event:

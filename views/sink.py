@@ -1,26 +1,53 @@
-"""The ``foreachBatch`` sink: one micro-batch of deltas into the store, once.
+"""The ``foreachBatch`` sink: one micro-batch of deltas into the store, exactly once in effect.
 
-It runs exactly one action on the batch (``toArrow``), so the stateful step above it
-is computed once (DESIGN §10), then hands the deltas to :meth:`Store.apply`, which
-writes them in one transaction. If the job dies after the store commits but before
-Spark records the batch, Spark replays the same batch with the same state and the
-store's keyed upserts make the second write a no-op.
+Each call runs exactly one action on the batch (``toArrow``), so the stateful step
+above it is computed once (DESIGN §10), then hands the deltas to
+:meth:`Store.apply`, which writes them in one transaction.
+
+:class:`Sink` applies before returning. :class:`SpoolingSink` (what the job uses)
+overlaps the store write with Spark's next micro-batch: it writes the batch's deltas
+to a spool file (Arrow IPC, written aside then renamed into place), queues them for a
+writer thread, and returns; Spark then commits the batch and plans the next one while
+the writer applies this one. Why nothing is lost or applied twice in effect:
+
+- Spark commits batch N only after the call returns, i.e. after N's spool file
+  exists. A crash before that makes Spark run N again, with the same state and offsets
+  (so the same deltas).
+- A spool file is deleted only after the store committed its batch. On start,
+  :meth:`SpoolingSink.recover` applies every spool file left behind, in batch order,
+  before the query runs: a batch Spark committed but the store never saw is applied.
+- Store writes are keyed upserts and deletes, so applying a batch twice (recovered,
+  then run again by Spark) leaves the store as once.
+
+The queue is bounded (``max_pending``): when the store falls behind, the call blocks,
+which slows Spark down instead of piling batches up in memory. A failed store write
+stops the query at the next call, with the error. Spool files are flushed but not
+fsynced by default: they survive a killed process, not a lost machine
+(``fsync=True`` for that).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from views.delta import DELTA_FIELDS, Delta
+from views.errors import StoreError
 from views.stores.base import BatchStats, Store
 
 log = logging.getLogger(__name__)
+
+OnBatch = Callable[[BatchStats, float], None]
 
 
 def deltas_from_arrow(table: pa.Table) -> list[Delta]:
@@ -33,16 +60,18 @@ def deltas_from_arrow(table: pa.Table) -> list[Delta]:
 
 @dataclass
 class Sink:
-    """Callable for ``foreachBatch``; keeps per-batch figures for progress and metrics."""
+    """Callable for ``foreachBatch`` that applies before returning."""
 
     store: Store
-    on_batch: Callable[[BatchStats, float], None] | None = None
+    on_batch: OnBatch | None = None
     history: list[tuple[int, float, BatchStats]] = field(default_factory=list)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         start = time.perf_counter()
-        deltas = deltas_from_arrow(frame.toArrow())
-        stats = self.store.apply(deltas, batch_id)
+        self._apply(frame.toArrow(), batch_id, start)
+
+    def _apply(self, table: pa.Table, batch_id: int, start: float) -> BatchStats:
+        stats = self.store.apply(deltas_from_arrow(table), batch_id)
         total = time.perf_counter() - start
         self.history.append((batch_id, total, stats))
         log.info("batch %d: %d deltas (%d timeline adds, %d removes, %d dead) in %.2fs "
@@ -50,3 +79,96 @@ class Sink:
                  stats.timeline_removes, stats.dead_letters, total, stats.seconds)
         if self.on_batch is not None:
             self.on_batch(stats, total)
+        return stats
+
+    def close(self) -> None:
+        """Nothing pending in the synchronous sink."""
+
+
+class SpoolingSink(Sink):
+    """Spool, queue and return; a writer thread applies (see the module docstring)."""
+
+    def __init__(self, store: Store, spool_dir: Path, *, max_pending: int = 1,
+                 fsync: bool = False, on_batch: OnBatch | None = None) -> None:
+        super().__init__(store, on_batch)
+        self.spool_dir = spool_dir
+        self.fsync = fsync
+        self._queue: queue.Queue[tuple[int, pa.Table, Path, float] | None] = queue.Queue(
+            max_pending)
+        self._failure: BaseException | None = None
+        self._writer: threading.Thread | None = None
+
+    def recover(self) -> int:
+        """Apply spool files left by an earlier run, oldest batch first; return how many."""
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        for partial in self.spool_dir.glob("*.partial"):
+            partial.unlink()  # never returned to Spark: it runs that batch again
+        files = sorted(self.spool_dir.glob("batch-*.arrow"))
+        for path in files:
+            batch_id = int(path.stem.removeprefix("batch-"))
+            with ipc.open_file(path) as reader:
+                table = reader.read_all()
+            log.info("recovering spooled batch %d (%d rows)", batch_id, table.num_rows)
+            self._apply(table, batch_id, time.perf_counter())
+            path.unlink()
+        return len(files)
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        self._raise_if_failed()
+        start = time.perf_counter()
+        table = frame.toArrow()
+        path = self._spool(table, batch_id)
+        self._start_writer()
+        while True:  # blocks while the store is behind, but notices a dead writer
+            try:
+                self._queue.put((batch_id, table, path, start), timeout=1.0)
+                return
+            except queue.Full:
+                self._raise_if_failed()
+
+    def close(self) -> None:
+        """Apply what is queued, then stop the writer (what it could not apply stays spooled)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            while writer.is_alive():
+                try:
+                    self._queue.put(None, timeout=1.0)
+                    break
+                except queue.Full:
+                    continue
+            writer.join()
+        self._raise_if_failed()
+
+    def _spool(self, table: pa.Table, batch_id: int) -> Path:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spool_dir / f"batch-{batch_id:012d}.arrow"
+        partial = path.with_suffix(".partial")
+        with pa.OSFile(str(partial), "wb") as out, ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table)
+        if self.fsync:
+            with open(partial, "rb+") as handle:
+                os.fsync(handle.fileno())
+        partial.replace(path)
+        return path
+
+    def _start_writer(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="fanout-sink",
+                                            daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            batch_id, table, path, start = item
+            try:
+                self._apply(table, batch_id, start)
+                path.unlink(missing_ok=True)
+            except BaseException as exc:
+                log.exception("store write of batch %d failed; the query stops", batch_id)
+                self._failure = exc
+                return
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            msg = f"the store write of an earlier batch failed: {self._failure}"
+            raise StoreError(msg) from self._failure
