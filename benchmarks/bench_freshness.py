@@ -71,11 +71,12 @@ def main() -> int:
     ap.add_argument("--follows", type=int, default=200_000)
     ap.add_argument("--trigger", type=float, default=0.0, help="processing-time trigger, s")
     ap.add_argument("--max-records", type=int, default=20_000)
+    ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
     ap.add_argument("--name", default="freshness")
     args = ap.parse_args()
     commits: list[tuple[float, dict]] = []
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
-                  trigger_seconds=args.trigger) as pipe:
+                  trigger_seconds=args.trigger, key_buckets=args.buckets) as pipe:
         _load_graph(pipe, args.users, args.follows)
         previous = pipe.sink.on_batch
 
@@ -88,6 +89,12 @@ def main() -> int:
         sent = _produce(pipe, args.rate, args.seconds, list(range(1, args.users + 1, 7)))
         pipe.wait_caught_up(timeout=300, progress=False)
         batches = pipe.batch_log[first_batch:]
+        ids = {b["batch_id"] for b in batches}
+        phases: dict[str, list[int]] = {}
+        for progress in pipe.query.recentProgress:
+            if progress["batchId"] in ids:
+                for phase, ms in (progress.get("durationMs") or {}).items():
+                    phases.setdefault(phase, []).append(ms)
     lags = _lags(sent, commits)
     durations = [b["seconds"] for b in batches]
     result = {
@@ -98,12 +105,15 @@ def main() -> int:
         "batches": len(durations),
         "batch_s": {"p50": round(percentile(durations, .5), 3),
                     "p99": round(percentile(durations, .99), 3)},
+        "spark_ms_p50": {k: percentile(v, .5) for k, v in sorted(phases.items())},
+        "store_s_p50": round(percentile([b["store_seconds"] for b in batches], .5), 3),
         "settings": vars(args),
     }
     f = result["freshness_s"]
     print(f"\n{len(sent)} tweets at {args.rate}/s: post → visible p50 {f['p50']}s, "
           f"p90 {f['p90']}s, p99 {f['p99']}s, max {f['max']}s; {len(durations)} batches, "
           f"p50 {result['batch_s']['p50']}s, p99 {result['batch_s']['p99']}s")
+    print(f"  per batch, p50: spark {result['spark_ms_p50']} ms; store {result['store_s_p50']}s")
     print(f"written to {save(args.name, result)}")
     return 0
 

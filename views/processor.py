@@ -92,7 +92,7 @@ class JoinProcessor(StatefulProcessor):
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         changes, deltas = read_rows(rows)
         if changes:
-            stored = self.state.get() if self.state.exists() else None
+            stored = self.state.get()  # None when missing (one state call, not two)
             states = decode_bucket(stored[0]) if stored else {}
             for author, author_changes in changes.items():
                 blob = states.get(author)

@@ -36,10 +36,14 @@ class ViewSettings(BaseSettings):
         50_000, ge=1, validation_alias=_env("FANOUT_MAX_RECORDS_PER_BATCH",
                                             "max_records_per_batch"))
     key_buckets: int = Field(
-        256, ge=1, le=1 << 20, validation_alias=_env("FANOUT_KEY_BUCKETS", "key_buckets"),
+        64, ge=1, le=1 << 20, validation_alias=_env("FANOUT_KEY_BUCKETS", "key_buckets"),
         description="Hash buckets of authors: the processor's unit of work and of state.")
     shuffle_partitions: int = Field(2, ge=1, validation_alias=_env("FANOUT_SHUFFLE_PARTITIONS",
                                                                      "shuffle_partitions"))
+    broker_retry_s: float = Field(
+        120.0, ge=0, validation_alias=_env("FANOUT_BROKER_RETRY_S", "broker_retry_s"),
+        description="How long the job retries an unreachable broker (with backoff) "
+                    "before it stops with an error.")
 
     def join_config(self) -> JoinConfig:
         return JoinConfig.with_ratio(self.timeline_cap, self.celebrity_threshold,
