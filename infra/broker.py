@@ -43,21 +43,25 @@ class BrokerError(RuntimeError):
 
 
 class EmbeddedBroker:
-    """A Tansu broker with in-memory storage, listening on a free loopback port.
+    """A Tansu broker with in-memory storage, listening on a loopback port.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. The constructor
-    does no I/O. ``bootstrap`` and ``pid`` are available once started.
+    does no I/O. ``bootstrap`` and ``pid`` are available once started. ``port`` pins
+    the port (e.g. to bring a broker back where its clients look for it); by default
+    a free one is picked. Every start is a new, empty cluster: memory-only storage.
     """
 
     def __init__(self, log_path: Path | str, *, start_timeout: float = 30.0,
-                 stop_timeout: float = 10.0, binary: str | None = None) -> None:
+                 stop_timeout: float = 10.0, binary: str | None = None,
+                 port: int | None = None) -> None:
         self.log_path = Path(log_path)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._binary = binary
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
-        self._port = 0
+        self._fixed_port = port
+        self._port = port or 0
 
     @property
     def bootstrap(self) -> str:
@@ -80,14 +84,17 @@ class EmbeddedBroker:
         self._log_file = self.log_path.open("ab")
         deadline = time.monotonic() + self.start_timeout
         try:
-            # A port found free can be taken before Tansu binds it; try a few.
+            # A port found free can be taken before Tansu binds it; try a few. A pinned
+            # port may still be held a moment by a broker that just stopped.
             for attempt in range(1, _PORT_ATTEMPTS + 1):
                 if self._spawn(binary, deadline):
                     log.info("embedded broker pid %d on %s (log %s)",
                              self.pid, self.bootstrap, self.log_path)
                     return self
-                log.warning("broker exited at start (attempt %d), retrying on another port",
-                            attempt)
+                log.warning("broker exited at start (attempt %d), retrying on %s", attempt,
+                            "the same port" if self._fixed_port else "another port")
+                if self._fixed_port:
+                    time.sleep(0.5 * attempt)
         except BaseException:
             self.stop()
             raise
@@ -112,8 +119,8 @@ class EmbeddedBroker:
         self.stop()
 
     def _spawn(self, binary: str, deadline: float) -> bool:
-        """Start one process on a fresh port; False if it exited before answering."""
-        self._port = free_port()
+        """Start one process (on a fresh port unless pinned); False if it exited early."""
+        self._port = self._fixed_port or free_port()
         url = f"tcp://{LOOPBACK}:{self._port}"
         argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]

@@ -2,7 +2,7 @@
 
 Subcommands: ``up``/``down``/``status`` (the local stack), ``broker``/``job``/``serve``
 (one service in the foreground; ``up`` runs these detached), ``generate``/``replay``
-(ingest), ``verify``, ``dead-letters`` and ``demo``. Flags fall back to environment
+(ingest), ``verify``, ``dead-letters``, ``rebuild`` and ``demo``. Flags fall back to environment
 variables (named in each ``--help``). When ``KAFKA_BOOTSTRAP`` is unset and a stack is
 up in the run directory, commands point at that stack.
 """
@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from infra import load as load_cli
+from infra import rebuild as rebuild_cli
 from infra import stack as stack_mod
 from serving import cli as serving_cli
 from views.stores import schema as schema_cli
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     serving_cli.register(sub)
     _add_verify(sub)
     _add_dead_letters(sub)
+    rebuild_cli.register(sub)
     schema_cli.register(sub)
     _add_demo(sub)
     load_cli.register(sub)

@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 from infra.broker import free_port
+from infra.rebuild import stale_views
 from infra.stack import (
     AUTH_SECRET_FILE,
     Stack,
@@ -39,9 +40,11 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
     if existing is not None and any(map(alive, existing.pids.values())):
         msg = f"a stack is already up in {run_dir} (pids {existing.pids}): 'fanout down' first"
         raise StackError(msg)
+    kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
+    if not kafka.bootstrap:
+        _refuse_stale_views(run_dir, view)
     run_dir.mkdir(parents=True, exist_ok=True)
     _auth_secret(run_dir)
-    kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
     pids: dict[str, int] = {}
     try:
         bootstrap = kafka.bootstrap or _start_broker(run_dir, pids)
@@ -62,6 +65,17 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
         raise
     stack.save()
     return stack
+
+
+def _refuse_stale_views(run_dir: Path, view: ViewSettings) -> None:
+    """An embedded broker starts empty: views of an earlier run cannot match it."""
+    stale = stale_views(run_dir / "checkpoints", _store_url(run_dir, view))
+    if stale:
+        shown = ", ".join(map(str, stale))
+        msg = (f"{shown} hold views of an earlier embedded broker, whose topics are gone "
+               f"(it keeps them in memory only): run `fanout --run-dir {run_dir} rebuild` "
+               "to set them aside, then `fanout up` and replay the history")
+        raise StackError(msg)
 
 
 def _auth_secret(run_dir: Path) -> None:
@@ -96,11 +110,16 @@ def _start_job(run_dir: Path, env: dict[str, str], pids: dict[str, int], timeout
     wait_for_file(ready, process, "the view job", timeout=timeout)
 
 
+def _store_url(run_dir: Path, view: ViewSettings) -> str:
+    """The store of the stack: the configured one, or a SQLite file in the run directory."""
+    if view.store_url == ViewSettings.model_fields["store_url"].default:
+        return f"sqlite:///{run_dir / 'fanout.sqlite'}"
+    return view.store_url
+
+
 def _describe(run_dir: Path, kafka: KafkaSettings, view: ViewSettings, api: ServingSettings,
               port: int, pids: dict[str, int]) -> Stack:
-    store_url = view.store_url
-    if store_url == ViewSettings.model_fields["store_url"].default:
-        store_url = f"sqlite:///{run_dir / 'fanout.sqlite'}"
+    store_url = _store_url(run_dir, view)
     if not api.host.startswith("127.") and api.host != "localhost":
         msg = f"the local stack serves on loopback only, not {api.host}"
         raise StackError(msg)

@@ -199,9 +199,15 @@ class SharedProducer:
         with self._lock:
             self._errors += 1
             self._last_error = str(exc)
-            if not isinstance(exc, BrokerUnavailable | TopicLayoutError):
+            broken, producer = self._producer is not None and self._producer.fatal, None
+            if broken:  # it will never deliver again: the next write makes a new one
+                producer, self._producer = self._producer, None
+            elif not isinstance(exc, BrokerUnavailable | TopicLayoutError):
                 return
             self._down_until = time.monotonic() + self._cooldown
+        if producer is not None:
+            log.warning("the producer hit a fatal error (%s); replacing it", exc)
+            producer.close(0)
         self._probe.mark_down()
 
 

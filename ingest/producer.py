@@ -40,6 +40,9 @@ PINNED: Mapping[str, Any] = {
     "enable.idempotence": True,
     # Same hash as the Java client's default partitioner: co-partitioning across clients.
     "partitioner": "murmur2_random",
+    # A topic missing when a record is sent (a broker back from a restart, empty) must
+    # not be created by the send with the broker's partition count: create_topics does.
+    "allow.auto.create.topics": False,
 }
 #: Defaults that overrides may change. The embedded broker (Tansu) accepts every
 #: codec (none, gzip, snappy, lz4, zstd were checked); lz4 costs least CPU.
@@ -113,6 +116,7 @@ class ChangelogProducer:
         self._last_error: str | None = None
         self._failures: Counter[str] = Counter()
         self._broker_down = False
+        self._fatal = False
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -189,9 +193,28 @@ class ChangelogProducer:
         return box[0]
 
     def poll(self, timeout: float = 0) -> int:
-        """Serve delivery callbacks; returns how many were served."""
+        """Serve delivery callbacks; returns how many were served.
+
+        Raises :class:`ProduceError` once the client hit a fatal error (see :attr:`fatal`).
+        """
         producer = self._producer
-        return producer.poll(timeout) if producer is not None else 0
+        try:
+            return producer.poll(timeout) if producer is not None else 0
+        except KafkaException as exc:
+            self._fatal = self._fatal or _fatal(exc)
+            self._record_error(f"producer error: {exc}")
+            msg = f"producer failed: {exc}"
+            raise ProduceError(msg) from None
+
+    @property
+    def fatal(self) -> bool:
+        """Whether the client hit a fatal error: it will never deliver again.
+
+        An idempotent producer gets one when the broker no longer knows its producer
+        id — e.g. a broker that came back from a restart without its data. Only a new
+        producer can send then.
+        """
+        return self._fatal
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait at most ``timeout`` s for every queued record; return how many remain."""
@@ -258,6 +281,7 @@ class ChangelogProducer:
                     raise self._timeout_error(event, wait) from None
                 producer.poll(0.05)
             except KafkaException as exc:
+                self._fatal = self._fatal or _fatal(exc)
                 msg = f"produce to {event.topic} failed: {exc}"
                 raise ProduceError(msg) from None
         with self._lock:
@@ -304,6 +328,7 @@ class ChangelogProducer:
         else:
             log.warning("producer error: %s", err.str())
         if err.fatal():
+            self._fatal = True
             self._record_error(f"fatal producer error: {err.str()}")
 
     def _record_error(self, text: str) -> None:
@@ -327,6 +352,11 @@ def _config(overrides: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(msg)
         config[key] = value
     return {**config, **PINNED}
+
+
+def _fatal(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL)
 
 
 def _shown(key: bytes | None) -> str:

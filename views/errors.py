@@ -11,3 +11,11 @@ class SourceError(ViewError):
 
 class StoreError(ViewError):
     """A store could not apply or serve data."""
+
+
+class BrokerUnreachable(SourceError):
+    """The broker did not answer for longer than the job's retry budget."""
+
+
+class OffsetsPastEnd(SourceError):
+    """The checkpoint has read further than the topics now reach (data lost or recreated)."""

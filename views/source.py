@@ -15,15 +15,22 @@ Integer columns are non-nullable so that ids near 2^63 never pass through float6
 ``read()`` yields Arrow batches whose schema is exactly Spark's Arrow schema of
 :data:`SOURCE_SCHEMA` (Spark rejects any other). The true end of each partition comes
 from :class:`~views.kafka_offsets.EndOffsets` (the embedded broker under-reports it).
+
+Planning (``latestOffset``, and the first ``partitions`` after a restart) retries an
+unreachable broker with backoff for ``brokerRetrySeconds``, and refuses to go on when
+the topics end before the offsets already read (:class:`~views.errors.OffsetsPastEnd`,
+whose message says how to recover: ``fanout rebuild``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -46,8 +53,11 @@ from pyspark.sql.types import (
 from ingest.errors import InvalidEvent
 from ingest.events import Delete, Event, Follow, Post, UserUpsert, decode
 from ingest.settings import KafkaSettings
-from views.kafka_offsets import TP, EndOffsets, KafkaReadError, consumer_config
+from views.errors import OffsetsPastEnd
+from views.kafka_offsets import TP, EndOffsets, KafkaReadError, consumer_config, retrying
 from views.kinds import Kind
+
+log = logging.getLogger(__name__)
 
 FORMAT: Final = "fanout-kafka"
 #: Raw bytes kept for a dead letter; longer values are cut here.
@@ -92,6 +102,8 @@ ARROW_SCHEMA: Final = pa.schema([
 #: One source row, in SOURCE_SCHEMA order.
 Row = tuple[str, int, int, int, int, int, int, int, str | None, str | None, str | None,
             bytes | None]
+
+_T = TypeVar("_T")
 
 #: Consumer settings for bulk reads of a known range.
 _READ_CONF: Final = {"fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 8 * 1024 * 1024,
@@ -155,7 +167,8 @@ class SourceOptions:
     """The source's options, parsed from Spark's string map (keys case-insensitive).
 
     ``partitions`` 0 means discover them from metadata; ``max_records_per_batch`` 0
-    means no limit; ``read_timeout`` bounds how long ``read()`` waits without progress.
+    means no limit; ``read_timeout`` bounds how long ``read()`` waits without progress;
+    ``broker_retry`` how long planning keeps retrying an unreachable broker.
     """
 
     bootstrap: str
@@ -165,6 +178,7 @@ class SourceOptions:
     starting_offsets: str = "earliest"
     read_timeout: float = 60.0
     batch_rows: int = 10_000
+    broker_retry: float = 120.0
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -181,6 +195,7 @@ class SourceOptions:
             starting_offsets=given.get("startingoffsets", "earliest").lower(),
             read_timeout=float(given.get("readtimeoutseconds", 60.0)),
             batch_rows=int(given.get("arrowbatchrows", 10_000)),
+            broker_retry=float(given.get("brokerretryseconds", 120.0)),
         )
         parsed.validate()
         return parsed
@@ -192,6 +207,9 @@ class SourceOptions:
             raise ValueError(msg)
         if min(self.partitions, self.max_records_per_batch) < 0 or self.batch_rows < 1:
             msg = f"partitions/maxRecordsPerBatch must be ≥ 0 and batch rows ≥ 1: {self!r}"
+            raise ValueError(msg)
+        if self.broker_retry < 0:
+            msg = f"brokerRetrySeconds must be ≥ 0, got {self.broker_retry}"
             raise ValueError(msg)
 
     def settings(self) -> KafkaSettings:
@@ -268,20 +286,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     One instance lives in the driver's source process for the whole query (so it
     caches end offsets); copies are pickled to the tasks that call :meth:`read`.
+    Planning retries an unreachable broker with backoff for ``broker_retry`` seconds,
+    then fails the query (:func:`~views.kafka_offsets.retrying`). It also refuses to
+    go on from offsets the topics no longer reach (:class:`~views.errors.OffsetsPastEnd`):
+    records the views were built from are gone, so resuming would silently skip or
+    misapply whatever the topics hold now.
     """
 
     def __init__(self, options: SourceOptions) -> None:
+        _log_to_stderr()
         self.options = options
-        self._offsets = EndOffsets(options.bootstrap)
+        # Each broker call is bounded so that retries fit the budget.
+        timeout = min(10.0, max(1.0, options.broker_retry / 4))
+        self._offsets = EndOffsets(options.bootstrap, timeout=timeout)
         self._target: dict[str, int] | None = None
         self._latest: dict[str, int] | None = None
+        self._checked = False
 
     def initialOffset(self) -> dict[str, int]:
         """Where a new query starts: each partition's earliest (or true end) offset."""
         tps = self._topic_partitions()
         if self.options.starting_offsets == "latest":
             return self._ends(tps)
-        earliest = self._offsets.earliest(tps)
+        earliest = self._broker("listing the earliest offsets",
+                                lambda: self._offsets.earliest(tps))
         return encode_offsets({offset_key(tp): n for tp, n in earliest.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -298,6 +326,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """End of the next micro-batch: the true ends, cut fairly to ``limit``."""
         ends = self._target if self._target is not None else self._ends(self._topic_partitions())
         begin = self._positions(start, ends.keys())
+        self._check_reachable(begin, ends)
         available = {key: max(0, ends[key] - begin[key]) for key in ends}
         if isinstance(limit, ReadMaxRows):
             available = fair_share(available, limit.max_rows)
@@ -310,6 +339,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaRange]:
         """One task per partition with records in [start, end)."""
         begin = self._positions(start, end.keys())
+        if not self._checked:
+            # After a restart Spark replays a batch planned before it from its offset
+            # log, without asking latestOffset: check that its records still exist.
+            self._check_reachable(end, self._ends(map(parse_key, end)))
         return [KafkaRange(*parse_key(key), begin[key], end[key])
                 for key in sorted(end) if end[key] > begin[key]]
 
@@ -325,16 +358,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         """Drop the admin client (a fresh, unconnected EndOffsets)."""
-        self._offsets = EndOffsets(self.options.bootstrap)
+        self._offsets = EndOffsets(self.options.bootstrap, timeout=self._offsets.timeout)
 
     def _topic_partitions(self) -> list[TP]:
         topics = self.options.settings().physical_topics()
         if self.options.partitions > 0:
             return [(t, p) for t in topics for p in range(self.options.partitions)]
-        return self._offsets.topic_partitions(topics)
+        return self._broker("listing the topics' partitions",
+                            lambda: self._offsets.topic_partitions(topics))
 
     def _ends(self, tps: Iterable[TP]) -> dict[str, int]:
-        ends = encode_offsets({offset_key(tp): n for tp, n in self._offsets.ends(tps).items()})
+        tps = list(tps)
+        found = self._broker("finding the end offsets", lambda: self._offsets.ends(tps))
+        ends = encode_offsets({offset_key(tp): n for tp, n in found.items()})
         self._latest = ends
         return ends
 
@@ -342,8 +378,65 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Start offset of each key; partitions new since ``start`` begin at earliest."""
         keys = list(keys)
         new = [parse_key(k) for k in keys if k not in start]
-        earliest = {offset_key(tp): n for tp, n in self._offsets.earliest(new).items()}
+        found = self._broker("listing the earliest offsets", lambda: self._offsets.earliest(new))
+        earliest = {offset_key(tp): n for tp, n in found.items()}
         return {key: int(start[key]) if key in start else earliest[key] for key in keys}
+
+    def _broker(self, what: str, call: Callable[[], _T]) -> _T:
+        # Cached ends need not hold for the broker that comes back: forget them.
+        return retrying(call, what=what, bootstrap=self.options.bootstrap,
+                        budget=self.options.broker_retry, on_failure=self._offsets.forget)
+
+    def _check_reachable(self, wanted: Mapping[str, int], ends: Mapping[str, int]) -> None:
+        """Raise :class:`OffsetsPastEnd` if a partition ends before ``wanted`` for good.
+
+        A short end is confirmed by reading before it counts (an end probe may fall
+        short on a slow broker): no record at ``wanted - 1``, and the end still short
+        when listed again with the broker answering.
+        """
+        self._checked = True
+        short = {k: w for k, w in wanted.items() if w > ends.get(k, 0)}
+        if not short:
+            return
+        self._offsets.forget()  # found again next time, whatever the outcome here
+        held = self._offsets.holding({parse_key(k): w - 1 for k, w in short.items()})
+        lost = [k for k in short if parse_key(k) not in held]
+        if not lost:
+            return
+        again = self._ends(map(parse_key, lost))
+        gone = {k: (short[k], again[k]) for k in lost if again[k] < short[k]}
+        if gone:
+            raise OffsetsPastEnd(past_end_message(self.options.bootstrap, gone))
+
+
+def past_end_message(bootstrap: str, gone: Mapping[str, tuple[int, int]]) -> str:
+    """What happened and how to recover, for ``{partition: (read up to, ends at)}``."""
+    shown = ", ".join(f"{key} read up to offset {read} but it now ends at {end}"
+                      for key, (read, end) in sorted(gone.items())[:6])
+    return (f"the changelog topics on {bootstrap} end before the offsets this view job's "
+            f"checkpoint has already read ({shown}): records the views were built from "
+            f"are gone. The topics were deleted and recreated, or the broker lost its "
+            f"data (the embedded broker keeps topics in memory only: a restart empties "
+            f"them). The views cannot continue from this checkpoint. To recover: stop the "
+            f"job, run `fanout rebuild` (it moves the checkpoint and the store aside), "
+            f"start the job again and replay the history into the broker (`fanout "
+            f"replay DIR`). On a real Kafka cluster a broker restart keeps the records, "
+            f"and the job simply resumes.")
+
+
+def _log_to_stderr() -> None:
+    """Make this module's warnings readable in the job's log from Spark's source process.
+
+    The reader lives in a Python worker that Spark starts, where logging is not set
+    up; its stderr goes to the job's log. A process that set up logging is left alone.
+    """
+    if logging.getLogger().handlers or log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("views.source", "views.kafka_offsets"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 # --- reading one range ----------------------------------------------------------------

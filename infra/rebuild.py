@@ -1,0 +1,134 @@
+"""``fanout rebuild``: set the views aside so that the next job rebuilds them from the log.
+
+The views are derived data (DESIGN §2): a store plus the Spark checkpoint that says
+how much of the changelogs the store reflects. When the changelogs lose records the
+checkpoint has read — the embedded broker is memory-only, so every restart empties
+its topics; on Kafka, topics deleted and recreated — the two no longer describe the
+log, and the job refuses to go on (``OffsetsPastEnd`` in ``views.source``). This
+module owns the documented way out: with the job stopped, move the checkpoint
+directory and the SQLite store (with its ``-wal``/``-shm`` files) aside under a
+timestamped name (or delete them with ``--force``). It stops nothing itself: it
+refuses while the stack's view job runs. The next ``fanout job``/``fanout up`` then
+starts from the earliest offsets into an empty store, and the user replays the
+history into the broker. It also tells ``fanout up`` when a run directory holds
+views that a fresh embedded broker cannot match (:func:`stale_views`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from infra.stack import Stack, StackError, alive
+
+log = logging.getLogger(__name__)
+
+#: Suffixes of the files SQLite keeps beside a database in WAL mode.
+_SQLITE_COMPANIONS = ("-wal", "-shm")
+
+
+def view_paths(run_dir: Path) -> tuple[Path, Path | None, str]:
+    """(checkpoint directory, SQLite store file or None, store URL) of ``run_dir``.
+
+    The environment wins (``FANOUT_CHECKPOINT_DIR``, ``FANOUT_STORE``); otherwise the
+    places ``fanout up`` uses inside the run directory.
+    """
+    checkpoint = Path(os.environ.get("FANOUT_CHECKPOINT_DIR") or run_dir / "checkpoints")
+    url = os.environ.get("FANOUT_STORE") or f"sqlite:///{run_dir / 'fanout.sqlite'}"
+    return checkpoint, _sqlite_path(url), url
+
+
+def stale_views(checkpoint: Path, store_url: str) -> list[Path]:
+    """Which of a checkpoint directory and a store hold views of some earlier log."""
+    found = [checkpoint] if any(checkpoint.glob("*/offsets/*")) else []
+    store = _sqlite_path(store_url)
+    if store is not None and store.exists():
+        found.append(store)
+    return found
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def rebuild(run_dir: Path, *, force: bool = False, now: float | None = None) -> list[str]:
+    """Move (or with ``force`` delete) the checkpoint and the store; say what was done."""
+    checkpoint, store, url = view_paths(run_dir)
+    if store is None:
+        msg = (f"the store {url.split('@')[-1]} is not a SQLite file: point FANOUT_STORE at "
+               "a fresh keyspace (`fanout schema apply`) and move the checkpoint "
+               f"{checkpoint} aside yourself")
+        raise StackError(msg)
+    _refuse_while_running(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    done = []
+    targets = [checkpoint, store, *(Path(f"{store}{s}") for s in _SQLITE_COMPANIONS)]
+    for path in targets:
+        if path.exists():
+            done.append(_delete(path) if force else _set_aside(path, stamp))
+    return done
+
+
+def _refuse_while_running(run_dir: Path) -> None:
+    stack = Stack.load(run_dir)
+    if stack is None:
+        return
+    job = stack.pids.get("job")
+    if job and alive(job):
+        msg = (f"the view job of the stack in {run_dir} runs (pid {job}): stop it first "
+               f"(`fanout --run-dir {run_dir} down`); rebuild stops nothing itself")
+        raise StackError(msg)
+    api = stack.pids.get("api")
+    if api and alive(api):
+        log.warning("the API (pid %d) keeps serving the old store until it is restarted", api)
+
+
+def _set_aside(path: Path, stamp: str) -> str:
+    """``fanout.sqlite`` → ``fanout.aside-<stamp>.sqlite`` (``-wal`` kept last)."""
+    name, tail = path.name, ""
+    for suffix in _SQLITE_COMPANIONS:
+        if name.endswith(suffix):
+            name, tail = name.removesuffix(suffix), suffix
+    base = Path(name)
+    target = path.with_name(f"{base.stem}.aside-{stamp}{base.suffix}{tail}")
+    path.rename(target)
+    return f"moved {path} to {target}"
+
+
+def _delete(path: Path) -> str:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return f"deleted {path}"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``fanout rebuild`` to the ``fanout`` command."""
+    p = sub.add_parser(
+        "rebuild", help="set the views aside so the next job rebuilds them from the topics",
+        description="With the view job stopped, move the checkpoint (env "
+                    "FANOUT_CHECKPOINT_DIR; default RUN_DIR/checkpoints) and the SQLite "
+                    "store (env FANOUT_STORE; default RUN_DIR/fanout.sqlite) aside, so "
+                    "that the next `fanout job`/`fanout up` rebuilds the views from "
+                    "whatever the topics hold. Use it when the job stops because the "
+                    "topics end before its checkpoint (an embedded broker restarted "
+                    "empty); then replay the history into the broker.")
+    p.add_argument("--force", action="store_true",
+                   help="delete the checkpoint and the store instead of moving them aside")
+    p.set_defaults(func=_cmd_rebuild)
+
+
+def _cmd_rebuild(args: argparse.Namespace) -> int:
+    done = rebuild(Path(args.run_dir), force=args.force)
+    for line in done:
+        print(line)
+    if not done:
+        print("nothing to set aside: no checkpoint and no store")
+    print("next: start the view job (`fanout job` or `fanout up`), then replay the history "
+          "into the broker (`fanout replay DIR`) if its topics are empty")
+    return 0
