@@ -271,3 +271,30 @@ def test_a_delete_under_another_authors_id_does_not_hide_the_tweet():
     assert not h.store.tweets([10])[10].deleted
     assert Reference().add([Follow(2, 1, 1), Delete(10, 3, 2), Post(10, 1, 3, "mine"),
                             Delete(10, 3, 4)]).home(2, 10)[0][0] == 10
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=st.lists(crowd_events(), min_size=5, max_size=60),
+       during=st.lists(st.lists(crowd_events(), max_size=15), min_size=1, max_size=6),
+       cap=st.integers(1, 4), promote_at=st.integers(2, 4), limit=st.integers(1, 3),
+       user=st.integers(3, 8))
+def test_each_page_is_the_query_below_its_cursor_under_concurrent_writes(
+        before, during, cap, promote_at, limit, user):
+    """Stable cursors: between pages, writes land (posts, deletes, follows, crossings)."""
+    harness = Harness(JoinConfig(cap, promote_at, max(1, promote_at - 1)), trim_slack=0)
+    history = list(before)
+    harness.run(before)
+    below, seen, writes = None, [], iter(during)
+    while True:
+        page = home_page(harness.store, user, below, limit)
+        everything = [(c, t) for t, _, c, _ in Reference().add(history).home(user, 10**6)]
+        want = [key for key in everything if below is None or key < below][:limit]
+        assert [e.key for e in page.entries] == want
+        seen += [e.key for e in page.entries]
+        if page.next_key is None:
+            break
+        below = page.next_key
+        batch = next(writes, [])
+        history += batch
+        harness.run(batch)
+    assert seen == sorted(set(seen), reverse=True), "pages repeat or go out of order"
