@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 from infra import load as load_cli
@@ -156,7 +155,7 @@ def _add_services(sub: argparse._SubParsersAction) -> None:
 def _cmd_broker(args: argparse.Namespace) -> int:
     from infra.broker import EmbeddedBroker
 
-    stop = _stop_event()
+    stop = stack_mod.stop_on_signals()
     with EmbeddedBroker(args.run_dir / "logs" / "tansu.log") as broker:
         if args.ready_file:
             args.ready_file.write_text(broker.bootstrap)
@@ -177,7 +176,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
         return 2
     spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions)
     ready = args.ready_file
-    return run(spark, kafka, view, stop=_stop_event(),
+    return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
                on_started=(lambda: ready.write_text("started")) if ready else None)
 
 
@@ -187,15 +186,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     serve(ServingSettings())
     return 0
-
-
-def _stop_event() -> threading.Event:
-    import signal
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 # -- verify / dead letters / demo --------------------------------------------------------

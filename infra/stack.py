@@ -17,7 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -85,34 +87,42 @@ def spawn(run_dir: Path, service: str, args: list[str],
 def wait_for_file(path: Path, process: subprocess.Popen[bytes], what: str,
                   timeout: float) -> str:
     """Wait until a service writes ``path`` (its ready marker); return its text."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            msg = f"{what} exited before it was ready; see its log in {path.parent}/logs"
-            raise StackError(msg)
-        if time.monotonic() >= deadline:
-            msg = f"{what} was not ready after {timeout:.0f}s"
-            raise StackError(msg)
-        time.sleep(0.1)
+    _await(path.exists, process, what, timeout, f"see its log in {path.parent}/logs")
     return path.read_text().strip()
 
 
 def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Wait until ``url`` answers 200 (the API's /healthz)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answers() -> bool:
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
+            return httpx.get(url, timeout=1.0).status_code == 200
         except httpx.HTTPError:
-            pass
+            return False
+
+    _await(answers, process, f"the API at {url}", timeout, "see its log")
+
+
+def _await(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: str,
+           timeout: float, hint: str) -> None:
+    """Poll ``ready`` until true; fail when the process exits or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while not ready():
         if process.poll() is not None:
-            msg = f"the API exited before answering {url}"
+            msg = f"{what} exited before it was ready; {hint}"
             raise StackError(msg)
         if time.monotonic() >= deadline:
-            msg = f"{url} did not answer within {timeout:.0f}s"
+            msg = f"{what} was not ready after {timeout:.0f}s; {hint}"
             raise StackError(msg)
-        time.sleep(0.2)
+        time.sleep(0.1)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: how a foreground service is told to stop."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def alive(pid: int) -> bool:

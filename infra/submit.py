@@ -52,6 +52,7 @@ class SubmitSettings(BaseSettings):
 def main() -> int:
     """Run the view job until SIGTERM; the exit code of :func:`views.job.run`."""
     from infra.spark import build_session
+    from infra.stack import stop_on_signals
     from ingest.settings import KafkaSettings
     from views.job import run
     from views.settings import ViewSettings
@@ -68,7 +69,7 @@ def main() -> int:
                           master=submit.master, extra_conf=submit.spark_conf())
     log.info("driver %s (bound to %s), master %s", submit.driver_host, submit.driver_bind,
              spark.sparkContext.master)
-    return run(spark, kafka, view)
+    return run(spark, kafka, view, stop_on_signals())
 
 
 if __name__ == "__main__":

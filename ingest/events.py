@@ -136,20 +136,26 @@ def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     if value is None:
         msg = "record has no value (tombstone)"
         raise InvalidEvent(msg)
-    try:
-        body = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        msg = f"value is not JSON: {exc}"
-        raise InvalidEvent(msg) from None
-    if not isinstance(body, dict):
-        msg = f"value is JSON {type(body).__name__}, not an object"
-        raise InvalidEvent(msg)
+    body = load_object(value)
     if type(body.get("v")) is not int or body["v"] != VERSION:
         msg = f"unsupported version v={body.get('v')!r} (expected {VERSION})"
         raise InvalidEvent(msg)
     event = _PARSERS[topic](body)
     _check_key(key, event.key)
     return event
+
+
+def load_object(raw: bytes | str) -> dict[str, Any]:
+    """A JSON object from ``raw``, or :class:`InvalidEvent` saying why not."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"value is not JSON: {exc}"
+        raise InvalidEvent(msg) from None
+    if not isinstance(body, dict):
+        msg = f"value is JSON {type(body).__name__}, not an object"
+        raise InvalidEvent(msg)
+    return body
 
 
 def _parse_tweet(body: dict[str, Any]) -> Event:

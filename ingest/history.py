@@ -23,7 +23,6 @@ import csv
 import gzip
 import heapq
 import io
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -42,6 +41,7 @@ from ingest.events import (
     Event,
     Follow,
     decode,
+    load_object,
 )
 from ingest.generator import DEFAULT_START_MS, FILES
 
@@ -160,14 +160,7 @@ def census(path: Path | str) -> GraphCensus:
 
 def decode_line(line: bytes | str) -> Event:
     """Decode one contract JSON value whose topic follows from its ``op``."""
-    try:
-        body = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        msg = f"not JSON: {exc}"
-        raise InvalidEvent(msg) from None
-    if not isinstance(body, dict):
-        msg = f"JSON {type(body).__name__}, not an object"
-        raise InvalidEvent(msg)
+    body = load_object(line)
     topic = _TOPIC_OF_OP.get(body.get("op"))  # type: ignore[arg-type]
     if topic is None:
         msg = f"unknown op {body.get('op')!r}"

@@ -170,8 +170,8 @@ def test_jsonl_invalid_lines_are_counted_with_reasons(tmp_path):
     events = list(iter_events(path, report))
     assert [e.tweet_id for e in events] == [5, 7]
     assert report.invalid == 5
-    assert report.examples[0].startswith("h.jsonl:2: not JSON")
-    assert report.examples[1] == "h.jsonl:3: JSON list, not an object"
+    assert report.examples[0].startswith("h.jsonl:2: value is not JSON")
+    assert report.examples[1] == "h.jsonl:3: value is JSON list, not an object"
     assert report.examples[2] == "h.jsonl:4: unknown op 'retweet'"
     assert report.examples[3] == "h.jsonl:5: user 3 cannot follow themselves"
     assert report.examples[4] == "h.jsonl:6: author_id must be an integer, got bool"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -80,10 +79,9 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
 
 
 def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
-        stop: threading.Event | None = None,
+        stop: threading.Event,
         on_started: Callable[[], object] | None = None) -> int:
-    """Run the job until ``stop`` is set or a signal arrives; return an exit code."""
-    stop = stop or _stop_on_signals()
+    """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
     store = store_from_url(view.store_url, cap=view.timeline_cap).open()
     sink = spooling_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
@@ -121,12 +119,6 @@ def _failed(error: str) -> int:
     log.error("view query failed: %s", error)
     return 1
 
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def _log_progress(progress: dict[str, Any] | None) -> None:
