@@ -33,6 +33,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,9 @@ class Sink:
 
     store: Store
     on_batch: OnBatch | None = None
-    history: list[tuple[int, float, BatchStats]] = field(default_factory=list)
+    #: The most recent batches (bounded: the job runs for days).
+    history: deque[tuple[int, float, BatchStats]] = field(
+        default_factory=lambda: deque(maxlen=10_000))
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         start = time.perf_counter()
