@@ -262,15 +262,7 @@ def _parse_id(text: str, what: str) -> int:
     if not text:
         msg = f"missing {what} id"
         raise InvalidEvent(msg)
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"{what} id {text[:30]!r} is not an integer"
-        raise InvalidEvent(msg) from None
-    if not 1 <= value <= MAX_ID:
-        msg = f"{what} id {value} is not a positive 64-bit id"
-        raise InvalidEvent(msg)
-    return value
+    return _bounded_int(text, f"{what} id", 1, MAX_ID, "a positive 64-bit id")
 
 
 def _edge(row: dict[str, str], at: int, where: str, report: ReadReport,
@@ -294,13 +286,18 @@ def _edge(row: dict[str, str], at: int, where: str, report: ReadReport,
 def _csv_time(text: str | None, default: int) -> int:
     if text is None or not text.strip():
         return default
+    return _bounded_int(text, "created_at", 0, MAX_CREATED_AT, "epoch milliseconds")
+
+
+def _bounded_int(text: str, label: str, lo: int, hi: int, meaning: str) -> int:
+    """An integer field of an edge list, or :class:`InvalidEvent` saying what is wrong."""
     try:
         value = int(text)
     except ValueError:
-        msg = f"created_at {text[:30]!r} is not an integer"
+        msg = f"{label} {text[:30]!r} is not an integer"
         raise InvalidEvent(msg) from None
-    if not 0 <= value <= MAX_CREATED_AT:
-        msg = f"created_at={value} is not epoch milliseconds"
+    if not lo <= value <= hi:
+        msg = f"{label} {value} is not {meaning}"
         raise InvalidEvent(msg)
     return value
 

@@ -30,7 +30,7 @@ dominated. Packed arrays are native-endian signed 64-bit integers (the driver an
 the Python workers share one architecture).
 
 **The timeline key.** Home timelines are ordered by ``(created_at, tweet_id)``
-descending (DESIGN §4). :func:`sort_key` is that pair; a *horizon* is such a key
+descending (DESIGN §4). :data:`Key` is that pair; a *horizon* is such a key
 below which a cached timeline may be incomplete (it was trimmed to the cap, or a
 backfill brought only an author's most recent tweets). Above its horizon a cached
 timeline is exact; reads that go below it evaluate the query at read time.
@@ -94,11 +94,6 @@ DELTA_DDL = (
     "text string, name string, topic string, partition int not null, "
     "offset long not null, raw binary"
 )
-
-
-def sort_key(created_at: int, tweet_id: int) -> Key:
-    """The position of a tweet in a timeline (newest = largest)."""
-    return (created_at, tweet_id)
 
 
 def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]],

@@ -31,7 +31,6 @@ from ``author_tweets`` at read time.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -94,9 +93,6 @@ class AuthorState:
 
     def active_followers(self) -> Iterator[int]:
         return (f for f, (_, active) in self.followers.items() if active)
-
-    def is_empty(self) -> bool:
-        return not (self.followers or self.tweets or self.tombstones) and self.profile_at < 0
 
 
 class Change(NamedTuple):
@@ -291,8 +287,3 @@ def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> No
     else:
         return
     out.emit(Delta(DeltaKind.CELEB, 0, 0, key, 0, int(state.celebrity)))
-
-
-def newest(tweets: dict[int, int], n: int) -> list[tuple[int, int]]:
-    """The ``n`` newest (created_at, tweet_id) of a tweet id → created_at map."""
-    return heapq.nlargest(n, ((c, t) for t, c in tweets.items()))
