@@ -1,20 +1,27 @@
 # The two set-up commands of the README. Each installs what it needs first into a
-# local virtualenv (.venv), then runs. Nothing here needs root except installing Java.
+# local virtualenv (.venv) and the Maven jar cache (Kafka, Cassandra, Spark's Kafka
+# connector; ~/.cache/fanout/jars, fetched once), then runs. Nothing here needs root
+# except installing Java and Maven.
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test install java clean
+.PHONY: demo test install jars java clean
 
-demo: $(STAMP) java
+demo: jars
 	$(VENV)/bin/fanout demo
 
-test: $(STAMP) java
+test: jars
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-install: $(STAMP)
+install: jars
+
+# A no-op once the cache holds every set; `fanout jars` says what to install if Maven
+# is missing.
+jars: $(STAMP) java
+	$(VENV)/bin/fanout jars
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +31,7 @@ $(STAMP): pyproject.toml
 
 java:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
-	  echo "fanout needs Java 17+ for Spark. On Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; \
+	  echo "fanout needs Java 17+ (Spark, Kafka, Cassandra). On Debian/Ubuntu: sudo apt-get install -y openjdk-17-jdk-headless maven" >&2; \
 	  exit 1; }
 
 clean:

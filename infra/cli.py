@@ -18,7 +18,9 @@ from pathlib import Path
 
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
+from infra import jars as jars_cli
 from infra import stack as stack_mod
+from infra.errors import InfraError
 from serving import cli as serving_cli
 from views.stores import schema as schema_cli
 
@@ -33,14 +35,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
     args.run_dir = run_dir
-    if args.command not in ("up", "broker", "job", "serve", "demo"):
+    if args.command not in ("up", "broker", "job", "serve", "demo", "jars"):
         _point_at_stack(run_dir)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except stack_mod.StackError as exc:
+    except InfraError as exc:
         log.error("%s", exc)
         return 1
 
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     schema_cli.register(sub)
     _add_demo(sub)
     load_cli.register(sub)
+    jars_cli.register(sub)
     return parser
 
 

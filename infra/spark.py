@@ -26,6 +26,8 @@ from typing import Final
 
 from pyspark.sql import SparkSession
 
+from infra.errors import InfraError
+
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
 """
 
 
-class SparkSetupError(RuntimeError):
+class SparkSetupError(InfraError):
     """Spark cannot start here (no suitable Java, bad master)."""
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from infra.errors import InfraError
+
 log = logging.getLogger(__name__)
 
 STACK_FILE = "stack.json"
@@ -33,7 +35,7 @@ AUTH_SECRET_FILE = "auth.secret"  # noqa: S105 - a file name, not a secret
 MARKER = "infra.cli"
 
 
-class StackError(RuntimeError):
+class StackError(InfraError):
     """The stack could not be started or stopped as asked."""
 
 
