@@ -27,7 +27,7 @@ from pipeline import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import EmbeddedBroker  # noqa: E402
+from infra.broker import KafkaBroker  # noqa: E402
 from infra.spark import build_session  # noqa: E402
 from ingest import generator, history  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
@@ -101,7 +101,7 @@ def bench_join_and_sink(evts: list, batch: int, work: Path) -> dict:
 
 
 def bench_source(evts: list, work: Path, spark_too: bool) -> dict:
-    with EmbeddedBroker(work / "tansu.log") as broker:
+    with KafkaBroker(work / "kafka") as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=4, topic_prefix="p_")
         create_topics(kafka)
         with ChangelogProducer(kafka) as producer:

@@ -25,7 +25,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import EmbeddedBroker  # noqa: E402
+from infra.broker import KafkaBroker  # noqa: E402
 from infra.spark import build_session  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
@@ -109,7 +109,7 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
              ) -> Iterator[Pipeline]:
     """Start everything in a temp dir; stop and clean up at the end."""
     work = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
-    with EmbeddedBroker(work / "tansu.log") as broker:
+    with KafkaBroker(work / "kafka") as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
                               topic_prefix="b_")
         create_topics(kafka)

@@ -2,7 +2,7 @@
 
 The app runs as in production — uvicorn on a random loopback port (``running`` from
 ``tests/test_api.py``) with its real middleware — against a temporary SQLite store
-and, where a test needs one, the session's embedded broker.
+and, where a test needs one, the session's Kafka node.
 """
 
 from __future__ import annotations

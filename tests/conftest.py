@@ -2,7 +2,7 @@
 
 Real services start once per session on random loopback ports; each test gets its
 own uniquely prefixed topics (STYLE §8). ``KAFKA_BOOTSTRAP`` points the suite at an
-existing cluster instead of the embedded broker.
+existing cluster instead of the local Kafka node.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from infra.broker import EmbeddedBroker
+from infra.broker import KafkaBroker
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
 
@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """host:port of a broker for the whole session (embedded unless KAFKA_BOOTSTRAP)."""
+    """host:port of a broker for the whole session (a local Kafka unless KAFKA_BOOTSTRAP)."""
     external = os.environ.get("KAFKA_BOOTSTRAP")
     if external:
         yield external
         return
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker") / "tansu.log") as broker:
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
 
 
@@ -50,3 +50,26 @@ def spark() -> Iterator[SparkSession]:
     session = build_session("fanout-tests", shuffle_partitions=2)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Contact points (``host1,host2[:port]``) of Cassandra for the whole session.
+
+    ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise one local node
+    starts from the Maven jar cache (``infra.cassandra``), skipped only when the jars
+    are not in the cache.
+    """
+    external = os.environ.get("FANOUT_CASSANDRA_HOSTS")
+    if external:
+        yield external
+        return
+    from infra.cassandra import LocalCassandra
+    from infra.jars import CASSANDRA, JarError, classpath
+
+    try:
+        classpath(CASSANDRA)
+    except JarError as exc:
+        pytest.skip(f"no Cassandra to test against: {exc}")
+    with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=512) as node:
+        yield node.hosts

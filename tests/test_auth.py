@@ -2,7 +2,7 @@
 
 Over real HTTP. Refusals happen before anything is produced, so most tests run the
 app against an unreachable broker; the ones that must get past auth to a 202 use
-the session's embedded broker.
+the session's Kafka node.
 """
 
 from __future__ import annotations

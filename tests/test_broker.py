@@ -1,18 +1,24 @@
-"""The embedded broker's lifecycle and the changelog topic layout."""
+"""The local Kafka node's lifecycle and the changelog topic layout."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra import broker as broker_module
-from infra.broker import BrokerError, EmbeddedBroker
+from infra.broker import BrokerError, KafkaBroker
+from infra.jars import JarError
+from views.kafka_offsets import consumer_config
 from ingest.settings import KafkaSettings
 from ingest.topics import TopicLayoutError, check_copartitioned, create_topics
 
@@ -25,48 +31,100 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value)
+    assert producer.flush(30) == 0
+
+
+def _consume(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    consumer = Consumer(consumer_config(bootstrap))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
 def test_constructor_does_no_io(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(tmp_path / "logs" / "tansu.log")
-    assert not (tmp_path / "logs").exists()
+    broker = KafkaBroker(tmp_path / "kafka", tmp_path / "logs" / "kafka.log")
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "kafka").exists()
     with pytest.raises(BrokerError, match="start"):
         _ = broker.bootstrap
 
 
+def test_missing_jars_say_what_to_run(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path / "kafka", jar_root=tmp_path / "empty-cache")
+    with pytest.raises(JarError, match="make install"):
+        broker.start()
+
+
 @pytest.mark.broker
-def test_start_answers_on_loopback_and_stop_ends_process(tmp_path: Path) -> None:
-    log_path = tmp_path / "tansu.log"
-    with EmbeddedBroker(log_path) as broker:
+def test_records_survive_a_restart_and_a_sigkill(tmp_path: Path) -> None:
+    """The log is on disk: a clean stop and a SIGKILL both keep every acked record."""
+    data = tmp_path / "kafka"
+    with KafkaBroker(data) as broker:
         host, port = broker.bootstrap.split(":")
-        pid = broker.pid
         assert host == "127.0.0.1" and int(port) > 0
-        assert _alive(pid)
-        AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=5)
-    assert not _alive(pid)
-    assert f"tcp://127.0.0.1:{port}" in log_path.read_text()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for future in admin.create_topics([NewTopic("kept", 1, 1)]).values():
+            future.result(timeout=30)
+        _produce(broker.bootstrap, "kept", [b"a", b"b"])
+        first = broker.bootstrap
+    broker = KafkaBroker(data).start()
+    try:
+        assert broker.bootstrap == first  # the same port again: clients find it
+        _produce(broker.bootstrap, "kept", [b"c"])
+        pid = broker.pid
+        os.kill(pid, signal.SIGKILL)
+        broker.stop()  # reaps it
+        assert not _alive(pid)
+    finally:
+        broker.stop()
+    with KafkaBroker(data) as again:
+        assert _consume(again.bootstrap, "kept", 3) == [b"a", b"b", b"c"]
 
 
 @pytest.mark.broker
-def test_two_brokers_run_side_by_side(tmp_path: Path) -> None:
-    with EmbeddedBroker(tmp_path / "a.log") as first, EmbeddedBroker(tmp_path / "b.log") as second:
-        assert first.bootstrap != second.bootstrap
-        for broker in (first, second):
-            AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=5)
+def test_a_taken_port_moves_the_broker_to_another(tmp_path: Path) -> None:
+    data = tmp_path / "kafka"
+    with KafkaBroker(data) as broker:
+        port = int(broker.bootstrap.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with KafkaBroker(data) as moved:
+            assert moved.bootstrap != f"127.0.0.1:{port}"
+            AdminClient({"bootstrap.servers": moved.bootstrap}).list_topics(timeout=10)
 
 
-def test_start_fails_clearly_when_the_binary_exits(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(tmp_path / "tansu.log", binary="/bin/false", start_timeout=10)
-    with pytest.raises(BrokerError, match="did not start"):
+def test_a_broker_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    data = tmp_path / "kafka"
+    (data / "log").mkdir(parents=True)
+    # A log directory formatted for another node id: Kafka refuses it at start.
+    (data / "log" / "meta.properties").write_text(
+        "version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\nnode.id=99\n"
+        "directory.id=AAAAAAAAAAAAAAAAAAAAAA\n")
+    broker = KafkaBroker(data, start_timeout=60)
+    with pytest.raises(BrokerError, match="exited before it answered"):
         broker.start()
     with pytest.raises(BrokerError):
         _ = broker.pid
 
 
 def test_stop_kills_a_process_that_ignores_the_signal() -> None:
-    script = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    script = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "print('ready', flush=True); time.sleep(60)")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-    broker_module._terminate(process, timeout=0.5)
+    broker_module.terminate(process, timeout=0.5, name="test")
     assert process.returncode == -9
 
 

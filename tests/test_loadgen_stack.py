@@ -1,6 +1,6 @@
 """The load generator for real: ``fanout load --compare`` and plain ``locust`` on a live stack.
 
-One stack (embedded broker, Spark view job, API with auth off) is started for the
+One stack (Kafka, Spark view job, API with auth off) is started for the
 module in a temporary run directory and filled with a tiny synthetic history; both
 load runs are subprocesses, as a user would run them, bounded in time, loopback only.
 """

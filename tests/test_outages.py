@@ -1,9 +1,9 @@
 """Broker outages: the API and the view job neither hang nor spin, and say what happened.
 
-Each test runs its own embedded broker, so that it can stop it, freeze it (SIGSTOP:
-unreachable, data kept — what a restart of a real Kafka broker looks like to its
-clients) or replace it with a fresh, empty one on the same port (what a restart of
-the memory-only embedded broker is). Checked:
+Each test runs its own Kafka node, so that it can stop it, freeze it (SIGSTOP:
+unreachable, data kept — what a broker restart looks like to its clients) or replace
+it with a fresh, empty one on the same port (the topics deleted and recreated, or a
+log directory lost). Checked:
 
 - the API answers writes 503 with ``Retry-After`` while the broker is away, and its
   health says degraded; writes succeed again once a broker is back;
@@ -31,7 +31,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra import cli
-from infra.broker import EmbeddedBroker
+from infra.broker import KafkaBroker
 from infra.launch import up
 from infra.stack import Stack, StackError
 from infra.verify import lagging, verify
@@ -60,7 +60,7 @@ class Brokers:
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.current = EmbeddedBroker(logs / "broker-0.log").start()
+        self.current = KafkaBroker(logs / "kafka-0").start()
         self.bootstrap = self.current.bootstrap
         self.frozen = False
 
@@ -69,10 +69,10 @@ class Brokers:
         self.current.stop()
 
     def restart_empty(self) -> None:
-        """A fresh, empty broker on the same port (a memory-only broker's restart)."""
+        """A fresh, empty broker on the same port (topics deleted and recreated)."""
         self.stop()
         port = int(self.bootstrap.rsplit(":", 1)[1])
-        self.current = EmbeddedBroker(self.logs / "broker-1.log", port=port).start()
+        self.current = KafkaBroker(self.logs / "kafka-1", port=port).start()
 
     def freeze(self) -> None:
         """Unreachable, data kept: SIGSTOP (what a real Kafka restart looks like)."""
@@ -246,7 +246,7 @@ def test_job_rides_out_an_outage_and_stops_clearly_on_an_empty_broker(
         _caught_up(query, store, kafka, 240)
         assert verify(kafka, store, CAP).ok
 
-        # Back empty (the embedded broker restarted): the job must stop, and say so.
+        # Back empty (its log directory lost): the job must stop, and say so.
         brokers.restart_empty()
         create_topics(kafka)
         _produce(kafka, events[:10])

@@ -217,7 +217,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# -- against the embedded broker ----------------------------------------------------------
+# -- against the local Kafka node ----------------------------------------------------------
 
 
 def read_back(settings: KafkaSettings, expected: int, timeout: float = 60.0) -> list:

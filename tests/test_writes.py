@@ -1,6 +1,6 @@
 """The write path over real HTTP: records in the changelog, tokens, read-your-writes, 503s.
 
-Writes go through the app's real producer to the session's embedded broker (fresh
+Writes go through the app's real producer to the session's Kafka node (fresh
 topics per test) and are read back with ``assign()``; the view is simulated by
 applying OFFSET deltas to the store, which is all ``?after=`` looks at.
 """
