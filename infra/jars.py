@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Final
 from xml.sax.saxutils import escape
@@ -42,8 +44,11 @@ class JarSet:
 
     name: str
     artifacts: tuple[str, ...]
-    #: Artifact ids (jar name prefixes) left out: provided by the host (Spark's own).
+    #: Artifact ids (jar name prefixes) left out.
     exclude: tuple[str, ...] = ()
+    #: A Python package whose ``jars/`` folder the host JVM already loads (pyspark):
+    #: every artifact found there, at whatever version, is left out so none clashes.
+    provided_by: str = ""
 
     @property
     def version(self) -> str:
@@ -61,11 +66,11 @@ KAFKA: Final = JarSet("kafka", (
     "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
 ))
 CASSANDRA: Final = JarSet("cassandra", ("org.apache.cassandra:cassandra-all:5.0.6",))
-#: Spark's own Kafka source, at exactly the pyspark version (pyproject pins 4.2.0);
-#: what Spark already ships (kafka-clients aside) is left out.
+#: Spark's own Kafka source, at exactly the pyspark version (pyproject pins 4.2.0).
+#: What pyspark ships (Scala, Hadoop, lz4, snappy, slf4j, spark-tags...) is left out,
+#: which leaves the connector, spark-token-provider-kafka, kafka-clients, commons-pool2.
 SPARK_KAFKA: Final = JarSet("spark-kafka", (
-    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",), exclude=("spark-",
-                                                                  "hadoop-", "slf4j-"))
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",), provided_by="pyspark")
 SETS: Final = {s.name: s for s in (KAFKA, CASSANDRA, SPARK_KAFKA)}
 
 
@@ -89,7 +94,9 @@ def classpath(jars: JarSet, root: Path | None = None) -> list[Path]:
                f"{root or cache_root()}: run `make install` (or `fanout jars`) once with "
                "access to Maven Central")
         raise JarError(msg)
-    return sorted(p for p in folder.glob("*.jar") if not _excluded(p.name, jars))
+    provided = _provided_artifacts(jars)
+    return sorted(p for p in folder.glob("*.jar")
+                  if not _excluded(p.name, jars) and artifact_id(p.name) not in provided)
 
 
 def resolve(jars: JarSet, root: Path | None = None) -> Path:
@@ -127,6 +134,27 @@ def resolve(jars: JarSet, root: Path | None = None) -> Path:
 
 def _excluded(name: str, jars: JarSet) -> bool:
     return any(name.startswith(prefix) for prefix in jars.exclude)
+
+
+#: ``<artifact id>-<version>.jar``; a version starts with ``<digits>.<digits>``, so
+#: ``spark-sql-kafka-0-10_2.13-4.2.0.jar`` is ``spark-sql-kafka-0-10_2.13``.
+_JAR_NAME: Final = re.compile(r"^(.+?)-\d+(?:\.\d+)+[^-]*(?:-[^-]+)?\.jar$")
+
+
+def artifact_id(jar_name: str) -> str:
+    """The Maven artifact id of a jar file named by ``copy-dependencies``."""
+    match = _JAR_NAME.match(jar_name)
+    return match.group(1) if match else jar_name.removesuffix(".jar")
+
+
+def _provided_artifacts(jars: JarSet) -> set[str]:
+    if not jars.provided_by:
+        return set()
+    spec = find_spec(jars.provided_by)
+    if spec is None or spec.origin is None:
+        msg = f"the {jars.name} jars need the {jars.provided_by} package, which is not installed"
+        raise JarError(msg)
+    return {artifact_id(p.name) for p in (Path(spec.origin).parent / "jars").glob("*.jar")}
 
 
 def _pom(jars: JarSet) -> str:

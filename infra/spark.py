@@ -4,7 +4,8 @@ This module owns how Spark is started (DESIGN §5, §10): local mode ``local[2]`
 default (``master`` or ``SPARK_MASTER`` picks another, e.g. ``spark://host:7077``),
 bound to loopback, no UI, the RocksDB state store with changelog checkpointing,
 Arrow on, nullable ints kept as pandas extension dtypes (ids above 2^53 must never
-become float64), quiet logs, and the ``fanout-kafka`` source registered.
+become float64), quiet logs, the ``fanout-kafka`` source registered, and Spark's own
+Kafka source (``format("kafka")``) on ``spark.jars`` when its jars are in the cache.
 
 Spark 4 needs Java 17+; :func:`build_session` checks that first so a missing or old
 JVM fails with a message that says so, not with a py4j stack trace.
@@ -27,7 +28,7 @@ from typing import Final
 from pyspark.sql import SparkSession
 
 from infra.errors import InfraError
-
+from infra.jars import SPARK_KAFKA, cached, classpath
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,20 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    }
+    } | kafka_jars_conf()
+
+
+def kafka_jars_conf() -> dict[str, str]:
+    """``spark.jars`` = Spark's Kafka connector, when the install step cached it.
+
+    Only when cached: a session that reads with the ``fanout-kafka`` source, or none,
+    must not need Maven. A query on ``format("kafka")`` without the jars fails at
+    start with a message saying to run ``fanout jars spark-kafka`` (views.connector).
+    ``spark.jars`` (not the driver class path) also ships them to a cluster's executors.
+    """
+    if cached(SPARK_KAFKA) is None:
+        return {}
+    return {"spark.jars": ",".join(str(p) for p in classpath(SPARK_KAFKA))}
 
 
 def require_java(minimum: int = MIN_JAVA) -> int:

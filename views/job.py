@@ -16,18 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ingest.settings import KafkaSettings
+from views import connector
 from views.codec import VERSION as STATE_VERSION
 from views.delta import DELTA_DDL
 from views.errors import BrokerUnreachable, OffsetsPastEnd
 from views.processor import JoinProcessor
 from views.settings import ViewSettings
 from views.sink import Sink, SpoolingSink
-from views.source import FORMAT
+from views.source import FORMAT as PYTHON_FORMAT
 from views.stores import store_from_url
 from views.stores.base import Store
 
@@ -57,13 +58,7 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
     Without a ``sink`` it writes synchronously (:class:`~views.sink.Sink`), so a
     drained query has applied everything; :func:`run` uses :func:`spooling_sink`.
     """
-    source = (spark.readStream.format(FORMAT)
-              .option("bootstrap", kafka.bootstrap)
-              .option("topic_prefix", kafka.topic_prefix)
-              .option("partitions", str(kafka.partitions))
-              .option("maxRecordsPerBatch", str(view.max_records_per_batch))
-              .option("brokerRetrySeconds", str(view.broker_retry_s))
-              .load())
+    source = read_source(spark, kafka, view)
     bucket = F.pmod(F.xxhash64("key"), F.lit(view.key_buckets))
     deltas = source.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
         statefulProcessor=JoinProcessor(view.join_config()),
@@ -76,6 +71,26 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
     elif view.trigger_seconds > 0:
         writer = writer.trigger(processingTime=f"{view.trigger_seconds} seconds")
     return writer.start()
+
+
+def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings) -> DataFrame:
+    """The changelogs as source rows, read with the source ``view.kafka_source`` names.
+
+    Both give the same rows (``views.source.SOURCE_SCHEMA``) with the same offsets,
+    so the checkpoint's offsets differ in form only: switching sources needs a new
+    checkpoint (the state and the store stay valid only with ``fanout rebuild``).
+    """
+    if view.kafka_source == "spark":
+        return connector.read_stream(spark, kafka,
+                                     max_records_per_batch=view.max_records_per_batch,
+                                     broker_retry_s=view.broker_retry_s)
+    return (spark.readStream.format(PYTHON_FORMAT)
+            .option("bootstrap", kafka.bootstrap)
+            .option("topic_prefix", kafka.topic_prefix)
+            .option("partitions", str(kafka.partitions))
+            .option("maxRecordsPerBatch", str(view.max_records_per_batch))
+            .option("brokerRetrySeconds", str(view.broker_retry_s))
+            .load())
 
 
 def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
@@ -109,6 +124,10 @@ EXIT_BROKER = 4
 
 def _failed(error: str) -> int:
     """Log why the query failed — the source's own words when it is one of ours."""
+    lost = connector.data_loss_message(error)
+    if lost is not None:
+        log.error("view job stopped: %s", lost)
+        return EXIT_PAST_END
     for name, code in ((OffsetsPastEnd.__name__, EXIT_PAST_END),
                        (BrokerUnreachable.__name__, EXIT_BROKER)):
         # The source runs in a Python worker: its exception reaches us as text.
@@ -118,7 +137,6 @@ def _failed(error: str) -> int:
             return code
     log.error("view query failed: %s", error)
     return 1
-
 
 
 def _log_progress(progress: dict[str, Any] | None) -> None:

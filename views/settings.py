@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,12 @@ class ViewSettings(BaseSettings):
         120.0, ge=0, validation_alias=_env("FANOUT_BROKER_RETRY_S", "broker_retry_s"),
         description="How long the job retries an unreachable broker (with backoff) "
                     "before it stops with an error.")
+
+    kafka_source: Literal["spark", "python"] = Field(
+        "python", validation_alias=_env("FANOUT_KAFKA_SOURCE", "kafka_source"),
+        description="Which Kafka source the job reads with: Spark's own connector "
+                    "(spark-sql-kafka-0-10) or the project's Python source "
+                    "(views.source); see benchmarks/RESULTS.md for why the default.")
 
     def join_config(self) -> JoinConfig:
         return JoinConfig.with_ratio(self.timeline_cap, self.celebrity_threshold,

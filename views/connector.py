@@ -1,0 +1,111 @@
+"""Spark's own Kafka source (``spark-sql-kafka-0-10``) as the job's input (DESIGN §5).
+
+This module owns reading the changelogs with ``spark.readStream.format("kafka")``:
+the JVM reads every partition of the three physical topics with ``assign()`` (no
+consumer group joins, nothing committed to Kafka) and keeps the offsets in Spark's
+checkpoint. Its rows (``topic, partition, offset, key, value``) go through
+:func:`decode_batches` in a ``mapInArrow`` Python worker, which turns each record into
+exactly the row of :data:`~views.source.SOURCE_SCHEMA` the join consumes, with the
+same total function as the Python source (:func:`~views.source.event_row`): a record
+that breaks the contract becomes a ``Kind.INVALID`` row with the reason and the raw
+bytes, never an error. ``topic`` becomes the logical name, so ``(topic, partition,
+offset)`` mean what the sink records as applied offsets.
+
+``failOnDataLoss`` is on: a checkpoint that has read past the end of a partition
+(topics deleted and recreated, a broker that lost its log) or records that vanished
+before they were read stop the query with Spark's ``KAFKA_DATA_LOSS`` error, which
+:func:`data_loss_message` turns into the job's own explanation (exit code 3). Off,
+Spark would log a warning and skip ahead: the views would silently miss events.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from ingest.settings import KafkaSettings
+from views.errors import SourceError
+from views.source import SOURCE_SCHEMA, Row, event_row, rows_to_batch
+
+FORMAT: Final = "kafka"
+#: The connector's class; a session without its jars cannot load it.
+PROVIDER: Final = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+#: Spark's errors that mean the checkpoint's offsets are gone from the topics.
+_LOSS: Final = re.compile(r"\[(KAFKA_DATA_LOSS\.[A-Z_]+|[A-Z_]*(?:LOST_TOPIC_PARTITIONS|"
+                          r"END_OFFSET_HAS_GREATER_OFFSET)[A-Z_]*)\]\s*([^\n]*)")
+
+
+class ConnectorMissing(SourceError):
+    """Spark's Kafka connector jars are not on the session's class path."""
+
+
+def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_batch: int,
+                broker_retry_s: float) -> DataFrame:
+    """The changelogs as a stream of :data:`~views.source.SOURCE_SCHEMA` rows.
+
+    ``maxOffsetsPerTrigger`` caps a micro-batch (split over partitions in proportion
+    to their backlog). ``broker_retry_s`` bounds each admin call to an unreachable
+    broker, as the Python source's retry budget does.
+    """
+    require_connector(spark)
+    timeout_ms = str(max(30_000, int(broker_retry_s * 1000)))
+    raw = (spark.readStream.format(FORMAT)
+           .option("kafka.bootstrap.servers", kafka.bootstrap)
+           .option("subscribe", ",".join(kafka.physical_topics()))
+           .option("startingOffsets", "earliest")
+           .option("maxOffsetsPerTrigger", str(max_records_per_batch))
+           .option("failOnDataLoss", "true")
+           .option("kafka.default.api.timeout.ms", timeout_ms)
+           .load()
+           .select("topic", "partition", "offset", "key", "value"))
+    return raw.mapInArrow(decode_batches(kafka.topic_prefix), SOURCE_SCHEMA)
+
+
+def require_connector(spark: SparkSession) -> None:
+    """Raise :class:`ConnectorMissing`, saying how to fix it, if the jars are absent."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return  # Spark Connect: the server's class path is not ours to check
+    try:
+        jvm.org.apache.spark.util.Utils.classForName(PROVIDER, True, False)
+    except Exception as exc:  # py4j wraps the ClassNotFoundException
+        msg = ("Spark's Kafka source (org.apache.spark:spark-sql-kafka-0-10_2.13) is not on "
+               "this SparkSession's class path: run `fanout jars spark-kafka` (or `make "
+               "install`) once with access to Maven Central, then start the job again; or "
+               "set FANOUT_KAFKA_SOURCE=python to read with the project's Python source")
+        raise ConnectorMissing(msg) from exc
+
+
+def decode_batches(topic_prefix: str) -> Callable[[Iterable[pa.RecordBatch]],
+                                                  Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: Kafka rows in, source rows out, never raising."""
+    def decode(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        logical: dict[str, str] = {}
+        for batch in batches:
+            rows: list[Row] = []
+            for topic, partition, offset, key, value in zip(
+                    *(batch.column(i).to_pylist() for i in range(5)), strict=True):
+                name = logical.get(topic)
+                if name is None:
+                    name = logical[topic] = topic.removeprefix(topic_prefix)
+                rows.append(event_row(name, partition, offset, key, value))
+            yield rows_to_batch(rows)
+    return decode
+
+
+def data_loss_message(error: str) -> str | None:
+    """The job's explanation of a Spark data-loss error in ``error``, else None."""
+    found = _LOSS.search(error)
+    if found is None:
+        return None
+    return (f"Spark's Kafka source found that records this view job's checkpoint refers "
+            f"to are gone from the changelog topics ({found.group(1)}: "
+            f"{found.group(2).strip()}). The topics were deleted and recreated, or the "
+            f"broker lost its log. The views cannot continue from this checkpoint. To "
+            f"recover: stop the job, run `fanout rebuild` (it moves the checkpoint and the "
+            f"store aside), start the job again and replay the history into the broker "
+            f"(`fanout replay DIR`).")
