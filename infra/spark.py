@@ -78,7 +78,7 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
     _prepare_environment(master)
     builder = SparkSession.builder.appName(app_name).master(master)
-    conf = session_conf(shuffle_partitions, log_level)
+    conf = session_conf(shuffle_partitions, log_level) | executor_conf(master)
     if checkpoint_root is not None:
         conf["spark.sql.streaming.checkpointLocation"] = str(checkpoint_root)
     for key, value in (conf | dict(extra_conf or {})).items():
@@ -123,6 +123,21 @@ def kafka_jars_conf() -> dict[str, str]:
     return {"spark.jars": ",".join(str(p) for p in classpath(SPARK_KAFKA))}
 
 
+def executor_conf(master: str) -> dict[str, str]:
+    """What executors in JVMs of their own need to run our Python code; none locally.
+
+    Their Python workers unpickle the source and the join processor, so they must
+    import ``views`` and ``ingest``: the project root goes on their path (local mode
+    puts it in the environment instead, see :func:`_prepare_environment`). It is the
+    driver's path, which holds for a standalone cluster on this machine
+    (:mod:`infra.sparkcluster`) and in the one image that runs driver and executors
+    alike (``infra/docker/Dockerfile``).
+    """
+    if master.startswith("local"):
+        return {}
+    return {"spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT)}
+
+
 def require_java(minimum: int = MIN_JAVA) -> int:
     """The major version of the ``java`` Spark will use; raise if it is too old."""
     java = _java_binary()
@@ -160,10 +175,11 @@ def _java_binary() -> str | None:
 def _prepare_environment(master: str) -> None:
     """Environment the JVM and its Python workers inherit; read once at JVM start."""
     os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    # PySpark takes the workers' interpreter from this variable alone (not from
+    # spark.pyspark.python), on executors too; default to ours so they see the same
+    # packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
-        # PySpark takes the workers' interpreter from this variable alone (not from
-        # spark.pyspark.python); default to ours so they see the same packages.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(PROJECT_ROOT) not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
