@@ -1,0 +1,101 @@
+"""The local Cassandra node's lifecycle (``infra.cassandra``), on real JVMs.
+
+A node of its own (not the session's): it is stopped, restarted on the same data
+directory with its native port taken by another socket, and must come back with its
+data on another port. The port choice and the failure paths need no running node.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from infra.cassandra import (
+    PORTS_FILE,
+    CassandraError,
+    LocalCassandra,
+    Ports,
+    choose_ports,
+    node_yaml,
+)
+from infra.jars import CASSANDRA, JarError, classpath
+from views.stores.cassandra_config import parse_url
+from views.stores.schema import connect
+
+
+def _jars_or_skip() -> None:
+    try:
+        classpath(CASSANDRA)
+    except JarError as exc:
+        pytest.skip(f"no Cassandra to test against: {exc}")
+
+
+def test_missing_jars_say_what_to_run(tmp_path: Path) -> None:
+    node = LocalCassandra(tmp_path / "node", jar_root=tmp_path / "empty-cache")
+    with pytest.raises(JarError, match="make install"):
+        node.start()
+    assert not (tmp_path / "node").exists()  # nothing written before the check
+
+
+def test_a_jvm_that_exits_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    _jars_or_skip()
+    node = LocalCassandra(tmp_path / "node", heap_mb=1)  # the JVM refuses so small a heap
+    with pytest.raises(CassandraError, match=r"exited during start(.|\n)*heap"):
+        node.start()
+    with pytest.raises(CassandraError, match="not running"):
+        _ = node.pid
+
+
+def test_the_yaml_names_only_loopback_and_the_given_ports(tmp_path: Path) -> None:
+    text = node_yaml(tmp_path, Ports(native=1111, storage=2222, jmx=3333))
+    assert "native_transport_port: 1111" in text and "storage_port: 2222" in text
+    assert "listen_address: 127.0.0.1" in text and "rpc_address: 127.0.0.1" in text
+    assert str(tmp_path.resolve() / "commitlog") in text
+
+
+def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
+    cluster, session = connect(parse_url(f"cassandra://{hosts}/{keyspace}"), wait=30)
+    try:
+        return sorted(session.execute(f"SELECT k, v FROM {keyspace}.kv"))
+    finally:
+        cluster.shutdown()
+
+
+def test_a_node_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
+    _jars_or_skip()
+    data = tmp_path / "node"
+    with LocalCassandra(data, heap_mb=512) as node:
+        first_port = node.port
+        assert node.started_in is not None and node.rss_bytes() > 100 * 2**20
+        cluster, session = connect(parse_url(node.url("kv_ks")), wait=30)
+        try:
+            session.execute("CREATE KEYSPACE kv_ks WITH replication = "
+                            "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+            session.execute("CREATE TABLE kv_ks.kv (k int PRIMARY KEY, v text)")
+            session.execute("INSERT INTO kv_ks.kv (k, v) VALUES (1, 'kept')")
+        finally:
+            cluster.shutdown()
+        with pytest.raises(CassandraError, match="already runs"):
+            LocalCassandra(data).start()  # a second JVM on the same files is refused
+    with socket.socket() as squatter:  # the old native port is taken: a new one is used
+        squatter.bind(("127.0.0.1", first_port))
+        squatter.listen()
+        with LocalCassandra(data, heap_mb=512) as node:
+            assert node.port != first_port
+            assert _rows(node.hosts, "kv_ks") == [(1, "kept")]
+
+
+def test_recorded_ports_are_reused_while_free(tmp_path: Path) -> None:
+    (tmp_path / PORTS_FILE).write_text('{"native": 0, "storage": 0, "jmx": 0}')
+    fresh = choose_ports(tmp_path)
+    assert len({fresh.native, fresh.storage, fresh.jmx}) == 3 and 0 not in vars(fresh).values()
+    (tmp_path / PORTS_FILE).write_text(
+        f'{{"native": {fresh.native}, "storage": {fresh.storage}, "jmx": {fresh.jmx}}}')
+    assert choose_ports(tmp_path) == fresh
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", fresh.native))
+        again = choose_ports(tmp_path)
+    assert again.native != fresh.native and again.storage == fresh.storage
+    assert choose_ports(tmp_path, reuse=False) != fresh
