@@ -1,16 +1,21 @@
-"""The Cassandra store's parts that need no cluster: URL, policies, statements, phases.
+"""The Cassandra store's parts: URL, policies, statements, schema step, phases, reads.
 
 The store's behaviour is in the contract suite (``test_store_contract.py``); here are
 the pure steps it is built from — the URL and its options, the driver objects it
-configures, the plan → statement step, batch timestamps, the schema step — plus the
-order of a batch's phases and the asyncio bridge, checked on the CQL model and on
-``spec_set`` mocks of the driver's ``ResponseFuture``.
+configures, the plan → statement step, batch timestamps — and, on the session's real
+Cassandra node (``cassandra_hosts`` in ``conftest.py``), each in a fresh keyspace:
+every statement prepared against the schema, the schema step, the order and write
+timestamps of a batch's phases, and async reads across pages. The asyncio bridge's
+error and cancellation paths are checked on ``spec_set`` mocks of the driver's
+``ResponseFuture`` (a real node does not fail or answer late on demand).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from unittest.mock import MagicMock
 
 import pytest
@@ -21,12 +26,12 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
 from infra.cli import _parser
-from tests.cql_model import ModelCluster, ModelError, ModelSession
+from tests.cassandra_helpers import fresh_keyspace, keyspace_url, new_keyspace_name
 from views.delta import Delta, DeltaKind, pack
 from views.errors import StoreError
 from views.stores import cassandra_cql as cql
 from views.stores import store_from_url
-from views.stores.base import Store, WritePlan
+from views.stores.base import Entry, Store, WritePlan
 from views.stores.cassandra import CassandraStore
 from views.stores.cassandra_config import (
     WRITE_PROFILE,
@@ -42,6 +47,7 @@ from views.stores.schema import (
     SchemaError,
     Step,
     apply_schema,
+    connect,
     keyspace_cql,
     load_steps,
     pending,
@@ -160,28 +166,27 @@ def test_a_cluster_is_built_without_touching_the_network() -> None:
 
 # -- statements --------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def keyspace(cassandra_hosts: str) -> Iterator[str]:
+    """A store URL naming a fresh keyspace with the schema, for this module."""
+    with fresh_keyspace(cassandra_hosts) as url:
+        yield url
+
+
 @pytest.fixture
-def model() -> ModelSession:
-    cluster = ModelCluster()
-    session = cluster.session()
-    apply_schema(session, "ks", Replication().cql_map())
+def session(keyspace: str) -> Iterator[Any]:
+    """A driver session on the module's keyspace."""
+    config = parse_url(keyspace)
+    cluster, session = connect(config, wait=60)
+    session.set_keyspace(config.keyspace)
     yield session
-    cluster.close()
+    cluster.shutdown()
 
 
-def test_every_statement_is_valid_against_the_schema(model: ModelSession) -> None:
+def test_every_statement_is_valid_against_the_schema(session: Any) -> None:
     for name, text in cql.STATEMENTS.items():
-        model.prepare(text)  # raises on unknown columns, missing key parts, bad slices
+        session.prepare(text)  # Cassandra rejects unknown columns, missing key parts, bad slices
         assert "{" not in text and "%" not in text, name
-
-
-def test_the_model_rejects_what_cassandra_would(model: ModelSession) -> None:
-    for bad in ("SELECT nope FROM tweets WHERE tweet_id = ?",
-                "DELETE FROM home_timeline USING TIMESTAMP ? WHERE user_id = ? AND tweet_id = ?",
-                "INSERT INTO home_timeline (user_id, tweet_id) VALUES (?, ?) USING TIMESTAMP ?",
-                "UPDATE tweets USING TIMESTAMP ? SET tweet_id = ? WHERE tweet_id = ?"):
-        with pytest.raises(ModelError):
-            model.prepare(bad)
 
 
 def _plan(*deltas: Delta) -> WritePlan:
@@ -339,38 +344,32 @@ def test_keyspace_ddl_takes_validated_names_only() -> None:
         keyspace_cql("x; DROP KEYSPACE y", "{}")
 
 
-def test_apply_records_steps_once_and_check_sees_them() -> None:
-    cluster = ModelCluster()
-    session = cluster.session()
+def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> None:
+    url = keyspace_url(cassandra_hosts, new_keyspace_name())
+    config = parse_url(url)
+    cluster, session = connect(config, wait=60)
     try:
         with pytest.raises(SchemaError, match="does not exist"):
-            require_current(session, "ks")
+            require_current(session, config.keyspace)
         extra = Step(2, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
-        assert [s.label for s in apply_schema(session, "ks", "{}", load_steps())] == [
-            "001_tables"]
-        require_current(session, "ks")
-        assert [s.label for s in apply_schema(session, "ks", "{}", [*load_steps(), extra])] == [
-            "002_extra"]
-        assert apply_schema(session, "ks", "{}", [*load_steps(), extra]) == []
+        replication = config.replication.cql_map()
+        assert [s.label for s in apply_schema(session, config.keyspace, replication,
+                                              load_steps())] == ["001_tables"]
+        require_current(session, config.keyspace)
+        assert [s.label for s in apply_schema(session, config.keyspace, replication,
+                                              [*load_steps(), extra])] == ["002_extra"]
+        assert apply_schema(session, config.keyspace, replication, [*load_steps(), extra]) == []
     finally:
-        cluster.close()
+        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+        cluster.shutdown()
 
 
-def test_open_requires_the_schema_unless_auto() -> None:
-    cluster = ModelCluster()
-
-    class Store(CassandraStore):
-        def _connect(self) -> tuple[ModelCluster, ModelSession]:
-            return cluster, cluster.session()
-
-    try:
+def test_open_requires_the_schema_unless_auto(cassandra_hosts: str) -> None:
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
         with pytest.raises(SchemaError, match="fanout schema apply"):
-            Store(parse_url("cassandra://m/fresh")).open()
-        store = Store(parse_url("cassandra://m/fresh?schema=auto")).open()
-        store.close()
-        Store(parse_url("cassandra://m/fresh")).open().close()
-    finally:
-        cluster.close()
+            CassandraStore.from_url(url).open()
+        CassandraStore.from_url(f"{url}{'&' if '?' in url else '?'}schema=auto").open().close()
+        CassandraStore.from_url(url).open().close()
 
 
 def test_the_schema_command_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -384,71 +383,84 @@ def test_the_schema_command_is_wired(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "needs a keyspace" in capsys.readouterr().out
 
 
-# -- a batch's phases, on the model ------------------------------------------------------------
+# -- a batch's phases, on the real node ------------------------------------------------------
 
-def test_a_batch_writes_in_phase_order() -> None:
-    cluster = ModelCluster()
+class RecordingStore(CassandraStore):
+    """The real store, noting the name of every statement it runs, in order."""
 
-    class Store(CassandraStore):
-        def _connect(self) -> tuple[ModelCluster, ModelSession]:
-            return cluster, cluster.session()
+    executed: list[tuple[str, tuple[Any, ...]]]
 
-    store = Store(parse_url("cassandra://m/ks?schema=auto&trim_slack=0"), cap=1).open()
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+        self.executed += ops
+        return super()._run(ops, profile)
+
+    def _rows(self, name: str, params: tuple[Any, ...] = (), **kwargs: Any) -> Any:
+        self.executed.append((name, params))
+        return super()._rows(name, params, **kwargs)
+
+
+def _with(url: str, options: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{options}"
+
+
+def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
+    store = RecordingStore(parse_url(_with(keyspace, "trim_slack=0")), cap=1)
+    store.executed = []
+    store.open()
+    u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11
     try:
-        store.apply([Delta(DeltaKind.TWEET, 0, 10, 1, 5, 0, "a"),
-                     Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 6),
-                     *pack(1, {}, wipes=[3]),
-                     Delta(DeltaKind.OFFSET, topic="tweets", partition=0, offset=4)], 7)
-        names = [_name(text) for text, _ in cluster.executed]
+        store.apply([Delta(DeltaKind.TWEET, 0, t1, a, 5, 0, "a"),
+                     Delta(DeltaKind.TL_ADD, u, t1, a, 5), Delta(DeltaKind.TL_ADD, u, t2, a, 6),
+                     *pack(a, {}, wipes=[w]),
+                     Delta(DeltaKind.OFFSET, topic="phases", partition=0, offset=4)], 7)
+        names = [name for name, _ in store.executed]
         first = {n: names.index(n) for n in reversed(names)}
         last = {n: i for i, n in enumerate(names)}
         assert last["clock_set"] < first["tweet_live"]
         assert last["home_all"] < first["tweet_live"] and last["tweet_live"] < first["home_add"]
         assert last["home_add"] < first["home_trim"] < first["offset_set"] < first["batch_set"]
-        stamps = {_name(t): p for t, p in cluster.executed}
+        stamps = dict(store.executed)
         base = stamps["clock_set"][0]
         assert stamps["tweet_live"][-1] == base + cql.REMOVE
         assert stamps["home_add"][-1] == base + cql.ADD
         assert stamps["home_trim"][0] == base + cql.TRIM
-        assert store.cached(2, None, 5) == [store.cached(2, None, 1)[0]]
+        # What the node stored carries those timestamps.
+        assert session.execute("SELECT writetime(body) FROM tweets WHERE tweet_id = %s",
+                               (t1,)).one()[0] == base + cql.REMOVE
+        assert session.execute("SELECT writetime(author_id) FROM home_timeline "
+                               "WHERE user_id = %s", (u,)).one()[0] == base + cql.ADD
+        assert session.execute("SELECT writetime(size) FROM timeline_meta WHERE user_id = %s",
+                               (u,)).one()[0] == base + cql.TRIM
+        assert store.cached(u, None, 5) == [Entry(6, t2, a)]
+        assert store.horizon(u) == (5, t1)
     finally:
         store.close()
-        cluster.close()
 
 
-def _name(text: str) -> str:
-    return next(n for n, t in cql.STATEMENTS.items() if t == text) if text in \
-        cql.STATEMENTS.values() else text
-
-
-def test_async_reads_equal_sync_reads() -> None:
-    cluster = ModelCluster(page_size=2)
-
-    class Store(CassandraStore):
-        def _connect(self) -> tuple[ModelCluster, ModelSession]:
-            return cluster, cluster.session()
-
-    store = Store(parse_url("cassandra://m/ks?schema=auto")).open()
+def test_async_reads_equal_sync_reads(keyspace: str) -> None:
+    store = CassandraStore.from_url(keyspace).open()
+    store._session.default_fetch_size = 2  # small pages, so the bridge pages too
+    a, u = 2 * 10**9 + 1, 2 * 10**9 + 2
     try:
-        store.apply([Delta(DeltaKind.TWEET, 0, t, 1, t, 0, f"t{t}") for t in range(10, 15)]
-                    + [Delta(DeltaKind.TL_ADD, 2, t, 1, t) for t in range(10, 15)]
-                    + [Delta(DeltaKind.USER, 1, 0, 0, 1, 0, "h", "n"),
-                       *pack(1, {}, edges={2: (True, 1)})])
+        store.apply([Delta(DeltaKind.TWEET, 0, t, a, t, 0, f"t{t}") for t in range(10, 15)]
+                    + [Delta(DeltaKind.TL_ADD, u, t, a, t) for t in range(10, 15)]
+                    + [Delta(DeltaKind.USER, a, 0, 0, 1, 0, "h", "n"),
+                       *pack(a, {}, edges={u: (True, 1)})])
 
         async def both() -> None:
-            assert await store.cached_async(2, None, 10) == store.cached(2, None, 10)
-            assert await store.horizon_async(2) == store.horizon(2)
-            assert await store.followees_async(2) == store.followees(2) == [1]
-            assert await store.celebrities_followed_async(2) == []
-            assert await store.author_tweets_async([1], (13, 13), 2) == \
-                store.author_tweets([1], (13, 13), 2)
+            assert len(await store.cached_async(u, None, 10)) == 5
+            assert await store.cached_async(u, None, 10) == store.cached(u, None, 10)
+            assert await store.horizon_async(u) == store.horizon(u)
+            assert await store.followees_async(u) == store.followees(u) == [a]
+            assert await store.celebrities_followed_async(u) == []
+            assert await store.author_tweets_async([a], (13, 13), 2) == \
+                store.author_tweets([a], (13, 13), 2)
             assert await store.tweets_async([10, 11, 99]) == store.tweets([10, 11, 99])
-            assert await store.users_async([1]) == store.users([1])
+            assert await store.users_async([a]) == store.users([a])
 
         asyncio.run(both())
     finally:
         store.close()
-        cluster.close()
 
 
 # -- the asyncio bridge on spec'd driver futures -----------------------------------------------

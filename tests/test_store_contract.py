@@ -1,24 +1,21 @@
 """The store contract, written once and run against every backend (STYLE §7).
 
-Backends: ``sqlite`` (a temporary file, always); ``cassandra`` (a real cluster, a
-fresh keyspace per run, dropped at the end) whenever ``FANOUT_CASSANDRA_HOSTS`` names
-one — ``host1,host2[:port]``, optionally ``user:password@`` first, with more URL
-options in ``FANOUT_CASSANDRA_OPTIONS`` (e.g. ``local_dc=dc1&rf=3``) — and skipped
-with that reason otherwise; ``cassandra-model``, the Cassandra store's real code on
-an in-memory model of Cassandra's semantics (``tests/cql_model.py``), always.
+Backends: ``sqlite`` (a temporary file) and ``cassandra``: a real Cassandra node —
+the one the test session starts from the Maven jar cache, or the cluster
+``FANOUT_CASSANDRA_HOSTS`` names (see ``conftest.py``) — in a fresh keyspace for this
+module, dropped at the end. Cassandra is skipped, with the reason, only when its
+jars are not in the cache.
 
-Cassandra keyspaces are shared by the tests of a run, so every test works in its own
-id space (:class:`Space`) and checks global reads (celebrities, counts, offsets) by
-membership or difference.
+The Cassandra keyspace is shared by the tests of this module, so every test works in
+its own id space (:class:`Space`) and checks global reads (celebrities, counts,
+offsets) by membership or difference.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import random
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,19 +26,16 @@ from hypothesis import strategies as st
 
 from ingest.events import Delete, Event, Follow, Post, UserUpsert
 from serving.timeline import home_top, read_time_page
-from tests.cql_model import ModelCluster
+from tests.cassandra_helpers import fresh_keyspace
 from tests.test_join import ALL_USERS, BIG, Harness, events
 from views.delta import Delta, DeltaKind, Key, pack
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.stores.base import Entry, Store
 from views.stores.cassandra import CassandraStore
-from views.stores.cassandra_config import parse_url
 from views.stores.cassandra_cql import BATCH_BUCKET
-from views.stores.schema import apply_schema, connect
 from views.stores.sqlite import SQLiteStore
 
-NO_CLUSTER = "FANOUT_CASSANDRA_HOSTS is not set: no Cassandra cluster to test against"
 _SPACES = itertools.count(1)
 
 
@@ -59,43 +53,15 @@ class Backend:
         return self.make(cap, slack)
 
 
-class ModelStore(CassandraStore):
-    """The Cassandra store connected to the in-memory model instead of a cluster."""
-
-    model: ModelCluster
-
-    def _connect(self) -> tuple[ModelCluster, object]:
-        return self.model, self.model.session()
-
-
-@pytest.fixture(scope="session")
-def cassandra_url() -> Iterator[str]:
-    """A fresh keyspace on the cluster FANOUT_CASSANDRA_HOSTS names; dropped at the end."""
-    hosts = os.environ.get("FANOUT_CASSANDRA_HOSTS")
-    if not hosts:
-        pytest.skip(NO_CLUSTER)
-    keyspace = f"fanout_test_{uuid.uuid4().hex[:12]}"
-    options = os.environ.get("FANOUT_CASSANDRA_OPTIONS", "")
-    url = f"cassandra://{hosts}/{keyspace}" + (f"?{options}" if options else "")
-    config = parse_url(url)
-    cluster, session = connect(config, wait=60)
-    try:
-        apply_schema(session, keyspace, config.replication.cql_map())
+@pytest.fixture(scope="module")
+def cassandra_url(cassandra_hosts: str) -> Iterator[str]:
+    """A fresh keyspace with the schema, on the session's Cassandra; dropped at the end."""
+    with fresh_keyspace(cassandra_hosts) as url:
         yield url
-    finally:
-        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}")
-        cluster.shutdown()
-
-
-@pytest.fixture(scope="session")
-def cql_model() -> Iterator[ModelCluster]:
-    model = ModelCluster(page_size=7)  # small pages, so paging paths run too
-    yield model
-    model.close()
 
 
 def _shared(open_store: Callable[[], CassandraStore]) -> Callable[[int, int | None], Store]:
-    """One open store per session; cap and slack are plain attributes, set per use."""
+    """One open store per module; cap and slack are plain attributes, set per use."""
     holder: list[CassandraStore] = []
 
     def make(cap: int, slack: int | None) -> Store:
@@ -110,32 +76,17 @@ def _shared(open_store: Callable[[], CassandraStore]) -> Callable[[int, int | No
     return make
 
 
-@pytest.fixture(scope="session")
-def model_backend(cql_model: ModelCluster) -> Iterator[Backend]:
-    def open_store() -> CassandraStore:
-        store = ModelStore(parse_url("cassandra://model/fanout_contract?schema=auto"))
-        store.model = cql_model
-        return store.open()
-
-    make = _shared(open_store)
-    yield Backend("cassandra-model", make, 60)
-    make.close()  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cassandra_backend(cassandra_url: str) -> Iterator[Backend]:
     make = _shared(lambda: CassandraStore.from_url(cassandra_url).open())
-    yield Backend("cassandra", make, 30)
+    yield Backend("cassandra", make, 40)
     make.close()  # type: ignore[attr-defined]
 
 
-@pytest.fixture(params=["sqlite", "cassandra-model", "cassandra"])
+@pytest.fixture(params=["sqlite", "cassandra"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "cassandra":
         yield request.getfixturevalue("cassandra_backend")
-        return
-    if request.param == "cassandra-model":
-        yield request.getfixturevalue("model_backend")
         return
     opened: list[SQLiteStore] = []
 
