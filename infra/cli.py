@@ -16,9 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from infra import jars as jars_cli
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
-from infra import jars as jars_cli
 from infra import stack as stack_mod
 from infra.errors import InfraError
 from serving import cli as serving_cli
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
     args.run_dir = run_dir
-    if args.command not in ("up", "broker", "job", "serve", "demo", "jars"):
+    if args.command not in ("up", "broker", "demo", "jars"):
         _point_at_stack(run_dir)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -48,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _point_at_stack(run_dir: Path) -> None:
-    """Fill unset env vars from the running stack (env and flags still win)."""
-    running = stack_mod.Stack.load(run_dir)
-    if running is None or not any(map(stack_mod.alive, running.pids.values())):
+    """Fill unset env vars from the run directory's stack (env and flags still win).
+
+    Whether or not its services run: ``fanout job`` and ``fanout serve`` restarted by
+    hand get the stack's settings, and other commands name the stack's broker and store.
+    """
+    stack = stack_mod.Stack.load(run_dir)
+    if stack is None:
         return
-    for name, value in running.env().items():
+    for name, value in stack.env().items():
         os.environ.setdefault(name, value)
 
 
@@ -82,13 +86,14 @@ def _parser() -> argparse.ArgumentParser:
 # -- up / down / status ----------------------------------------------------------------
 
 def _add_stack(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start broker, view job and API in the run directory")
+    p = sub.add_parser("up", help="start whatever of Kafka, the view job and the API is not "
+                                  "running in the run directory (resuming from its data)")
     p.add_argument("--port", type=int, default=None,
                    help="API port (env FANOUT_API_PORT; default: a free port)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for start")
     _add_view_flags(p)
     p.set_defaults(func=_cmd_up)
-    p = sub.add_parser("down", help="stop exactly what 'up' started")
+    p = sub.add_parser("down", help="stop the stack's services; its data stays for 'up'")
     p.set_defaults(func=_cmd_down)
     p = sub.add_parser("status", help="what is running in the run directory")
     p.set_defaults(func=_cmd_status)
@@ -114,16 +119,27 @@ def _view_env(args: argparse.Namespace) -> dict[str, str]:
 def _cmd_up(args: argparse.Namespace) -> int:
     from infra.launch import up
 
+    before = stack_mod.Stack.load(args.run_dir)
+    was = before.state() if before else {}
     running = up(args.run_dir, port=args.port, extra_env=_view_env(args), timeout=args.timeout)
-    print(f"fanout is up in {running.run_dir}: API {running.api_url}, "
-          f"Kafka {running.bootstrap}, store {running.store_url}")
+    for name, pid in running.pids.items():
+        verb = "was running" if was.get(name) == "running" else "started"
+        print(f"  {name:<7} {verb} (pid {pid})")
+    kafka = running.bootstrap + ("" if running.local_kafka else " (external)")
+    print(f"fanout is up in {running.run_dir}: API {running.api_url}, Kafka {kafka}, "
+          f"store {running.store_url}")
     print(f"stop it with: fanout --run-dir {running.run_dir} down")
     return 0
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    stopped = stack_mod.down(args.run_dir)
-    print("nothing was running" if stopped is None else f"stopped {sorted(stopped.pids)}")
+    before = stack_mod.Stack.load(args.run_dir)
+    was = before.state() if before else {}
+    stack_mod.down(args.run_dir)
+    stopped = sorted(name for name, state in was.items() if state == "running")
+    print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+    if before is not None:
+        print(f"topics, checkpoint and store stay in {before.run_dir}: `fanout up` resumes")
     return 0
 
 
@@ -132,17 +148,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if running is None:
         print(f"nothing is up in {args.run_dir}")
         return 1
-    state = {name: ("running" if stack_mod.alive(pid) else "stopped")
-             for name, pid in running.pids.items()}
+    state = running.state()
     print(json.dumps({"api": running.api_url, "kafka": running.bootstrap,
                       "store": running.store_url, "services": state}, indent=2))
-    return 0 if all(s == "running" for s in state.values()) else 1
+    if any(s != "running" for s in state.values()):
+        print(f"start what is stopped with: fanout --run-dir {running.run_dir} up",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 # -- services in the foreground ----------------------------------------------------------
 
 def _add_services(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (foreground)")
+    p = sub.add_parser("broker", help="run the local Kafka node, its log in RUN_DIR/kafka "
+                                      "(foreground)")
     p.add_argument("--ready-file", type=Path, default=None,
                    help="write the bootstrap address here once serving")
     p.set_defaults(func=_cmd_broker)
@@ -156,12 +176,13 @@ def _add_services(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from infra.broker import EmbeddedBroker
+    from infra.broker import KafkaBroker
 
     stop = stack_mod.stop_on_signals()
-    with EmbeddedBroker(args.run_dir / "logs" / "tansu.log") as broker:
+    with KafkaBroker(args.run_dir / "kafka", args.run_dir / "logs" / "kafka.log") as broker:
         if args.ready_file:
             args.ready_file.write_text(broker.bootstrap)
+        print(f"Kafka on {broker.bootstrap} (pid {broker.pid}); Ctrl-C stops it", flush=True)
         stop.wait()
     return 0
 
@@ -175,12 +196,14 @@ def _cmd_job(args: argparse.Namespace) -> int:
     os.environ.update(_view_env(args))
     kafka, view = KafkaSettings(), ViewSettings()
     if not kafka.bootstrap:
-        log.error("KAFKA_BOOTSTRAP is not set and no stack is up: run 'fanout up' first")
+        log.error("KAFKA_BOOTSTRAP is not set and no stack is in %s: run 'fanout up' first",
+                  args.run_dir)
         return 2
-    spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions)
-    ready = args.ready_file
-    return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
-               on_started=(lambda: ready.write_text("started")) if ready else None)
+    with stack_mod.job_lock(view.checkpoint_dir):
+        spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions)
+        ready = args.ready_file
+        return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
+                   on_started=(lambda: ready.write_text("started")) if ready else None)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

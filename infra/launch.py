@@ -1,8 +1,17 @@
-"""``fanout up``: start the local stack and record it (see :mod:`infra.stack`).
+"""``fanout up``: bring the local stack up, idempotently (see :mod:`infra.stack`).
 
-Settings come from the environment, as for every service; ``up`` only adds what it
-decides itself — the broker address, the store file, checkpoint directory and API
-port inside the run directory — and hands the same environment to every service.
+Like ``docker compose up``: it starts whichever of the Kafka node, the view job and the
+API is not running, and leaves the running ones alone. The first ``up`` in a run
+directory decides the stack's settings — the ``FANOUT_*`` environment and flags, plus
+what ``up`` picks itself (the Kafka log in ``<run>/kafka``, the SQLite store, the
+checkpoint directory and the API port) — and records them in ``stack.json``; every
+later ``up`` starts its services with those same settings, so a restarted job resumes
+from its checkpoint on the same topics and store, and nothing is rebuilt or replayed.
+
+A service that must move (Kafka's or the API's port taken by something else) moves,
+and the services that point at it are restarted with the new address. When ``up``
+fails, it stops what it started itself and reports which service failed and where
+its log is; services that were already running are left as they were.
 """
 
 from __future__ import annotations
@@ -11,16 +20,17 @@ import logging
 import os
 import secrets
 from pathlib import Path
+from typing import Final
 
-from infra.broker import free_port
+from infra.broker import KafkaBroker, free_port, port_free
 from infra.rebuild import stale_views
 from infra.stack import (
     AUTH_SECRET_FILE,
+    MARKER,
     Stack,
     StackError,
-    alive,
     spawn,
-    stop_pid,
+    stop_service,
     wait_for_file,
     wait_for_http,
 )
@@ -31,83 +41,173 @@ from views.settings import ViewSettings
 
 log = logging.getLogger(__name__)
 
+#: Environment variables that are part of a stack's settings (recorded at its first
+#: ``up``); these are where its pieces are, or secrets, and are decided by the stack.
+_NOT_SETTINGS: Final = frozenset({
+    "FANOUT_RUN_DIR", "FANOUT_AUTH_SECRET", "FANOUT_API_URL", "FANOUT_API_HOST",
+    "FANOUT_API_PORT", "FANOUT_STORE", "FANOUT_CHECKPOINT_DIR", "FANOUT_TOPIC_PREFIX",
+    "FANOUT_PARTITIONS"})
+
 
 def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None,
        timeout: float = 240.0) -> Stack:
-    """Start broker (unless KAFKA_BOOTSTRAP is set), view job and API; return the Stack."""
+    """Start what is not running of the stack in ``run_dir``; return the Stack."""
     run_dir = run_dir.resolve()
-    existing = Stack.load(run_dir)
-    if existing is not None and any(map(alive, existing.pids.values())):
-        msg = f"a stack is already up in {run_dir} (pids {existing.pids}): 'fanout down' first"
-        raise StackError(msg)
-    kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
-    if not kafka.bootstrap:
-        _refuse_stale_views(run_dir, view)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _auth_secret(run_dir)
-    pids: dict[str, int] = {}
+    stack = Stack.load(run_dir)
+    if stack is None:
+        stack = _new_stack(run_dir, port, extra_env or {})
+    else:
+        _warn_on_other_settings(stack, extra_env or {})
+    started: list[str] = []
     try:
-        bootstrap = kafka.bootstrap or _start_broker(run_dir, pids)
-        kafka = KafkaSettings(bootstrap=bootstrap, partitions=kafka.partitions,
-                              topic_prefix=kafka.topic_prefix)
-        create_topics(kafka)
-        stack = _describe(run_dir, kafka, view, api, port or free_port(), pids)
-        env = {**stack.env(), **(extra_env or {}),
-               "FANOUT_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
-               "FANOUT_API_HOST": api.host, "FANOUT_API_PORT": stack.api_url.rsplit(":", 1)[1]}
-        _start_job(run_dir, env, pids, timeout)
-        api_process = spawn(run_dir, "serve", [], env)
-        pids["api"] = api_process.pid
-        wait_for_http(f"{stack.api_url}/healthz", api_process, timeout=60)
+        moved = _ensure_broker(stack, started)
+        create_topics(_kafka(stack))
+        _ensure_job(stack, started, restart=moved, timeout=timeout)
+        _ensure_api(stack, started, restart=moved, port=port)
     except BaseException:
-        for name, pid in reversed(pids.items()):
-            stop_pid(pid, name)
+        for name in reversed(started):
+            stop_service(stack, name)
+        stack.save()
         raise
     stack.save()
     return stack
 
 
+def _new_stack(run_dir: Path, port: int | None, extra_env: dict[str, str]) -> Stack:
+    """The stack a first ``up`` describes, from the environment, flags and the run dir."""
+    kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
+    if not api.host.startswith("127.") and api.host != "localhost":
+        msg = f"the local stack serves on loopback only, not {api.host}"
+        raise StackError(msg)
+    settings = {k: v for k, v in os.environ.items()
+                if k.startswith("FANOUT_") and k not in _NOT_SETTINGS}
+    settings.update({k: v for k, v in extra_env.items() if k not in _NOT_SETTINGS})
+    local_kafka = not kafka.bootstrap
+    if local_kafka:
+        _refuse_stale_views(run_dir, view)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _auth_secret(run_dir)
+    return Stack(run_dir=str(run_dir), bootstrap=kafka.bootstrap,
+                 store_url=_store_url(run_dir, view),
+                 api_url=f"http://{api.host}:{port or _api_port(api)}",
+                 topic_prefix=kafka.topic_prefix, partitions=kafka.partitions,
+                 settings=settings, local_kafka=local_kafka)
+
+
+def _api_port(api: ServingSettings) -> int:
+    """The API port of a new stack: FANOUT_API_PORT when set (and not 0), else a free one."""
+    return api.port if os.environ.get("FANOUT_API_PORT") and api.port else free_port()
+
+
+def _warn_on_other_settings(stack: Stack, extra_env: dict[str, str]) -> None:
+    """A later ``up`` keeps the stack's settings; say so when asked for others."""
+    asked = {k: v for k, v in {**os.environ, **extra_env}.items()
+             if k.startswith("FANOUT_") and k not in _NOT_SETTINGS}
+    differ = sorted(k for k, v in asked.items() if stack.settings.get(k) != v)
+    if differ:
+        log.warning("the stack in %s keeps the settings it was started with (%s); to change "
+                    "them, `fanout down` and start a fresh run directory", stack.run_dir,
+                    ", ".join(f"{k}={stack.settings.get(k, '(unset)')}" for k in differ))
+
+
+def _kafka(stack: Stack) -> KafkaSettings:
+    return KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
+                         topic_prefix=stack.topic_prefix)
+
+
+def _ensure_broker(stack: Stack, started: list[str]) -> bool:
+    """Start the Kafka node unless it runs (or is external); True if its address moved."""
+    if not stack.local_kafka or stack.running("broker"):
+        return False
+    run_dir = Path(stack.run_dir)
+    port = int(stack.bootstrap.rsplit(":", 1)[1]) if stack.bootstrap else None
+    broker = KafkaBroker(run_dir / "kafka", run_dir / "logs" / "kafka.log", port=port)
+    broker.start()
+    stack.pids["broker"] = broker.pid
+    stack.markers["broker"] = str(broker.config_path)
+    started.append("broker")
+    moved = bool(stack.bootstrap) and broker.bootstrap != stack.bootstrap
+    if moved:
+        log.warning("Kafka moved from %s to %s (the port was taken): restarting the job and "
+                    "the API with the new address", stack.bootstrap, broker.bootstrap)
+    stack.bootstrap = broker.bootstrap
+    stack.save()
+    return moved
+
+
+def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: float) -> None:
+    if stack.running("job"):
+        if not restart:
+            return
+        stop_service(stack, "job")
+    run_dir = Path(stack.run_dir)
+    ready = run_dir / "job.ready"
+    ready.unlink(missing_ok=True)
+    process = spawn(run_dir, "job", ["--ready-file", str(ready)], stack.env())
+    stack.pids["job"], stack.markers["job"] = process.pid, MARKER
+    started.append("job")
+    wait_for_file(ready, process, "the view job", timeout=timeout,
+                  watch=lambda: _died(stack, "broker"))
+
+
+def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
+                port: int | None) -> None:
+    if stack.running("api"):
+        if not restart:
+            return
+        stop_service(stack, "api")
+    run_dir = Path(stack.run_dir)
+    host, old = stack.api_url.removeprefix("http://").rsplit(":", 1)
+    if not port_free(int(old), host):
+        new = port or free_port(host)
+        log.warning("the API's port %s is taken: it moves to %d", old, new)
+        stack.api_url = f"http://{host}:{new}"
+    process = spawn(run_dir, "serve", [], stack.env())
+    stack.pids["api"], stack.markers["api"] = process.pid, MARKER
+    started.append("api")
+    wait_for_http(f"{stack.api_url}/healthz", process, timeout=60,
+                  watch=lambda: _died(stack, "broker") or _died(stack, "job"))
+
+
+def _died(stack: Stack, name: str) -> str | None:
+    """A message if service ``name`` of the stack has a pid but no longer runs."""
+    if name not in stack.pids or stack.running(name):
+        return None
+    log_name = "kafka.log" if name == "broker" else f"{name}.log"
+    return (f"the {name} (pid {stack.pids[name]}) died; see "
+            f"{Path(stack.run_dir) / 'logs' / log_name}")
+
+
 def _refuse_stale_views(run_dir: Path, view: ViewSettings) -> None:
-    """An embedded broker starts empty: views of an earlier run cannot match it."""
+    """Views built from a Kafka log that is gone cannot match the new, empty one."""
+    if (run_dir / "kafka" / "log" / "meta.properties").exists():
+        return
     stale = stale_views(run_dir / "checkpoints", _store_url(run_dir, view))
     if stale:
         shown = ", ".join(map(str, stale))
-        msg = (f"{shown} hold views of an earlier embedded broker, whose topics are gone "
-               f"(it keeps them in memory only): run `fanout --run-dir {run_dir} rebuild` "
-               "to set them aside, then `fanout up` and replay the history")
+        msg = (f"{shown} hold views of a Kafka log that is no longer in {run_dir / 'kafka'}: "
+               f"run `fanout --run-dir {run_dir} rebuild` to set them aside, then `fanout up` "
+               "and replay the history")
         raise StackError(msg)
 
 
 def _auth_secret(run_dir: Path) -> None:
-    """A fresh random token secret in ``<run>/auth.secret`` unless FANOUT_AUTH_SECRET is set.
+    """A random token secret in ``<run>/auth.secret`` unless FANOUT_AUTH_SECRET is set.
 
     :meth:`Stack.env` hands the file's secret to the API and to later ``fanout``
-    commands (``fanout token``); a secret set in the environment wins, so a stale
-    file from an earlier run is removed then.
+    commands (``fanout token``). It is made once per run directory, so tokens stay
+    valid across ``down``/``up``; a secret set in the environment wins, and a file
+    from an earlier run is removed then.
     """
     path = run_dir / AUTH_SECRET_FILE
-    path.unlink(missing_ok=True)
     if os.environ.get("FANOUT_AUTH_SECRET"):
+        path.unlink(missing_ok=True)
+        return
+    if path.exists():
         return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(secrets.token_hex(32))
-
-
-def _start_broker(run_dir: Path, pids: dict[str, int]) -> str:
-    ready = run_dir / "broker.ready"
-    ready.unlink(missing_ok=True)
-    process = spawn(run_dir, "broker", ["--ready-file", str(ready)], {})
-    pids["broker"] = process.pid
-    return wait_for_file(ready, process, "the broker", timeout=60)
-
-
-def _start_job(run_dir: Path, env: dict[str, str], pids: dict[str, int], timeout: float) -> None:
-    ready = run_dir / "job.ready"
-    ready.unlink(missing_ok=True)
-    process = spawn(run_dir, "job", ["--ready-file", str(ready)], env)
-    pids["job"] = process.pid
-    wait_for_file(ready, process, "the view job", timeout=timeout)
 
 
 def _store_url(run_dir: Path, view: ViewSettings) -> str:
@@ -115,14 +215,3 @@ def _store_url(run_dir: Path, view: ViewSettings) -> str:
     if view.store_url == ViewSettings.model_fields["store_url"].default:
         return f"sqlite:///{run_dir / 'fanout.sqlite'}"
     return view.store_url
-
-
-def _describe(run_dir: Path, kafka: KafkaSettings, view: ViewSettings, api: ServingSettings,
-              port: int, pids: dict[str, int]) -> Stack:
-    store_url = _store_url(run_dir, view)
-    if not api.host.startswith("127.") and api.host != "localhost":
-        msg = f"the local stack serves on loopback only, not {api.host}"
-        raise StackError(msg)
-    return Stack(run_dir=str(run_dir), bootstrap=kafka.bootstrap, store_url=store_url,
-                 api_url=f"http://{api.host}:{port}", topic_prefix=kafka.topic_prefix,
-                 partitions=kafka.partitions, pids=pids)

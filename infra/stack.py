@@ -1,16 +1,19 @@
 """``fanout up`` / ``fanout down``: the one-machine stack in a run directory.
 
-``up`` starts three detached services, each a ``fanout <service>`` process with its
-own log: the embedded broker (unless ``KAFKA_BOOTSTRAP`` names a real cluster), the
-view job and the API. It waits until each answers, then records in
-``<run>/stack.json`` exactly what it started (pids, the command line marker, ports,
-bootstrap, store). ``down`` stops exactly those processes — API first, broker last —
-and checks each pid still runs a fanout service before signalling it, so a
-recycled pid is never killed.
+The stack is detached services, each with its own log in ``<run>/logs``: the Kafka
+node (unless ``KAFKA_BOOTSTRAP`` names a cluster), the view job and the API (each a
+``fanout <service>`` process). ``<run>/stack.json`` records the stack: the settings
+its services run with, where Kafka, the store and the API are, and the pid of each
+service with a *marker* — a string its command line must contain — so that a
+recycled pid is never taken for ours nor killed. ``down`` stops the services, API
+first and broker last, and keeps ``stack.json`` with its settings, so that ``up``
+brings the same stack back (see :mod:`infra.launch`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -19,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,9 +42,13 @@ class StackError(InfraError):
     """The stack could not be started or stopped as asked."""
 
 
+#: The order services start in; ``down`` stops them in reverse.
+SERVICES = ("broker", "job", "api")
+
+
 @dataclass
 class Stack:
-    """What ``up`` started; serialized to ``stack.json``."""
+    """The stack of a run directory; serialized to ``stack.json``."""
 
     run_dir: str
     bootstrap: str
@@ -50,7 +57,23 @@ class Stack:
     topic_prefix: str = ""
     partitions: int = 4
     pids: dict[str, int] = field(default_factory=dict)
+    #: What each service's command line contains (default: :data:`MARKER`).
+    markers: dict[str, str] = field(default_factory=dict)
+    #: The FANOUT_* settings every service of this stack runs with.
+    settings: dict[str, str] = field(default_factory=dict)
+    #: Whether ``up`` runs the Kafka node (False: KAFKA_BOOTSTRAP named a cluster).
+    local_kafka: bool = True
     started_at: float = field(default_factory=time.time)
+
+    def running(self, name: str) -> bool:
+        """Whether service ``name`` of this stack is running now."""
+        pid = self.pids.get(name)
+        return pid is not None and alive(pid, self.markers.get(name, MARKER))
+
+    def state(self) -> dict[str, str]:
+        """``running``/``stopped`` per service this stack has."""
+        names = [n for n in SERVICES if n != "broker" or self.local_kafka]
+        return {n: "running" if self.running(n) else "stopped" for n in names}
 
     def save(self) -> None:
         Path(self.run_dir, STACK_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -64,9 +87,12 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         """The environment that points a fanout command at this stack."""
-        env = {"KAFKA_BOOTSTRAP": self.bootstrap, "FANOUT_STORE": self.store_url,
-               "FANOUT_TOPIC_PREFIX": self.topic_prefix,
-               "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url}
+        host, port = self.api_url.removeprefix("http://").rsplit(":", 1)
+        env = {**self.settings, "KAFKA_BOOTSTRAP": self.bootstrap,
+               "FANOUT_STORE": self.store_url, "FANOUT_TOPIC_PREFIX": self.topic_prefix,
+               "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url,
+               "FANOUT_API_HOST": host, "FANOUT_API_PORT": port,
+               "FANOUT_CHECKPOINT_DIR": str(Path(self.run_dir) / "checkpoints")}
         secret = Path(self.run_dir, AUTH_SECRET_FILE)
         if secret.exists():
             env["FANOUT_AUTH_SECRET"] = secret.read_text().strip()
@@ -75,25 +101,33 @@ class Stack:
 
 def spawn(run_dir: Path, service: str, args: list[str],
           env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``."""
+    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``.
+
+    Its fanout settings are ``env`` alone: the caller's own ``FANOUT_*`` and
+    ``KAFKA_BOOTSTRAP`` are not inherited, so a service restarted from another shell
+    runs exactly as the stack's first one did.
+    """
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    inherited = {k: v for k, v in os.environ.items()
+                 if not k.startswith("FANOUT_") and k != "KAFKA_BOOTSTRAP"}
     with (logs / f"{service}.log").open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            stdout=out, stderr=subprocess.STDOUT, env={**inherited, **env},
             start_new_session=True)
     return process
 
 
 def wait_for_file(path: Path, process: subprocess.Popen[bytes], what: str,
-                  timeout: float) -> str:
+                  timeout: float, watch: Callable[[], str | None] | None = None) -> str:
     """Wait until a service writes ``path`` (its ready marker); return its text."""
-    _await(path.exists, process, what, timeout, f"see its log in {path.parent}/logs")
+    _await(path.exists, process, what, timeout, f"see its log in {path.parent}/logs", watch)
     return path.read_text().strip()
 
 
-def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float,
+                  watch: Callable[[], str | None] | None = None) -> None:
     """Wait until ``url`` answers 200 (the API's /healthz)."""
 
     def answers() -> bool:
@@ -102,21 +136,53 @@ def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float) ->
         except httpx.HTTPError:
             return False
 
-    _await(answers, process, f"the API at {url}", timeout, "see its log")
+    _await(answers, process, f"the API at {url}", timeout, "see its log", watch)
 
 
 def _await(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: str,
-           timeout: float, hint: str) -> None:
-    """Poll ``ready`` until true; fail when the process exits or the deadline passes."""
+           timeout: float, hint: str, watch: Callable[[], str | None] | None = None) -> None:
+    """Poll ``ready`` until true; fail when the process exits or the deadline passes.
+
+    ``watch`` says what else died meanwhile (a service this one needs), or None.
+    """
     deadline = time.monotonic() + timeout
     while not ready():
         if process.poll() is not None:
             msg = f"{what} exited before it was ready; {hint}"
             raise StackError(msg)
+        died = watch() if watch is not None else None
+        if died:
+            msg = f"{died} while waiting for {what}"
+            raise StackError(msg)
         if time.monotonic() >= deadline:
             msg = f"{what} was not ready after {timeout:.0f}s; {hint}"
             raise StackError(msg)
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def job_lock(checkpoint_dir: Path) -> Iterator[None]:
+    """Hold the checkpoint's lock while a view job runs on it; refuse a second job.
+
+    Two queries on one checkpoint would each apply every batch and corrupt its
+    offsets log; the lock (``flock``, released by the kernel when the holder dies,
+    however it dies) names the holder's pid in the refusal.
+    """
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_dir / "job.lock"
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            msg = (f"another view job (pid {holder}) runs on the checkpoint {checkpoint_dir}: "
+                   "stop it first, or give this one its own FANOUT_CHECKPOINT_DIR")
+            raise StackError(msg) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def stop_on_signals() -> threading.Event:
@@ -127,23 +193,23 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) fanout service."""
+def alive(pid: int, marker: str = MARKER) -> bool:
+    """Whether ``pid`` runs (not a zombie) with ``marker`` in its command line."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return False
-    return MARKER.encode() in cmdline and state != "Z"
+    return marker.encode() in cmdline and state != "Z"
 
 
-def stop_pid(pid: int, name: str, timeout: float = 30.0) -> None:
+def stop_pid(pid: int, name: str, timeout: float = 30.0, marker: str = MARKER) -> None:
     """SIGTERM, wait, then SIGKILL; only if the pid is still one of ours."""
-    if not alive(pid):
+    if not alive(pid, marker):
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while alive(pid):
+    while alive(pid, marker):
         if time.monotonic() >= deadline:
             log.warning("%s (pid %d) ignored SIGTERM for %.0fs: SIGKILL", name, pid, timeout)
             os.kill(pid, signal.SIGKILL)
@@ -159,15 +225,28 @@ def _reap(pid: int) -> None:
         pass
 
 
+def stop_service(stack: Stack, name: str, timeout: float = 30.0) -> bool:
+    """Stop one service of ``stack`` if it runs; forget its pid. True if it was running."""
+    pid = stack.pids.pop(name, None)
+    marker = stack.markers.pop(name, MARKER)
+    if not pid or not alive(pid, marker):
+        return False
+    stop_pid(pid, name, timeout, marker)
+    log.info("stopped %s (pid %d)", name, pid)
+    return True
+
+
 def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
-    """Stop what ``up`` started in ``run_dir``; return it (None if nothing was up)."""
+    """Stop the stack of ``run_dir``, keeping its record; return it (None if there is none).
+
+    Topics, checkpoint and store stay: ``up`` resumes from them.
+    """
     stack = Stack.load(run_dir)
     if stack is None:
         return None
-    for name in ("api", "job", "broker"):
-        pid = stack.pids.get(name)
-        if pid:
-            stop_pid(pid, name, timeout)
-            log.info("stopped %s (pid %d)", name, pid)
-    (run_dir / STACK_FILE).unlink(missing_ok=True)
+    stopped = [name for name in reversed(SERVICES) if stop_service(stack, name, timeout)]
+    stack.pids.clear()
+    stack.markers.clear()
+    stack.save()
+    log.info("stopped %s", ", ".join(stopped) or "nothing (nothing was running)")
     return stack

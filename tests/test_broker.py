@@ -18,9 +18,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from infra import broker as broker_module
 from infra.broker import BrokerError, KafkaBroker
 from infra.jars import JarError
-from views.kafka_offsets import consumer_config
 from ingest.settings import KafkaSettings
 from ingest.topics import TopicLayoutError, check_copartitioned, create_topics
+from views.kafka_offsets import consumer_config
 
 
 def _alive(pid: int) -> bool:
