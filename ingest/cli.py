@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ingest import generator, history
 from ingest.errors import BrokerUnavailable, IngestError
@@ -100,6 +100,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 # -- replay planning ---------------------------------------------------------------
 
+#: How long a replay's records may wait for a broker that went away (seconds).
+REPLAY_OUTAGE_S: Final = 300.0
+
 
 def _sink(args: argparse.Namespace) -> Sink:
     if args.dry_run:
@@ -107,7 +110,10 @@ def _sink(args: argparse.Namespace) -> Sink:
     given: dict[str, Any] = {"bootstrap": resolve_bootstrap(args)}
     if args.topic_prefix is not None:
         given["topic_prefix"] = args.topic_prefix
-    producer = ChangelogProducer(KafkaSettings(**given))
+    # A replay is a batch job: it waits out a broker restart (`fanout down`/`up`, a
+    # crash) of up to REPLAY_OUTAGE_S instead of failing the deliveries in flight.
+    producer = ChangelogProducer(KafkaSettings(**given), backpressure_timeout=REPLAY_OUTAGE_S,
+                                 **{"message.timeout.ms": int(REPLAY_OUTAGE_S * 1000)})
     producer.start()
     return producer
 
