@@ -33,6 +33,7 @@ from ingest.events import (
     encode_key,
 )
 from ingest.settings import KafkaSettings
+from views.errors import OffsetsPastEnd
 from views.kafka_offsets import KafkaReadError
 from views.kinds import Kind
 from views.source import (
@@ -222,6 +223,19 @@ def test_reader_plans_and_reads_exact_ranges(kafka_settings: KafkaSettings,
     assert table.num_rows == 400
     assert table.column("kind").to_pylist().count(Kind.INVALID) == 0
     assert max(table.column("tweet_id").to_pylist()) == MAX_ID
+
+
+@pytest.mark.broker
+def test_reader_refuses_offsets_past_the_end(kafka_settings: KafkaSettings,
+                                            produce_events: ProduceEvents) -> None:
+    produce_events(_events(40))
+    reader = KafkaStreamReader(_options(kafka_settings))
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    past = {key: n + 5 if n else n for key, n in end.items()}  # a checkpoint of a lost log
+    with pytest.raises(OffsetsPastEnd, match=r"read up to offset \d+ but it now ends at"):
+        reader.latestOffset(past, ReadAllAvailable())
+    with pytest.raises(OffsetsPastEnd, match="fanout rebuild"):
+        KafkaStreamReader(_options(kafka_settings)).partitions(end, past)
 
 
 @pytest.mark.broker

@@ -1,10 +1,10 @@
-"""The changelogs read in batch, from the beginning to their true end.
+"""The changelogs read in batch, from the beginning to their end.
 
 ``fanout verify`` recomputes the view from here, independently of the streaming
-job's state: every partition of every topic is read from its earliest offset to
-the end found by :class:`~views.kafka_offsets.EndOffsets`, through the same row
-decoding as the stream source, so both see the same events and the same invalid
-records.
+job's state: every partition of every topic is read from its earliest offset to the
+end Kafka lists for it (:class:`~views.kafka_offsets.EndOffsets`), through the same
+row decoding as either stream source (:func:`~views.source.event_row`), so all see
+the same events and the same invalid records.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Changelog:
 
 
 def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0) -> Changelog:
-    """Read every topic from its earliest offset to its true end."""
+    """Read every topic from its earliest offset to its end."""
     offsets = EndOffsets(kafka.bootstrap)
     tps = offsets.topic_partitions(kafka.physical_topics())
     starts, ends = offsets.earliest(tps), offsets.ends(tps)

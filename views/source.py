@@ -1,7 +1,9 @@
 """The ``fanout-kafka`` Spark streaming source: changelog records as typed rows.
 
-There is no Spark Kafka connector jar to rely on (DESIGN §5), so this module owns a
-Python streaming data source built on confluent-kafka. It reads each partition with
+This module owns the project's Python streaming data source, built on
+confluent-kafka when no Spark Kafka connector jar could be had (DESIGN §5); Spark's
+own connector (:mod:`views.connector`) is the other source the job can read with, and
+it decodes records with this module's :func:`event_row`. The source reads each partition with
 ``assign()`` at explicit offsets (no consumer group, nothing committed); the offsets
 live in Spark's checkpoint as ``{"<physical topic>:<partition>": next_offset}``,
 serialized with sorted keys because Spark compares offsets as JSON text.
@@ -13,8 +15,8 @@ fields, anything else (a tombstone, bad JSON, a wrong key, a contract violation)
 Integer columns are non-nullable so that ids near 2^63 never pass through float64.
 
 ``read()`` yields Arrow batches whose schema is exactly Spark's Arrow schema of
-:data:`SOURCE_SCHEMA` (Spark rejects any other). The true end of each partition comes
-from :class:`~views.kafka_offsets.EndOffsets` (the embedded broker under-reports it).
+:data:`SOURCE_SCHEMA` (Spark rejects any other). The end of each partition is Kafka's
+ListOffsets answer (:class:`~views.kafka_offsets.EndOffsets`), which is exact.
 
 Planning (``latestOffset``, and the first ``partitions`` after a restart) retries an
 unreachable broker with backoff for ``brokerRetrySeconds``, and refuses to go on when
@@ -304,7 +306,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._checked = False
 
     def initialOffset(self) -> dict[str, int]:
-        """Where a new query starts: each partition's earliest (or true end) offset."""
+        """Where a new query starts: each partition's earliest (or end) offset."""
         tps = self._topic_partitions()
         if self.options.starting_offsets == "latest":
             return self._ends(tps)
@@ -319,11 +321,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Fix the target: the query ends at today's true ends, whatever comes later."""
+        """Fix the target: the query ends at today's ends, whatever comes later."""
         self._target = self._ends(self._topic_partitions())
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        """End of the next micro-batch: the true ends, cut fairly to ``limit``."""
+        """End of the next micro-batch: the partitions' ends, cut fairly to ``limit``."""
         ends = self._target if self._target is not None else self._ends(self._topic_partitions())
         begin = self._positions(start, ends.keys())
         self._check_reachable(begin, ends)
@@ -383,28 +385,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {key: int(start[key]) if key in start else earliest[key] for key in keys}
 
     def _broker(self, what: str, call: Callable[[], _T]) -> _T:
-        # Cached ends need not hold for the broker that comes back: forget them.
         return retrying(call, what=what, bootstrap=self.options.bootstrap,
-                        budget=self.options.broker_retry, on_failure=self._offsets.forget)
+                        budget=self.options.broker_retry)
 
     def _check_reachable(self, wanted: Mapping[str, int], ends: Mapping[str, int]) -> None:
-        """Raise :class:`OffsetsPastEnd` if a partition ends before ``wanted`` for good.
+        """Raise :class:`OffsetsPastEnd` if a partition ends before ``wanted``.
 
-        A short end is confirmed by reading before it counts (an end probe may fall
-        short on a slow broker): no record at ``wanted - 1``, and the end still short
-        when listed again with the broker answering.
+        Kafka's listed end is exact and never goes back on a living partition, so a
+        short one means the records are gone (the topic was deleted and recreated).
         """
         self._checked = True
-        short = {k: w for k, w in wanted.items() if w > ends.get(k, 0)}
-        if not short:
-            return
-        self._offsets.forget()  # found again next time, whatever the outcome here
-        held = self._offsets.holding({parse_key(k): w - 1 for k, w in short.items()})
-        lost = [k for k in short if parse_key(k) not in held]
-        if not lost:
-            return
-        again = self._ends(map(parse_key, lost))
-        gone = {k: (short[k], again[k]) for k in lost if again[k] < short[k]}
+        gone = {k: (w, ends.get(k, 0)) for k, w in wanted.items() if w > ends.get(k, 0)}
         if gone:
             raise OffsetsPastEnd(past_end_message(self.options.bootstrap, gone))
 
@@ -416,12 +407,10 @@ def past_end_message(bootstrap: str, gone: Mapping[str, tuple[int, int]]) -> str
     return (f"the changelog topics on {bootstrap} end before the offsets this view job's "
             f"checkpoint has already read ({shown}): records the views were built from "
             f"are gone. The topics were deleted and recreated, or the broker lost its "
-            f"data (the embedded broker keeps topics in memory only: a restart empties "
-            f"them). The views cannot continue from this checkpoint. To recover: stop the "
+            f"log. The views cannot continue from this checkpoint. To recover: stop the "
             f"job, run `fanout rebuild` (it moves the checkpoint and the store aside), "
             f"start the job again and replay the history into the broker (`fanout "
-            f"replay DIR`). On a real Kafka cluster a broker restart keeps the records, "
-            f"and the job simply resumes.")
+            f"replay DIR`).")
 
 
 def _log_to_stderr() -> None:

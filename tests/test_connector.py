@@ -1,0 +1,103 @@
+"""Spark's own Kafka source (views.connector): the same rows as the Python source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+
+from infra.jars import SPARK_KAFKA, artifact_id, cached, classpath
+from ingest.events import MAX_ID, Post, encode
+from ingest.settings import KafkaSettings
+from views import connector, job
+from views.kinds import Kind
+from views.settings import ViewSettings
+from views.source import ARROW_SCHEMA, FORMAT
+
+BIG = MAX_ID - 7
+
+
+def _kafka_batch(rows: list[tuple[str, int, int, bytes | None, bytes | None]]) -> pa.RecordBatch:
+    """A batch as Spark's Kafka source hands it to mapInArrow."""
+    names = ["topic", "partition", "offset", "key", "value"]
+    types = [pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.binary()]
+    return pa.RecordBatch.from_arrays(
+        [pa.array([r[i] for r in rows], t) for i, t in enumerate(types)], names=names)
+
+
+def test_decode_maps_physical_topics_and_dead_letters_bad_records() -> None:
+    key, value = encode(Post(tweet_id=MAX_ID, author_id=BIG, created_at=7, text="hi"))
+    batch = _kafka_batch([("p_tweets", 1, 10, key, value), ("p_tweets", 1, 11, key, b"{bad"),
+                          ("p_users", 0, 3, b"5", None)])
+    out = list(connector.decode_batches("p_")([batch]))
+    assert len(out) == 1 and out[0].schema.equals(ARROW_SCHEMA)
+    rows = out[0].to_pylist()
+    assert [(r["topic"], r["partition"], r["offset"], r["kind"]) for r in rows] == [
+        ("tweets", 1, 10, Kind.POST), ("tweets", 1, 11, Kind.INVALID),
+        ("users", 0, 3, Kind.INVALID)]
+    assert rows[0]["tweet_id"] == MAX_ID and rows[0]["key"] == BIG
+    assert "not JSON" in rows[1]["error"] and rows[1]["raw"] == b"{bad"
+    assert "tombstone" in rows[2]["error"]
+
+
+def test_data_loss_errors_stop_the_job_with_exit_3_and_say_how_to_recover() -> None:
+    error = ("[STREAM_FAILED] Query [id = x] terminated with exception: [KAFKA_DATA_LOSS."
+             "PARTITION_OFFSET_CHANGED] Some data may have been lost because they are not "
+             "available in Kafka any more; ... Partition t_tweets-0 offset was changed from "
+             "40 to 3. SQLSTATE: 22000\n\tat org.apache.spark...")
+    message = connector.data_loss_message(error)
+    assert message is not None and "PARTITION_OFFSET_CHANGED" in message
+    assert "fanout rebuild" in message
+    assert job._failed(error) == job.EXIT_PAST_END
+    assert connector.data_loss_message("[STREAM_FAILED] something else") is None
+
+
+def test_connector_classpath_leaves_out_what_pyspark_ships() -> None:
+    assert artifact_id("spark-sql-kafka-0-10_2.13-4.2.0.jar") == "spark-sql-kafka-0-10_2.13"
+    assert artifact_id("zstd-jni-1.5.7-7.jar") == "zstd-jni"
+    if cached(SPARK_KAFKA) is None:
+        pytest.skip("the spark-kafka jars are not cached (`fanout jars spark-kafka`)")
+    names = {artifact_id(p.name) for p in classpath(SPARK_KAFKA)}
+    assert names == {"spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
+                     "kafka-clients", "commons-pool2"}
+
+
+def _collect(spark: Any, frame: Any, checkpoint: Path) -> set[tuple]:
+    rows: list[tuple] = []
+
+    def sink(batch: Any, _id: int) -> None:
+        rows.extend(tuple(r) for r in batch.collect())
+    query = (frame.writeStream.foreachBatch(sink).trigger(availableNow=True)
+             .option("checkpointLocation", str(checkpoint)).start())
+    assert query.awaitTermination(300), "availableNow query still running after 300 s"
+    assert query.exception() is None, query.exception()
+    return set(rows)
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_both_sources_give_the_same_rows(spark: Any, kafka_settings: KafkaSettings,
+                                         tmp_path: Path) -> None:
+    if cached(SPARK_KAFKA) is None:
+        pytest.skip("the spark-kafka jars are not cached (`fanout jars spark-kafka`)")
+    producer = Producer({"bootstrap.servers": kafka_settings.bootstrap})
+    for i in range(300):
+        key, value = encode(Post(tweet_id=MAX_ID - i, author_id=BIG - i % 5, created_at=i,
+                                 text=f"t{i}"))
+        producer.produce(kafka_settings.topic("tweets"), key=key, value=value)
+    producer.produce(kafka_settings.topic("tweets"), key=b"3", value=b"[1]")
+    producer.produce(kafka_settings.topic("users"), key=b"3", value=None)
+    assert producer.flush(30) == 0
+    view = ViewSettings(max_records_per_batch=120)
+    spark_rows = _collect(spark, job.read_source(
+        spark, kafka_settings, view.model_copy(update={"kafka_source": "spark"})),
+        tmp_path / "spark")
+    python_rows = _collect(spark, job.read_source(
+        spark, kafka_settings, view.model_copy(update={"kafka_source": "python"})),
+        tmp_path / "python")
+    assert len(spark_rows) == 302
+    assert spark_rows == python_rows
+    assert FORMAT != connector.FORMAT
