@@ -1,13 +1,16 @@
-"""The whole view path for real: Kafka → Spark (RocksDB state) → SQLite.
+"""The whole view path for real: Kafka → Spark (RocksDB state) → SQLite or Cassandra.
 
 Each test produces a history into its own topics, runs the streaming query with
 ``availableNow`` (it drains what is there and stops — no sleeps), and checks the
 served timelines against the SQL recomputed from the topics with ``infra.verify``.
+Every test runs on both stores: a SQLite file, and a fresh keyspace on the session's
+Cassandra node (``cassandra_hosts`` in ``conftest.py``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,17 +22,29 @@ from ingest.generator import generate
 from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
 from serving.timeline import home_top
+from tests.cassandra_helpers import fresh_keyspace
 from views.job import start_query
 from views.settings import ViewSettings
 from views.sink import Sink
-from views.stores.sqlite import SQLiteStore
+from views.stores import store_from_url
+from views.stores.base import Store
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
 BIG = 2**63 - 1
 
 
-def _view(tmp_path: Path, **overrides: object) -> ViewSettings:
-    base = dict(store_url=f"sqlite:///{tmp_path / 'v.sqlite'}", checkpoint_dir=tmp_path / "ck",
+@pytest.fixture(params=["sqlite", "cassandra"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty store of each kind: a SQLite file, or a fresh Cassandra keyspace."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'v.sqlite'}"
+        return
+    with fresh_keyspace(request.getfixturevalue("cassandra_hosts")) as url:
+        yield url
+
+
+def _view(tmp_path: Path, store_url: str, **overrides: object) -> ViewSettings:
+    base = dict(store_url=store_url, checkpoint_dir=tmp_path / "ck",
                 timeline_cap=40, celebrity_threshold=40, max_records_per_batch=3000,
                 shuffle_partitions=2)
     return ViewSettings(**(base | overrides))
@@ -42,18 +57,22 @@ def _produce(kafka: KafkaSettings, events: list) -> None:
         assert producer.flush(60) == 0
 
 
-def _drain(spark, kafka: KafkaSettings, view: ViewSettings, store: SQLiteStore) -> None:
+def _store(view: ViewSettings) -> Store:
+    return store_from_url(view.store_url, cap=view.timeline_cap)
+
+
+def _drain(spark, kafka: KafkaSettings, view: ViewSettings, store: Store) -> None:
     query = start_query(spark, kafka, view, store, available_now=True)
     query.awaitTermination(600)
     assert query.exception() is None, query.exception()
 
 
-def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path):
+def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_url):
     history = generate(300, 4000, 3000, seed=3)
     events = list(history.events())
     _produce(kafka_settings, events)
-    view = _view(tmp_path)
-    with SQLiteStore(tmp_path / "v.sqlite", cap=view.timeline_cap) as store:
+    view = _view(tmp_path, store_url)
+    with _store(view) as store:
         _drain(spark, kafka_settings, view, store)
         result = verify(kafka_settings, store, view.timeline_cap)
         assert result.ok, result.render()
@@ -61,12 +80,12 @@ def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path):
         assert store.celebrities(), "the history should cross the celebrity threshold"
 
 
-def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_path):
+def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_path, store_url):
     events = list(generate(200, 3000, 3000, seed=5).events())
     half = len(events) // 2
     _produce(kafka_settings, events[:half])
-    view = _view(tmp_path, max_records_per_batch=500)
-    with SQLiteStore(tmp_path / "v.sqlite", cap=view.timeline_cap) as store:
+    view = _view(tmp_path, store_url, max_records_per_batch=500)
+    with _store(view) as store:
         # First run: stopped from outside after two micro-batches, mid-stream.
         two_batches = threading.Event()
         sink = Sink(store, on_batch=lambda *_: two_batches.set() if len(sink.history) >= 2
@@ -82,7 +101,7 @@ def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_pat
         assert result.ok, result.render()
 
 
-def test_ids_near_2_pow_63_and_bad_records(spark, kafka_settings, tmp_path):
+def test_ids_near_2_pow_63_and_bad_records(spark, kafka_settings, tmp_path, store_url):
     _produce(kafka_settings, [
         UserUpsert(BIG - 5, "big", "Big Author", 1),
         Follow(BIG, BIG - 5, 2),
@@ -97,8 +116,8 @@ def test_ids_near_2_pow_63_and_bad_records(spark, kafka_settings, tmp_path):
     for topic, key, value in bad:
         raw.produce(kafka_settings.topic(topic), key=key, value=value)
     assert raw.flush(30) == 0
-    view = _view(tmp_path)
-    with SQLiteStore(tmp_path / "v.sqlite", cap=view.timeline_cap) as store:
+    view = _view(tmp_path, store_url)
+    with _store(view) as store:
         _drain(spark, kafka_settings, view, store)
         entries = home_top(store, BIG, 10)
         assert [(e.tweet_id, e.author_id) for e in entries] == [
