@@ -2,16 +2,15 @@
 
 The views are derived data (DESIGN §2): a store plus the Spark checkpoint that says
 how much of the changelogs the store reflects. When the changelogs lose records the
-checkpoint has read — the embedded broker is memory-only, so every restart empties
-its topics; on Kafka, topics deleted and recreated — the two no longer describe the
-log, and the job refuses to go on (``OffsetsPastEnd`` in ``views.source``). This
+checkpoint has read — topics deleted and recreated, a Kafka log directory lost —
+the two no longer describe the log, and the job refuses to go on (``OffsetsPastEnd`` in ``views.source``). This
 module owns the documented way out: with the job stopped, move the checkpoint
 directory and the SQLite store (with its ``-wal``/``-shm`` files) aside under a
 timestamped name (or delete them with ``--force``). It stops nothing itself: it
 refuses while the stack's view job runs. The next ``fanout job``/``fanout up`` then
 starts from the earliest offsets into an empty store, and the user replays the
 history into the broker. It also tells ``fanout up`` when a run directory holds
-views that a fresh embedded broker cannot match (:func:`stale_views`).
+views that a fresh, empty Kafka log cannot match (:func:`stale_views`).
 """
 
 from __future__ import annotations
@@ -116,8 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "store (env FANOUT_STORE; default RUN_DIR/fanout.sqlite) aside, so "
                     "that the next `fanout job`/`fanout up` rebuilds the views from "
                     "whatever the topics hold. Use it when the job stops because the "
-                    "topics end before its checkpoint (an embedded broker restarted "
-                    "empty); then replay the history into the broker.")
+                    "topics end before its checkpoint (topics recreated, a Kafka "
+                    "log lost); then replay the history into the broker.")
     p.add_argument("--force", action="store_true",
                    help="delete the checkpoint and the store instead of moving them aside")
     p.set_defaults(func=_cmd_rebuild)

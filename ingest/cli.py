@@ -27,8 +27,8 @@ from ingest.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-NO_BROKER = ("no broker to replay into: run `fanout up` first (it starts the embedded "
-             "broker), or set KAFKA_BOOTSTRAP, or pass --bootstrap HOST:PORT")
+NO_BROKER = ("no broker to replay into: run `fanout up` first (it starts a local "
+             "Kafka node), or set KAFKA_BOOTSTRAP, or pass --bootstrap HOST:PORT")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -241,7 +241,7 @@ class _Probe:
     def _ask(self) -> bool:
         admin = AdminClient({"bootstrap.servers": self._bootstrap, "log_level": 0})
         try:
-            # All topics, never a named one: the embedded broker would create it.
+            # All topics, never a named one: a broker that auto-creates topics would.
             admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
             log.warning("health: broker %s unreachable: %s", self._bootstrap, exc)

@@ -20,7 +20,7 @@ class KafkaSettings(BaseSettings):
     bootstrap: str = Field(
         default="",
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "bootstrap"),
-        description="host:port of a Kafka cluster; empty means the embedded broker.",
+        description="host:port of a Kafka cluster; empty means the local Kafka node.",
     )
     partitions: int = Field(
         default=4, ge=1, le=1024,

@@ -6,10 +6,11 @@ same partition count. :func:`create_topics` makes the three topics (idempotently
 then checks exactly that, so a mismatch fails loudly at start instead of silently
 splitting the join. ``users`` is a compacted profile changelog.
 
-The embedded broker (Tansu) auto-creates, with 4 partitions, any topic named in a
-metadata request that allows it (a producer's, or AdminClient.list_topics(topic), by
-default): create the topics before anything produces, and list metadata here without
-naming topics so that the check never creates one.
+A broker with ``auto.create.topics.enable`` (Kafka's default; the local node turns it
+off) creates, with its default partition count, any topic named in a metadata
+request that allows it (a producer's, or AdminClient.list_topics(topic)): create the
+topics before anything produces, and list metadata here without naming topics so
+that the check never creates one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def create_topics(settings: KafkaSettings, admin_timeout: float = 15.0) -> int:
     answer within ``admin_timeout`` seconds.
     """
     if not settings.bootstrap:
-        msg = "KafkaSettings.bootstrap is empty: start the embedded broker or set KAFKA_BOOTSTRAP"
+        msg = "KafkaSettings.bootstrap is empty: run `fanout up` or set KAFKA_BOOTSTRAP"
         raise TopicLayoutError(msg)
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     deadline = time.monotonic() + admin_timeout
