@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from infra import cassandra as cassandra_cli
 from infra import jars as jars_cli
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
     args.run_dir = run_dir
-    if args.command not in ("up", "broker", "demo", "jars"):
+    if args.command not in ("up", "broker", "cassandra", "demo", "jars"):
         _point_at_stack(run_dir)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     load_cli.register(sub)
     jars_cli.register(sub)
+    cassandra_cli.register(sub)
     return parser
 
 
@@ -91,6 +93,15 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=None,
                    help="API port (env FANOUT_API_PORT; default: a free port)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for start")
+    p.add_argument("--store", choices=("sqlite", "cassandra"), default=None,
+                   help="the store of a new stack: an SQLite file in the run directory "
+                        "(default), or a local Cassandra node in RUN_DIR/cassandra (env "
+                        "FANOUT_STORE=cassandra://local; any other FANOUT_STORE URL is used "
+                        "as it is)")
+    p.add_argument("--cluster", action="store_true",
+                   help="run the view job on a Spark standalone master and worker that 'up' "
+                        "starts on loopback (RUN_DIR/spark); FANOUT_SPARK_MASTER=spark://... "
+                        "names an existing cluster instead")
     _add_view_flags(p)
     p.set_defaults(func=_cmd_up)
     p = sub.add_parser("down", help="stop the stack's services; its data stays for 'up'")
@@ -121,7 +132,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     before = stack_mod.Stack.load(args.run_dir)
     was = before.state() if before else {}
-    running = up(args.run_dir, port=args.port, extra_env=_view_env(args), timeout=args.timeout)
+    running = up(args.run_dir, port=args.port, extra_env=_view_env(args), store=args.store,
+                 cluster=args.cluster, timeout=args.timeout)
     for name, pid in running.pids.items():
         verb = "was running" if was.get(name) == "running" else "started"
         print(f"  {name:<7} {verb} (pid {pid})")
@@ -264,7 +276,7 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the whole pipeline end to end on embedded defaults")
+    p = sub.add_parser("demo", help="the whole pipeline end to end on local defaults")
     p.add_argument("--users", type=int, default=2_000)
     p.add_argument("--follows", type=int, default=30_000)
     p.add_argument("--tweets", type=int, default=20_000)

@@ -41,6 +41,10 @@ from views.settings import ViewSettings
 
 log = logging.getLogger(__name__)
 
+#: ``FANOUT_STORE`` that asks ``up`` for a local Cassandra node, and its keyspace.
+LOCAL_CASSANDRA: Final = "cassandra://local"
+CASSANDRA_KEYSPACE: Final = "fanout"
+
 #: Environment variables that are part of a stack's settings (recorded at its first
 #: ``up``); these are where its pieces are, or secrets, and are decided by the stack.
 _NOT_SETTINGS: Final = frozenset({
@@ -50,17 +54,25 @@ _NOT_SETTINGS: Final = frozenset({
 
 
 def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None,
-       timeout: float = 240.0) -> Stack:
-    """Start what is not running of the stack in ``run_dir``; return the Stack."""
+       store: str | None = None, cluster: bool = False, timeout: float = 240.0) -> Stack:
+    """Start what is not running of the stack in ``run_dir``; return the Stack.
+
+    ``store="cassandra"`` (or ``FANOUT_STORE=cassandra://local``) gives a new stack a
+    local Cassandra node for its store, keyspace ``fanout``; ``cluster`` a Spark
+    standalone master and worker that the job runs on (``FANOUT_SPARK_MASTER`` names
+    an existing one instead).
+    """
     run_dir = run_dir.resolve()
     stack = Stack.load(run_dir)
     if stack is None:
-        stack = _new_stack(run_dir, port, extra_env or {})
+        stack = _new_stack(run_dir, port, extra_env or {}, store, cluster)
     else:
         _warn_on_other_settings(stack, extra_env or {})
     started: list[str] = []
     try:
         moved = _ensure_broker(stack, started)
+        moved |= _ensure_cassandra(stack, started)
+        moved |= _ensure_spark(stack, started)
         create_topics(_kafka(stack))
         _ensure_job(stack, started, restart=moved, timeout=timeout)
         _ensure_api(stack, started, restart=moved, port=port)
@@ -73,7 +85,8 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
     return stack
 
 
-def _new_stack(run_dir: Path, port: int | None, extra_env: dict[str, str]) -> Stack:
+def _new_stack(run_dir: Path, port: int | None, extra_env: dict[str, str],
+               store: str | None, cluster: bool) -> Stack:
     """The stack a first ``up`` describes, from the environment, flags and the run dir."""
     kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
     if not api.host.startswith("127.") and api.host != "localhost":
@@ -87,11 +100,17 @@ def _new_stack(run_dir: Path, port: int | None, extra_env: dict[str, str]) -> St
         _refuse_stale_views(run_dir, view)
     run_dir.mkdir(parents=True, exist_ok=True)
     _auth_secret(run_dir)
+    local_cassandra = store == "cassandra" or view.store_url == LOCAL_CASSANDRA
+    if store not in (None, "sqlite", "cassandra"):
+        msg = f"--store is sqlite or cassandra, not {store!r} (FANOUT_STORE takes any URL)"
+        raise StackError(msg)
     return Stack(run_dir=str(run_dir), bootstrap=kafka.bootstrap,
-                 store_url=_store_url(run_dir, view),
+                 store_url="" if local_cassandra else _store_url(run_dir, view),
                  api_url=f"http://{api.host}:{port or _api_port(api)}",
                  topic_prefix=kafka.topic_prefix, partitions=kafka.partitions,
-                 settings=settings, local_kafka=local_kafka)
+                 settings=settings, local_kafka=local_kafka, local_cassandra=local_cassandra,
+                 local_spark=cluster,
+                 spark_master="" if cluster else os.environ.get("FANOUT_SPARK_MASTER", ""))
 
 
 def _api_port(api: ServingSettings) -> int:
@@ -135,6 +154,64 @@ def _ensure_broker(stack: Stack, started: list[str]) -> bool:
     return moved
 
 
+def _ensure_cassandra(stack: Stack, started: list[str]) -> bool:
+    """Start the local Cassandra node unless it runs; apply the schema; True if it moved."""
+    if not stack.local_cassandra or stack.running("cassandra"):
+        return False
+    from infra.cassandra import LocalCassandra
+
+    run_dir = Path(stack.run_dir)
+    node = LocalCassandra(run_dir / "cassandra", run_dir / "logs" / "cassandra.log")
+    node.start()
+    stack.pids["cassandra"] = node.pid
+    stack.markers["cassandra"] = str(run_dir / "cassandra")
+    started.append("cassandra")
+    url = node.url(CASSANDRA_KEYSPACE)
+    _apply_schema(url)
+    moved = bool(stack.store_url) and url != stack.store_url
+    if moved:
+        log.warning("Cassandra moved to %s (its port was taken): restarting the job and the "
+                    "API with the new address", node.hosts)
+    stack.store_url = url
+    stack.save()
+    return moved
+
+
+def _ensure_spark(stack: Stack, started: list[str]) -> bool:
+    """Start the standalone master and worker unless both run; True if the master moved."""
+    if not stack.local_spark or (stack.running("spark-master")
+                                 and stack.running("spark-worker")):
+        return False
+    from infra.sparkcluster import LocalSparkCluster
+
+    for name in ("spark-worker", "spark-master"):  # half a cluster: start it whole again
+        stop_service(stack, name)
+    cluster = LocalSparkCluster(Path(stack.run_dir) / "spark").start()
+    marker = str(cluster.work_dir / "spark-daemons.conf")
+    for name in ("master", "worker"):
+        stack.pids[f"spark-{name}"], stack.markers[f"spark-{name}"] = cluster.pids[name], marker
+        started.append(f"spark-{name}")
+    moved = bool(stack.spark_master) and cluster.master_url != stack.spark_master
+    stack.spark_master = cluster.master_url
+    stack.save()
+    return moved
+
+
+def _apply_schema(url: str) -> None:
+    """``fanout schema apply`` on a store URL (idempotent: applies the missing steps)."""
+    from views.stores.cassandra_config import parse_url
+    from views.stores.schema import apply_schema, connect
+
+    config = parse_url(url)
+    cluster, session = connect(config, wait=60)
+    try:
+        done = apply_schema(session, config.keyspace, config.replication.cql_map())
+        if done:
+            log.info("keyspace %s: applied %s", config.keyspace, [s.label for s in done])
+    finally:
+        cluster.shutdown()
+
+
 def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: float) -> None:
     if stack.running("job"):
         if not restart:
@@ -147,7 +224,8 @@ def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: flo
     stack.pids["job"], stack.markers["job"] = process.pid, MARKER
     started.append("job")
     wait_for_file(ready, process, "the view job", timeout=timeout,
-                  watch=lambda: _died(stack, "broker"))
+                  watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
+                  or _died(stack, "spark-master") or _died(stack, "spark-worker"))
 
 
 def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
@@ -173,7 +251,8 @@ def _died(stack: Stack, name: str) -> str | None:
     """A message if service ``name`` of the stack has a pid but no longer runs."""
     if name not in stack.pids or stack.running(name):
         return None
-    log_name = "kafka.log" if name == "broker" else f"{name}.log"
+    log_name = {"broker": "kafka.log", "spark-master": "../spark/master.log",
+                "spark-worker": "../spark/worker.log"}.get(name, f"{name}.log")
     return (f"the {name} (pid {stack.pids[name]}) died; see "
             f"{Path(stack.run_dir) / 'logs' / log_name}")
 

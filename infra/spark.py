@@ -1,7 +1,8 @@
 """The SparkSession every fanout process and test uses, configured in one place.
 
 This module owns how Spark is started (DESIGN §5, §10): local mode ``local[2]`` by
-default (``master`` or ``SPARK_MASTER`` picks another, e.g. ``spark://host:7077``),
+default (``master``, ``FANOUT_SPARK_MASTER`` or ``SPARK_MASTER`` picks another, e.g.
+``spark://host:7077``),
 bound to loopback, no UI, the RocksDB state store with changelog checkpointing,
 Arrow on, nullable ints kept as pandas extension dtypes (ids above 2^53 must never
 become float64), quiet logs, the ``fanout-kafka`` source registered, and Spark's own
@@ -75,7 +76,8 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     checkpoint location of queries that do not name one.
     """
     require_java()
-    master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    master = (master or os.environ.get("FANOUT_SPARK_MASTER") or os.environ.get("SPARK_MASTER")
+              or DEFAULT_MASTER)
     _prepare_environment(master)
     builder = SparkSession.builder.appName(app_name).master(master)
     conf = session_conf(shuffle_partitions, log_level) | executor_conf(master)

@@ -43,7 +43,7 @@ class StackError(InfraError):
 
 
 #: The order services start in; ``down`` stops them in reverse.
-SERVICES = ("broker", "job", "api")
+SERVICES = ("broker", "cassandra", "spark-master", "spark-worker", "job", "api")
 
 
 @dataclass
@@ -63,6 +63,12 @@ class Stack:
     settings: dict[str, str] = field(default_factory=dict)
     #: Whether ``up`` runs the Kafka node (False: KAFKA_BOOTSTRAP named a cluster).
     local_kafka: bool = True
+    #: Whether ``up`` runs a Cassandra node for the store (``--store cassandra``).
+    local_cassandra: bool = False
+    #: Whether ``up`` runs a Spark standalone master and worker (``--cluster``).
+    local_spark: bool = False
+    #: Where the job runs: ``spark://host:port``, or "" for local mode.
+    spark_master: str = ""
     started_at: float = field(default_factory=time.time)
 
     def running(self, name: str) -> bool:
@@ -72,7 +78,9 @@ class Stack:
 
     def state(self) -> dict[str, str]:
         """``running``/``stopped`` per service this stack has."""
-        names = [n for n in SERVICES if n != "broker" or self.local_kafka]
+        local = {"broker": self.local_kafka, "cassandra": self.local_cassandra,
+                 "spark-master": self.local_spark, "spark-worker": self.local_spark}
+        names = [n for n in SERVICES if local.get(n, True)]
         return {n: "running" if self.running(n) else "stopped" for n in names}
 
     def save(self) -> None:
@@ -93,6 +101,8 @@ class Stack:
                "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url,
                "FANOUT_API_HOST": host, "FANOUT_API_PORT": port,
                "FANOUT_CHECKPOINT_DIR": str(Path(self.run_dir) / "checkpoints")}
+        if self.spark_master:
+            env["FANOUT_SPARK_MASTER"] = self.spark_master
         secret = Path(self.run_dir, AUTH_SECRET_FILE)
         if secret.exists():
             env["FANOUT_AUTH_SECRET"] = secret.read_text().strip()
