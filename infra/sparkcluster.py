@@ -124,6 +124,24 @@ class LocalSparkCluster:
         return [pid for pid, cmdline in _own_session(worker, WORKER_CLASS)
                 if EXECUTOR_CLASS in cmdline and (app_id is None or app_id in cmdline)]
 
+    def executor_log(self, pid: int) -> Path:
+        """The stderr file of executor ``pid``, in the worker's directory."""
+        args = _cmdline(pid).split()
+        try:
+            app = args[args.index("--app-id") + 1]
+            executor = args[args.index("--executor-id") + 1]
+        except (ValueError, IndexError):
+            msg = f"process {pid} is not a Spark executor (or is gone)"
+            raise ClusterError(msg) from None
+        return self.work_dir / "work" / app / executor / "stderr"
+
+    def descendants(self) -> list[int]:
+        """Live processes the worker started: executor JVMs and their Python workers."""
+        worker = self._pids.get("worker")
+        if worker is None:
+            return []
+        return [pid for pid, _ in _own_session(worker, WORKER_CLASS) if pid != worker]
+
     def rss(self) -> dict[str, int]:
         """Resident memory in bytes of each part of the cluster.
 
