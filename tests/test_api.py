@@ -1,10 +1,13 @@
 """The read API over real HTTP: uvicorn on a random loopback port, httpx as the client.
 
-A module fixture fills a temporary SQLite store through the pure join (the ``Harness``
-of ``tests/test_join.py``, no Spark): a celebrity author, timelines trimmed by a
-small cap (so deep pages take the read-time fallback), deleted tweets, ids at
-2^63-1, users with and without profiles. Paging through the API must concatenate to
-``views.reference`` — the DESIGN's SQL — and every failure must be the JSON error shape.
+A module fixture fills a store through the pure join (the ``Harness`` of
+``tests/test_join.py``, no Spark): a celebrity author, timelines trimmed by a small
+cap (so deep pages take the read-time fallback), deleted tweets, ids at 2^63-1, users
+with and without profiles. Paging through the API must concatenate to
+``views.reference`` — the DESIGN's SQL — and every failure must be the JSON error
+shape. The API runs on each store: a temporary SQLite file, and a fresh keyspace on
+the session's Cassandra node (``cassandra_hosts`` in ``conftest.py``); the tests of
+hydration races and of a failing store subclass the SQLite store.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from serving.app import create_app, hydrate, iso_millis
 from serving.cursor import encode_cursor
 from serving.settings import ServingSettings
 from serving.timeline import home_page
+from tests.cassandra_helpers import fresh_keyspace
 from tests.test_join import Harness
 from views.delta import Delta, DeltaKind, Key
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.reference import Reference
+from views.stores import store_from_url
 from views.stores.base import Entry, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
 
@@ -70,13 +75,14 @@ def _history() -> list[Event]:
 
 
 class Filled:
-    """The filled store's file, the reference and the history behind both."""
+    """The filled store (its URL), the reference and the history behind both."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:") else None
         self.history = _history()
         self.ref = Reference().add(self.history)
-        harness = Harness(CONFIG, store=SQLiteStore(path, cap=CONFIG.cap).open())
+        harness = Harness(CONFIG, store=store_from_url(url, cap=CONFIG.cap).open())
         rng = random.Random(11)
         arrivals = self.history[:]
         rng.shuffle(arrivals)  # out of order, as the changelogs may deliver
@@ -125,14 +131,32 @@ def _wait_until_answering(base: str, server: uvicorn.Server, thread: threading.T
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> Filled:
-    return Filled(tmp_path_factory.mktemp("api") / "store.sqlite")
+def sqlite_filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
+    filled = Filled(f"sqlite:///{tmp_path_factory.mktemp('api') / 'store.sqlite'}")
+    yield filled
+    filled.store.close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "cassandra"])
+def filled(request: pytest.FixtureRequest) -> Iterator[Filled]:
+    """The filled store of each kind."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_filled")
+        return
+    with fresh_keyspace(request.getfixturevalue("cassandra_hosts")) as url:
+        filled = Filled(url)
+        yield filled
+        filled.store.close()
+
+
+def _settings(url: str) -> ServingSettings:
+    return ServingSettings(store_url=url, timeline_cap=CONFIG.cap, max_page=MAX_PAGE,
+                           default_page=DEFAULT_PAGE, auth=False)
 
 
 @pytest.fixture(scope="module")
 def settings(filled: Filled) -> ServingSettings:
-    return ServingSettings(store_url=f"sqlite:///{filled.path}", timeline_cap=CONFIG.cap,
-                           max_page=MAX_PAGE, default_page=DEFAULT_PAGE, auth=False)
+    return _settings(filled.url)
 
 
 @pytest.fixture(scope="module")
@@ -246,10 +270,11 @@ class _RacyStore(SQLiteStore):
         return super().users(ids)
 
 
-def test_hydration_drops_raced_deletes_in_two_bulk_reads(filled: Filled):
-    page = home_page(filled.store, 2, None, 10)
+def test_hydration_drops_raced_deletes_in_two_bulk_reads(sqlite_filled: Filled):
+    page = home_page(sqlite_filled.store, 2, None, 10)
     ids = [e.tweet_id for e in page.entries]
-    store = _RacyStore(filled.path, deleted=ids[1], missing=ids[4]).open()
+    assert sqlite_filled.path is not None
+    store = _RacyStore(sqlite_filled.path, deleted=ids[1], missing=ids[4]).open()
     try:
         got = [int(e.tweet_id) for e in hydrate(store, page.entries)]
     finally:
@@ -258,8 +283,9 @@ def test_hydration_drops_raced_deletes_in_two_bulk_reads(filled: Filled):
     assert store.calls == ["tweets", "users"]
 
 
-def test_hydrating_nothing_reads_nothing(filled: Filled):
-    store = _RacyStore(filled.path, 0, 0)
+def test_hydrating_nothing_reads_nothing(sqlite_filled: Filled):
+    assert sqlite_filled.path is not None
+    store = _RacyStore(sqlite_filled.path, 0, 0)
     assert hydrate(store, []) == []
     assert store.calls == []
 
@@ -335,9 +361,11 @@ class _BrokenStore(SQLiteStore):
 
 
 @pytest.fixture(scope="module")
-def broken(settings: ServingSettings, filled: Filled) -> Iterator[httpx.Client]:
-    store = _BrokenStore(filled.path).open()
-    with running(create_app(settings, store)) as base, httpx.Client(base_url=base) as c:
+def broken(sqlite_filled: Filled) -> Iterator[httpx.Client]:
+    assert sqlite_filled.path is not None
+    store = _BrokenStore(sqlite_filled.path).open()
+    with running(create_app(_settings(sqlite_filled.url), store)) as base, \
+            httpx.Client(base_url=base) as c:
         yield c
     store.close()
 
