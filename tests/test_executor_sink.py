@@ -1,0 +1,189 @@
+"""The executor sink's two stages against a real Cassandra node, without Spark.
+
+The stage functions are what Spark's tasks run (``mapInArrow``); here each is called
+in-process on a share of a batch split the way Spark's hash repartitioning splits it,
+so that many batches run in seconds. Every batch is applied twice: through the
+driver path (``CassandraStore.apply``) into one keyspace and through the stages into
+another; every table the read path uses must then read the same. The Spark path
+itself runs in ``tests/test_pipeline.py`` and ``tests/test_cassandra_faults.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import psutil
+import pyarrow as pa
+import pytest
+
+from ingest.generator import generate
+from serving.timeline import home_top
+from tests.cassandra_helpers import fresh_keyspace
+from views.delta import DELTA_FIELDS, Delta, DeltaKind
+from views.errors import StoreError
+from views.executor_sink import ExecutorSink, tweet_stage, user_stage
+from views.join import JoinConfig
+from views.local import LocalJoin
+from views.stores.base import BatchStats, Store
+from views.stores.cassandra import CassandraStore
+from views.stores.cassandra_tasks import TaskWriter, close_writers
+from views.stores.sqlite import SQLiteStore
+
+pytestmark = [pytest.mark.timeout(600)]
+
+CAP = 12
+_TYPES = {"kind": pa.int32(), "flag": pa.int32(), "partition": pa.int32(), "text": pa.string(),
+          "name": pa.string(), "topic": pa.string(), "raw": pa.binary()}
+_BY_TWEET = {DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT, DeltaKind.TL_ADD,
+             DeltaKind.FANOUT}
+
+
+class Recording(SQLiteStore):
+    """A SQLite store that also keeps every batch's deltas (the reference, and the input)."""
+
+    def __init__(self) -> None:
+        super().__init__(":memory:", cap=CAP)
+        self.batches: list[list[Delta]] = []
+
+    def apply(self, deltas, batch_id=-1) -> BatchStats:
+        self.batches.append(list(deltas))
+        return super().apply(self.batches[-1], batch_id)
+
+
+def _arrow(deltas: list[Delta]) -> pa.Table:
+    return pa.table({f: pa.array([getattr(d, f) for d in deltas],
+                                 type=_TYPES.get(f, pa.int64())) for f in DELTA_FIELDS})
+
+
+def _tweet_key(row: dict) -> int:
+    """Stage 1's shuffle key, as ``executor_sink.tweet_route`` computes it in Spark."""
+    if row["kind"] in _BY_TWEET:
+        return row["tweet_id"]
+    if row["kind"] == DeltaKind.USER:
+        return row["user_id"]
+    return row["author_id"] ^ row["user_id"] ^ row["offset"]
+
+
+def _split(table: pa.Table, key, n: int) -> Iterator[pa.Table]:
+    rows = table.to_pylist()
+    for part in range(n):
+        yield pa.Table.from_pylist([r for r in rows if hash(key(r)) % n == part],
+                                   schema=table.schema)
+
+
+def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: int = 3,
+                    tweet_tasks_twice: bool = False) -> BatchStats:
+    """What ExecutorSink.__call__ does, with the two shuffles done here."""
+    ts, digest = sink.begin(batch_id)
+    config, cap = sink.config, sink.store.cap
+    routed = []
+    for part in _split(_arrow(deltas), _tweet_key, n):
+        for _ in range(2 if tweet_tasks_twice else 1):  # a task Spark ran again
+            out = list(tweet_stage(config, cap, ts, iter(part.to_batches())))
+        routed += out
+    table = pa.Table.from_batches(routed)
+    tallies = [SimpleNamespace(**row)
+               for part in _split(table, lambda r: r["route"], n)
+               for batch in user_stage(config, cap, ts, iter(part.to_batches()))
+               for row in batch.to_pylist()]
+    return sink.finish(batch_id, ts, digest, tallies, 0.0)
+
+
+def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, object]:
+    return {
+        # What is served: the cache's tail past the cap, and so the horizon, may differ
+        # with when trims ran (a rerun batch raises the size estimate, trimming sooner).
+        "home": {u: home_top(store, u, CAP) for u in users},
+        "followees": {u: sorted(store.followees(u)) for u in users},
+        "celebrity_edges": {u: sorted(store.celebrities_followed(u)) for u in users},
+        "celebrities": store.celebrities(),
+        "tweets": store.tweets(tweets),
+        "users": store.users(users),
+        "offsets": store.applied_offsets(),
+        "author_tweets": store.author_tweets(users, None, 100_000),
+    }
+
+
+@pytest.fixture
+def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, CassandraStore]]:
+    with fresh_keyspace(cassandra_hosts) as a, fresh_keyspace(cassandra_hosts) as b:
+        with CassandraStore.from_url(a, cap=CAP) as driver, \
+                CassandraStore.from_url(b, cap=CAP) as executors:
+            yield driver, executors
+    close_writers()
+
+
+def test_stages_write_what_the_driver_path_writes(two_keyspaces):
+    driver, executors = two_keyspaces
+    history = generate(100, 1200, 1000, seed=7, delete_ratio=0.1, unfollow_ratio=0.15)
+    events = list(history.events())
+    reference = Recording().open()
+    join = LocalJoin(JoinConfig(cap=CAP, promote_at=25, demote_below=20), reference)
+    for i in range(0, len(events), 400):
+        join.run(events[i:i + 400])
+    sink = ExecutorSink(executors)
+    for batch_id, deltas in enumerate(reference.batches):
+        driver.apply(deltas, batch_id)
+        stats = _apply_in_tasks(sink, deltas, batch_id, tweet_tasks_twice=batch_id % 3 == 1)
+        if batch_id == 2:  # the batch again, as Spark reruns it after a crash
+            _apply_in_tasks(sink, deltas, batch_id)
+    users = sorted({u.user_id for u in history.users})
+    tweets = sorted({t.tweet_id for t in history.tweets})
+    assert driver.celebrities(), "the history should cross the celebrity threshold"
+    assert stats.timeline_adds > 0
+    expected, got = _read_all(driver, users, tweets), _read_all(executors, users, tweets)
+    for table in expected:
+        assert got[table] == expected[table], table
+    assert [b.batch_id for b in executors.batches(3)] == [len(reference.batches) - 1,
+                                                         len(reference.batches) - 2,
+                                                         len(reference.batches) - 3]
+
+
+def _node_pid(hosts: str) -> int | None:
+    """The pid listening on the node's native port, if it runs on this machine."""
+    port = int(hosts.split(",")[0].rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return conn.pid
+    return None
+
+
+def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, caplog):
+    """The node stops answering (SIGSTOP) for longer than the request timeout, then resumes."""
+    pid = _node_pid(cassandra_hosts)
+    if pid is None:
+        pytest.skip("the Cassandra node is not a local process: it cannot be paused")
+    _, executors = two_keyspaces
+    config = dataclasses.replace(executors.config, timeout=1.0)
+    writer = TaskWriter(config, CAP, attempts=8)
+    writer.open()
+    ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
+    caplog.set_level(logging.WARNING, logger="views.stores.cassandra_tasks")
+    resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        resume.start()
+        writer._run(ops)
+    finally:
+        resume.join(10)
+        os.kill(pid, signal.SIGCONT)
+        writer.close()
+    assert any("running them again" in r.message for r in caplog.records), caplog.text
+    assert len(executors.users(list(range(1, 41)))) == 40
+
+
+def test_a_bad_statement_is_not_retried(two_keyspaces):
+    _, executors = two_keyspaces
+    writer = TaskWriter(executors.config, CAP, attempts=3)
+    writer.open()
+    try:
+        with pytest.raises(StoreError, match="after 1 attempt"):
+            writer._run([("user_set", (2, "h", "n", "not a number", 10))])
+    finally:
+        writer.close()

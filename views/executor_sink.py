@@ -1,0 +1,338 @@
+"""The Cassandra sink: a micro-batch written from the executors, partitioned by user.
+
+Cassandra takes writes from many clients at once, so nothing of a batch goes to the
+driver: the batch's deltas are repartitioned and written by Spark tasks, each with
+its process's own Session and prepared statements
+(:mod:`views.stores.cassandra_tasks`). SQLite has one writer per file, so its sink
+(:mod:`views.sink`) collects the batch to the driver and writes it in one
+transaction instead; spreading SQLite writes over tasks would only queue them on
+the file's lock.
+
+**Routing.** Every row a read-before-write depends on is written by the task that
+does the read, so tasks never race on a row:
+
+========================  ===========  =============================================
+stage                     routed by    writes
+========================  ===========  =============================================
+1 (``tweet_stage``)       tweet_id     ``tweets``, ``author_tweets`` (read first: the
+                                       stored state); the timeline removes of those
+                                       tweets are resolved to row keys here (a delete
+                                       of unknown time reads it from ``tweets``); dead
+                                       letters (any task)
+2 (``user_stage``)        user_id      ``home_timeline`` wipes (read the partition),
+                                       removes, adds, trims (read the head),
+                                       ``timeline_meta`` (read: horizon, size),
+                                       ``follows`` (by follower), ``celebrity_follows``,
+                                       ``users`` (read: the stored profile's time),
+                                       ``celebrities`` (by author, no read)
+========================  ===========  =============================================
+
+Stage 1 runs over the packed deltas (one row per tweet, however many followers);
+it unpacks them into one row per user, and those go through one shuffle to stage 2.
+Stage 2 starts only when stage 1 has finished, so a tweet's hydration row is written
+before any timeline row that shows it, as on the driver path.
+
+**Exactly once in effect.** The driver picks the batch's write timestamp ``T``
+(:meth:`TaskWriter.begin`: the recorded one when this checkpoint's batch was applied
+before, else above every earlier batch's) and every task writes at ``T + phase``, so
+task retries and a rerun of an applied batch write the same cells, and a rerun of a
+batch cut short outranks whatever the cut-short attempt left. The one action on the
+batch DataFrame is ``collect()`` of the tasks' tallies: a few rows per task (counts,
+and the highest offset seen per Kafka partition). Only after every task succeeded
+does the driver write the applied offsets and the batch record; if a task fails for
+good the call raises, Spark does not commit the batch, and the next run redoes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+
+from views.delta import DELTA_DDL, Delta, DeltaKind
+from views.errors import StoreError
+from views.sink import OnBatch, Sink, deltas_from_arrow
+from views.stores import cassandra_cql as cql
+from views.stores.base import BatchStats, Store, WritePlan
+from views.stores.cassandra import CassandraStore
+from views.stores.cassandra_config import CassandraConfig
+from views.stores.cassandra_tasks import TaskWriter, writer
+
+log = logging.getLogger(__name__)
+
+#: Stage 1's output: deltas one user each (``user_id``), and the shuffle key.
+ROUTED_DDL: Final = DELTA_DDL + ", route long not null"
+#: Stage 2's output, collected to the driver: a tally row per task (``topic`` null),
+#: and per Kafka partition the highest offset and event time the task saw.
+TALLY_DDL: Final = ("topic string, partition int not null, offset long not null, "
+                    "max_event_time long not null, rows long not null, adds long not null, "
+                    "removes long not null, dead long not null")
+#: Not a :class:`DeltaKind`: stage 1's counts (rows in ``offset``, dead letters in
+#: ``partition``), riding to stage 2 in a routed row.
+TALLY: Final = 0
+#: Kinds stage 1 consumes: everything it needs to write ``tweets`` and resolve removes.
+_TWEET_SIDE: Final = frozenset({DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
+                                DeltaKind.DEAD})
+#: Kinds routed to stage 1 by tweet id (the rest by their user or author).
+_BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
+                    DeltaKind.TL_ADD, DeltaKind.FANOUT)
+_LONG: Final = ("user_id", "tweet_id", "author_id", "created_at", "offset", "route")
+_ROUTED_SCHEMA: Final = pa.schema(
+    [pa.field("kind", pa.int32(), False)]
+    + [pa.field(n, pa.int64(), False) for n in _LONG[:4]]
+    + [pa.field("flag", pa.int32(), False), pa.field("text", pa.string()),
+       pa.field("name", pa.string()), pa.field("topic", pa.string()),
+       pa.field("partition", pa.int32(), False), pa.field("offset", pa.int64(), False),
+       pa.field("raw", pa.binary()), pa.field("route", pa.int64(), False)])
+_TALLY_SCHEMA: Final = pa.schema(
+    [pa.field("topic", pa.string()), pa.field("partition", pa.int32(), False)]
+    + [pa.field(n, pa.int64(), False)
+       for n in ("offset", "max_event_time", "rows", "adds", "removes", "dead")])
+
+
+# -- stage 1: by tweet ------------------------------------------------------------------------
+
+class _Routed:
+    """Stage 1's output rows, gathered column-wise (fan-out rows arrive as arrays)."""
+
+    def __init__(self) -> None:
+        self.numeric: dict[str, list[Any]] = {n: [] for n in
+                                              ("kind", "flag", "partition", *_LONG)}
+        self.keyed: list[Delta] = []  # rows with strings: profiles, offsets, tallies
+
+    def rows(self, kind: int, users: Any, *, tweet: Any = 0, author: Any = 0,
+             created_at: Any = 0, flag: int = 0) -> None:
+        users = np.asarray(users, dtype=np.int64).reshape(-1)
+        n = len(users)
+        for name, value in (("kind", kind), ("user_id", users), ("tweet_id", tweet),
+                            ("author_id", author), ("created_at", created_at),
+                            ("flag", flag), ("partition", 0), ("offset", 0),
+                            ("route", users)):
+            self.numeric[name].append(np.broadcast_to(np.asarray(value), (n,)))
+
+    def table(self) -> pa.Table:
+        arrays = {n: np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                  for n, parts in self.numeric.items()}
+        n = len(arrays["kind"])
+        bulk = pa.table({f.name: (pa.nulls(n, f.type) if f.name not in arrays
+                                  else pa.array(arrays[f.name], f.type))
+                         for f in _ROUTED_SCHEMA}, schema=_ROUTED_SCHEMA)
+        keyed = pa.table({f.name: pa.array([_route(d) if f.name == "route"
+                                            else getattr(d, f.name) for d in self.keyed],
+                                           f.type) for f in _ROUTED_SCHEMA},
+                         schema=_ROUTED_SCHEMA)
+        return pa.concat_tables([bulk, keyed])
+
+
+def _route(d: Delta) -> int:
+    return d.partition if d.kind == DeltaKind.OFFSET else d.user_id
+
+
+def _longs(raw: bytes | None) -> np.ndarray:
+    return np.frombuffer(raw or b"", dtype=np.int64)
+
+
+def _unpack(d: Delta, out: _Routed) -> None:
+    """One delta of stage 1's input as rows of one user each (tweet-side kinds excluded)."""
+    kind = d.kind
+    if kind == DeltaKind.TL_ADD:
+        out.rows(kind, d.user_id, tweet=d.tweet_id, author=d.author_id,
+                 created_at=d.created_at)
+    elif kind == DeltaKind.FANOUT:
+        out.rows(DeltaKind.TL_ADD, _longs(d.raw), tweet=d.tweet_id, author=d.author_id,
+                 created_at=d.created_at)
+    elif kind == DeltaKind.BACKFILL:
+        pairs = _longs(d.raw)
+        out.rows(DeltaKind.TL_ADD, np.full(len(pairs) // 2, d.user_id), tweet=pairs[1::2],
+                 author=d.author_id, created_at=pairs[0::2])
+    elif kind in (DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE):
+        out.rows(kind, _longs(d.raw), author=d.author_id, flag=d.flag)
+    elif kind == DeltaKind.HORIZON:
+        out.rows(kind, _longs(d.raw), tweet=d.tweet_id, created_at=d.created_at)
+    elif kind == DeltaKind.FOLLOW:
+        pairs = _longs(d.raw)
+        out.rows(kind, pairs[0::2], author=d.author_id, created_at=pairs[1::2], flag=d.flag)
+    elif kind == DeltaKind.CELEB:
+        out.rows(kind, d.author_id, author=d.author_id, flag=d.flag)
+    elif kind in (DeltaKind.USER, DeltaKind.OFFSET):
+        out.keyed.append(d)
+    else:
+        msg = f"the executor sink has no route for delta kind {kind}"
+        raise StoreError(msg)
+
+
+def tweet_stage(config: CassandraConfig, cap: int, ts: int,
+                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task of stage 1: write its tweets, pass everything else on one user per row."""
+    deltas = [d for b in batches for d in deltas_from_arrow(pa.Table.from_batches([b]))]
+    out = _Routed()
+    tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
+    if tweet_side:
+        plan = Store.plan(tweet_side)
+        removes, _ = writer(config, cap).write_tweets(plan, ts)
+        if removes:
+            cols = np.array([params for _, params in removes], dtype=np.int64)
+            out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
+        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.dead),
+                               partition=len(plan.dead)))
+    for d in deltas:
+        if d.kind not in _TWEET_SIDE:
+            _unpack(d, out)
+    yield from out.table().to_batches()
+
+
+# -- stage 2: by user -------------------------------------------------------------------------
+
+def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
+    """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead)."""
+    plan, rows, dead = WritePlan(), 0, 0
+    names = ("kind", "user_id", "tweet_id", "author_id", "created_at", "flag", "partition",
+             "offset")
+    columns = [table.column(n).to_numpy() for n in names]
+    keyed = np.flatnonzero(np.isin(columns[0], (DeltaKind.USER, DeltaKind.OFFSET)))
+    for kind, user, tweet, author, at, flag, part, off in zip(
+            *(c.tolist() for c in columns), strict=True):
+        if kind == DeltaKind.TL_ADD:
+            plan.adds.append((user, at, tweet, author))
+        elif kind == DeltaKind.TL_DEL:
+            plan.removes.append((user, tweet, at, author))
+        elif kind == DeltaKind.TL_WIPE:
+            plan.wipes.add((user, author))
+        elif kind == DeltaKind.HORIZON:
+            plan.horizons[user] = max(plan.horizons.get(user, (at, tweet)), (at, tweet))
+        elif kind == DeltaKind.FOLLOW:
+            plan.follows[(user, author)] = Delta(DeltaKind.FOLLOW, user, 0, author, at, flag)
+        elif kind == DeltaKind.CELEB_EDGE:
+            plan.celeb_edges[(user, author)] = flag
+        elif kind == DeltaKind.CELEB:
+            plan.celebs[author] = flag
+        elif kind == TALLY:
+            rows, dead = rows + off, dead + part
+    for d in deltas_from_arrow(table.take(keyed)):
+        if d.kind == DeltaKind.OFFSET:
+            where = (d.topic or "", d.partition)
+            plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
+            plan.max_event_time = max(plan.max_event_time, d.created_at)
+        else:  # the newest profile wins, whatever order the shuffle delivered them in
+            old = plan.users.get(d.user_id)
+            if old is None or d.created_at >= old.created_at:
+                plan.users[d.user_id] = d
+    return plan, rows, dead
+
+
+def user_stage(config: CassandraConfig, cap: int, ts: int,
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task of stage 2: write its users' rows; yield its tally and offsets."""
+    table = pa.Table.from_batches(list(batches), schema=_ROUTED_SCHEMA)
+    plan, rows, dead = _user_plan(table)
+    adds = removes = 0
+    if plan.rows():
+        counts = writer(config, cap).write_users(plan, ts)
+        adds, removes = counts.adds, counts.removes
+    offsets = sorted(plan.offsets.items())
+    yield pa.RecordBatch.from_pydict({
+        "topic": [None] + [t for (t, _), _ in offsets],
+        "partition": [0] + [p for (_, p), _ in offsets],
+        "offset": [0] + [o for _, o in offsets],
+        "max_event_time": [plan.max_event_time] * (1 + len(offsets)),
+        "rows": [rows + plan.rows()] + [0] * len(offsets),
+        "adds": [adds] + [0] * len(offsets),
+        "removes": [removes] + [0] * len(offsets),
+        "dead": [dead] + [0] * len(offsets)}, schema=_TALLY_SCHEMA)
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+def tweet_route() -> Any:
+    """Stage 1's shuffle key: the tweet for tweet-side kinds, else the user or author."""
+    from pyspark.sql import functions as F
+
+    kind = F.col("kind")
+    return (F.when(kind.isin(*(int(k) for k in _BY_TWEET)), F.col("tweet_id"))
+            .when(kind == int(DeltaKind.USER), F.col("user_id"))
+            .otherwise(F.col("author_id").bitwiseXOR(F.col("user_id"))
+                       .bitwiseXOR(F.col("offset"))))
+
+
+class ExecutorSink(Sink):
+    """``foreachBatch`` callable writing Cassandra from the executors (module docstring)."""
+
+    def __init__(self, store: CassandraStore, checkpoint: Path | None = None, *,
+                 partitions: int | None = None, on_batch: OnBatch | None = None) -> None:
+        super().__init__(store, on_batch)
+        self.config = store.config
+        self.checkpoint = checkpoint
+        self.partitions = partitions
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        start = time.perf_counter()
+        ts, digest = self.begin(batch_id)
+        n = self.partitions or frame.sparkSession.sparkContext.defaultParallelism
+        tallies = (frame.repartition(n, tweet_route())
+                   .mapInArrow(functools.partial(tweet_stage, self.config, self.store.cap, ts),
+                               ROUTED_DDL)
+                   .repartition(n, "route")
+                   .mapInArrow(functools.partial(user_stage, self.config, self.store.cap, ts),
+                               TALLY_DDL)
+                   .collect())
+        self.finish(batch_id, ts, digest, tallies, start)
+
+    def begin(self, batch_id: int) -> tuple[int, str]:
+        """The batch's write timestamp (durable before any task writes), and its name."""
+        digest = self._run_digest(batch_id)
+        return self._open().begin(batch_id, digest), digest
+
+    def finish(self, batch_id: int, ts: int, digest: str, tallies: list[Any],
+               start: float) -> BatchStats:
+        """Record a batch whose tasks all succeeded: offsets, batch log, stats."""
+        offsets: dict[tuple[str, int], int] = {}
+        for row in tallies:
+            if row.topic is not None:
+                where = (row.topic, row.partition)
+                offsets[where] = max(offsets.get(where, -1), row.offset)
+        rows = sum(r.rows for r in tallies)
+        record = cql.BatchRecord(batch_id, ts, digest, int(time.time() * 1000), rows,
+                                 time.perf_counter() - start,
+                                 max((r.max_event_time for r in tallies), default=0))
+        self._open().finish(record, offsets)
+        stats = BatchStats(batch_id, rows, sum(r.adds for r in tallies),
+                           sum(r.removes for r in tallies), sum(r.dead for r in tallies),
+                           time.perf_counter() - start)
+        self._record(stats)
+        return stats
+
+    def _record(self, stats: BatchStats) -> None:
+        self.history.append((stats.batch_id, stats.seconds, stats))
+        log.info("batch %d: %d rows (%d timeline adds, %d removes, %d dead) written from "
+                 "the executors in %.2fs", stats.batch_id, stats.deltas, stats.timeline_adds,
+                 stats.timeline_removes, stats.dead_letters, stats.seconds)
+        if self.on_batch is not None:
+            self.on_batch(stats, stats.seconds)
+
+    def _open(self) -> TaskWriter:
+        return writer(self.config, self.store.cap)  # the driver's, kept like an executor's
+
+    def _run_digest(self, batch_id: int) -> str:
+        """Name of this checkpoint's batch: the query id Spark keeps in it, and the batch id."""
+        run = _query_id(self.checkpoint) if self.checkpoint is not None else None
+        return "" if run is None else cql.offsets_digest({(f"run:{run}", 0): batch_id})
+
+    def close(self) -> None:
+        """Nothing pending: each call writes its batch before returning."""
+
+
+def _query_id(checkpoint: Path) -> str | None:
+    """The id in ``<checkpoint>/metadata`` (written by Spark when the query first starts)."""
+    try:
+        first = (checkpoint / "metadata").read_text().splitlines()[0]
+        return str(json.loads(first)["id"])
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
+

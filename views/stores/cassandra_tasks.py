@@ -1,0 +1,199 @@
+"""Cassandra writes of one Spark task, and the driver's begin and end of a batch.
+
+The executor sink (:mod:`views.executor_sink`) splits a micro-batch into two stages,
+each a set of Spark tasks; this module is what each task does to Cassandra, with
+no Spark in it. The phases, timestamps and statements are those of
+:class:`~views.stores.cassandra.CassandraStore` (``T + REMOVE``/``ADD``/``TRIM``,
+:mod:`views.stores.cassandra_cql`); what changes is who runs them:
+
+- :meth:`TaskWriter.write_tweets` — a task that owns a set of *tweets* (the batch
+  routed by ``tweet_id``): reads their stored state, writes ``tweets`` and
+  ``author_tweets`` at ``T + REMOVE`` and the dead letters, and resolves every
+  timeline remove of those tweets to a row key (a remove of unknown time takes it
+  from ``tweets``, only if the tweet is the removing author's).
+- :meth:`TaskWriter.write_users` — a task that owns a set of *users* (routed by
+  user): their follows, celebrity edges, profiles, wipes and resolved removes at
+  ``T + REMOVE``, adds at ``T + ADD``, trims and ``timeline_meta`` at ``T + TRIM``.
+  Every read-before-write of a user's rows (partition for wipes, ``timeline_meta``,
+  profile time, the head for a trim) is in the one task that writes them.
+- :meth:`TaskWriter.begin` / :meth:`TaskWriter.finish` — the driver, before and
+  after the tasks: the batch's timestamp, then the applied offsets and batch record.
+
+**Retries.** Every statement is an upsert or delete keyed by its primary key at an
+explicit timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is
+kept), so running one again writes the same cells. A statement that fails
+transiently — a timeout, too few replicas, a lost connection — is run again, with backoff, up to
+``attempts`` times, with a log line per attempt; only then does the task fail (and
+Spark may run the task again, which is as safe). :func:`writer` keeps one opened
+writer (Cluster, Session, prepared statements) per executor process and config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Final
+
+from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
+from cassandra.cluster import NoHostAvailable
+from cassandra.concurrent import execute_concurrent
+from cassandra.connection import ConnectionException
+
+from views.errors import StoreError
+from views.stores import cassandra_cql as cql
+from views.stores import cassandra_rows as reads
+from views.stores.base import WritePlan
+from views.stores.cassandra import CassandraStore
+from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig
+
+log = logging.getLogger(__name__)
+
+#: Runs of a failing statement before the task gives up (the first run included).
+ATTEMPTS: Final = 5
+#: Backoff before the second run; doubled per attempt, capped at ``_BACKOFF_MAX``.
+_BACKOFF_S: Final = 0.2
+_BACKOFF_MAX: Final = 5.0
+#: Failures worth running a statement again for: the node was slow, short of
+#: replicas or unreachable. Anything else (a bad request) fails the task at once.
+TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure,
+                    NoHostAvailable, ConnectionException)
+
+
+@dataclasses.dataclass
+class UserCounts:
+    """What one user-stage task wrote."""
+
+    adds: int = 0
+    removes: int = 0
+    trims: int = 0
+
+
+class TaskWriter(CassandraStore):
+    """A Cassandra store that writes one task's share of a batch; see the module docstring."""
+
+    def __init__(self, config: CassandraConfig, cap: int = 800,
+                 attempts: int = ATTEMPTS) -> None:
+        # Tasks never run DDL: many clients changing a schema at once is how it diverges.
+        super().__init__(dataclasses.replace(config, auto_schema=False), cap)
+        self.attempts = attempts
+
+    # -- running statements, retried ----------------------------------------------------
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
+        """Run ops concurrently (bounded); rerun the failed ones, with backoff."""
+        session = self._require()
+        results: list[reads.Rows | None] = [None] * len(ops)
+        pending = list(range(len(ops)))
+        attempt = 0
+        while True:
+            attempt += 1
+            pairs = [(self._statements[ops[i][0]], ops[i][1]) for i in pending]
+            outcomes = execute_concurrent(session, pairs, concurrency=self.config.concurrency,
+                                          raise_on_first_error=False,
+                                          execution_profile=profile)
+            failed: list[tuple[int, BaseException]] = []
+            for i, (ok, value) in zip(pending, outcomes, strict=True):
+                if ok:
+                    results[i] = list(value)
+                else:
+                    failed.append((i, value))
+            if not failed:
+                return [r if r is not None else [] for r in results]
+            first = failed[0][1]
+            if attempt == self.attempts or not isinstance(first, TRANSIENT):
+                msg = (f"Cassandra: {len(failed)} of {len(pending)} statements failed after "
+                       f"{attempt} attempt(s), e.g. {ops[failed[0][0]][0]}: {first}")
+                raise StoreError(msg) from first
+            pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
+            log.warning("Cassandra: %d of %d statements failed (attempt %d of %d, e.g. %s: "
+                        "%s); running them again in %.1fs", len(failed), len(pending),
+                        attempt, self.attempts, ops[failed[0][0]][0], first, pause)
+            time.sleep(pause)
+            pending = [i for i, _ in failed]
+
+    # -- the tweet stage ---------------------------------------------------------------------
+    def write_tweets(self, plan: WritePlan, ts: int) -> tuple[list[cql.Op], int]:
+        """Write the plan's tweets and dead letters; return its removes as row deletes.
+
+        The returned ops are ``home_del`` at ``ts + REMOVE`` (user, created_at, tweet),
+        for the user stage to run; the int is how many removes had nothing to delete.
+        """
+        found = self._lookup({"tweet_state": cql.lookup_ids(plan)})
+        states = {t: s for t, rows in found["tweet_state"].items()
+                  if (s := cql.TweetState.decode(rows)) is not None}
+        owners = {t: s.author_id for t, s in states.items()}
+        removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
+                                          ts + cql.REMOVE)
+        self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
+                  + cql.dead_ops(plan.dead, int(time.time() * 1000)))
+        return removes, skipped
+
+    # -- the user stage -----------------------------------------------------------------------
+    def write_users(self, plan: WritePlan, ts: int) -> UserCounts:
+        """Write everything of the plan's users, phase by phase (removes already resolved)."""
+        wipes = cql.wipe_users(plan.wipes)
+        found = self._lookup({"home_all": sorted(wipes), "user_time": sorted(plan.users),
+                              "meta_get": cql.meta_users(plan)})
+        stored = {u: r[0][0] for u, r in found["user_time"].items() if r}
+        removes, _ = cql.remove_ops(plan.removes, {}, {}, ts + cql.REMOVE)
+        self._run(cql.graph_ops(plan, ts + cql.REMOVE)
+                  + cql.user_ops(plan.users, stored, ts + cql.REMOVE)
+                  + cql.wipe_ops(wipes, found["home_all"], ts + cql.REMOVE) + removes)
+        meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+        adds = cql.kept_adds(plan, meta)
+        self._run(cql.add_ops(adds, ts + cql.ADD))
+        self._write_trims(adds, meta, ts + cql.TRIM)
+        return UserCounts(len(adds), len(removes))
+
+    # -- the driver: before and after the tasks --------------------------------------------------
+    def begin(self, batch_id: int, run_digest: str) -> int:
+        """The batch's timestamp ``T``, made durable (``writer_clock``) before any task writes.
+
+        ``run_digest`` names this batch of this checkpoint: a batch recorded as applied
+        under the same digest (its tasks all finished, then the process died before
+        Spark committed it) gets its recorded ``T`` back, so running it again writes the
+        same cells. A batch never recorded gets a fresh ``T`` above every earlier one,
+        so whatever an interrupted attempt (or a zombie task of it) wrote loses to it.
+        """
+        rows = self._rows("batch_get", (cql.batch_bucket(batch_id), batch_id),
+                          profile=WRITE_PROFILE)
+        recorded = (int(rows[0][0]), str(rows[0][1])) if rows and rows[0][0] else None
+        if not self._floor:
+            rows = self._rows("clock_get", profile=WRITE_PROFILE)
+            self._floor = (int(rows[0][0]) if rows and rows[0][0] else 0) + cql.STRIDE
+        ts = cql.batch_timestamp(time.time_ns() // 1000, self._floor, recorded, run_digest)
+        self._floor = max(self._floor, ts + cql.STRIDE)
+        self._run([cql.clock_op(ts)])
+        return ts
+
+    def finish(self, record: cql.BatchRecord, offsets: dict[tuple[str, int], int]) -> None:
+        """After every task succeeded: the applied offsets, then the batch record."""
+        self._run(cql.offset_ops(offsets))
+        self._run(record.ops())
+
+
+_WRITERS: dict[tuple[CassandraConfig, int], TaskWriter] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def writer(config: CassandraConfig, cap: int) -> TaskWriter:
+    """The open writer of this process for ``config`` (opened on first use, then kept)."""
+    key = (config, cap)
+    with _WRITERS_LOCK:
+        found = _WRITERS.get(key)
+        if found is None:
+            found = TaskWriter(config, cap)
+            found.open()
+            _WRITERS[key] = found
+            log.info("executor process opened a Cassandra session for %s", config.keyspace)
+        return found
+
+
+def close_writers() -> None:
+    """Shut every cached writer down (tests, and processes that outlive their jobs)."""
+    with _WRITERS_LOCK:
+        for cached in _WRITERS.values():
+            cached.close()
+        _WRITERS.clear()
+
