@@ -55,6 +55,13 @@ def test_data_loss_errors_stop_the_job_with_exit_3_and_say_how_to_recover() -> N
     assert connector.data_loss_message("[STREAM_FAILED] something else") is None
 
 
+def test_a_broker_timeout_stops_the_job_with_exit_4() -> None:
+    error = ("[STREAM_FAILED] ... org.apache.kafka.common.errors.TimeoutException: Timed out "
+             "waiting for a node assignment. Call: listOffsets\n\tat ...")
+    assert "Timed out waiting for a node" in (connector.unreachable_message(error) or "")
+    assert job._failed(error) == job.EXIT_BROKER
+
+
 def test_connector_classpath_leaves_out_what_pyspark_ships() -> None:
     assert artifact_id("spark-sql-kafka-0-10_2.13-4.2.0.jar") == "spark-sql-kafka-0-10_2.13"
     assert artifact_id("zstd-jni-1.5.7-7.jar") == "zstd-jni"

@@ -38,6 +38,9 @@ PROVIDER: Final = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 _LOSS: Final = re.compile(r"\[(KAFKA_DATA_LOSS\.[A-Z_]+|[A-Z_]*(?:LOST_TOPIC_PARTITIONS|"
                           r"END_OFFSET_HAS_GREATER_OFFSET)[A-Z_]*)\]\s*([^\n]*)")
 
+#: The Kafka client's own timeout: the broker did not answer within the API timeout.
+_TIMEOUT: Final = re.compile(r"org\.apache\.kafka\.common\.errors\.TimeoutException:?[^\n]*")
+
 
 class ConnectorMissing(SourceError):
     """Spark's Kafka connector jars are not on the session's class path."""
@@ -95,6 +98,16 @@ def decode_batches(topic_prefix: str) -> Callable[[Iterable[pa.RecordBatch]],
                 rows.append(event_row(name, partition, offset, key, value))
             yield rows_to_batch(rows)
     return decode
+
+
+def unreachable_message(error: str) -> str | None:
+    """The job's explanation of the Kafka client giving up on the broker, else None."""
+    found = _TIMEOUT.search(error)
+    if found is None:
+        return None
+    return (f"Spark's Kafka source gave up on the broker ({found.group(0).strip()}). "
+            f"Start the view job again once the broker is back with its topics; it resumes "
+            f"from its checkpoint")
 
 
 def data_loss_message(error: str) -> str | None:

@@ -124,10 +124,12 @@ EXIT_BROKER = 4
 
 def _failed(error: str) -> int:
     """Log why the query failed — the source's own words when it is one of ours."""
-    lost = connector.data_loss_message(error)
-    if lost is not None:
-        log.error("view job stopped: %s", lost)
-        return EXIT_PAST_END
+    for explain, code in ((connector.data_loss_message, EXIT_PAST_END),
+                          (connector.unreachable_message, EXIT_BROKER)):
+        explained = explain(error)  # Spark's Kafka source fails in the JVM's words
+        if explained is not None:
+            log.error("view job stopped: %s", explained)
+            return code
     for name, code in ((OffsetsPastEnd.__name__, EXIT_PAST_END),
                        (BrokerUnreachable.__name__, EXIT_BROKER)):
         # The source runs in a Python worker: its exception reaches us as text.
