@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,12 +52,29 @@ def spooling_sink(view: ViewSettings, store: Store) -> SpoolingSink:
     return sink
 
 
+def job_sink(view: ViewSettings, store: Store, *, spool: bool = True) -> Sink:
+    """The sink for ``store``: Cassandra is written from the executors, SQLite from here.
+
+    SQLite has one writer, so its batches come to the driver (spooled, with
+    ``spool``; see :mod:`views.sink`); Cassandra takes writes from every executor at
+    once, so its batches never leave them (:mod:`views.executor_sink`).
+    """
+    cassandra = sys.modules.get("views.stores.cassandra")  # loaded if store is one
+    if cassandra is not None and isinstance(store, cassandra.CassandraStore):
+        from views.executor_sink import ExecutorSink
+
+        if spool and (checkpoint_path(view) / "spool").is_dir():
+            spooling_sink(view, store)  # batches an older, driver-side run left behind
+        return ExecutorSink(store, checkpoint_path(view))
+    return spooling_sink(view, store) if spool else Sink(store)
+
+
 def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, store: Store,
                 *, available_now: bool = False, sink: Sink | None = None) -> StreamingQuery:
     """Start the view query; ``available_now`` drains what is there and stops.
 
-    Without a ``sink`` it writes synchronously (:class:`~views.sink.Sink`), so a
-    drained query has applied everything; :func:`run` uses :func:`spooling_sink`.
+    Without a ``sink`` it writes synchronously (:func:`job_sink` without spooling),
+    so a drained query has applied everything; :func:`run` spools SQLite's batches.
     """
     source = read_source(spark, kafka, view)
     bucket = F.pmod(F.xxhash64("key"), F.lit(view.key_buckets))
@@ -64,7 +82,7 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
         statefulProcessor=JoinProcessor(view.join_config()),
         outputStructType=DELTA_DDL, outputMode="Append", timeMode="None")
     writer = (deltas.writeStream.queryName(QUERY_NAME)
-              .foreachBatch(sink or Sink(store))
+              .foreachBatch(sink or job_sink(view, store, spool=False))
               .option("checkpointLocation", str(checkpoint_path(view))))
     if available_now:
         writer = writer.trigger(availableNow=True)
@@ -98,7 +116,7 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
         on_started: Callable[[], object] | None = None) -> int:
     """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
     store = store_from_url(view.store_url, cap=view.timeline_cap).open()
-    sink = spooling_sink(view, store)
+    sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
     log.info("view job started: store %s, checkpoint %s", view.store_url, checkpoint_path(view))
     if on_started is not None:
