@@ -1,11 +1,14 @@
 """Crash consistency: the view job and the API SIGKILLed mid-work lose and duplicate nothing.
 
 Both services run as real processes, as ``fanout up`` runs them (``python -m
-infra.cli job|serve``), against the session's broker and a SQLite store of the test's
-own. The job is killed at random points while a synthetic history is replayed in
-chunks — at least once while the sink holds the store's write lock, found from
-outside with a second connection — and restarted from its checkpoint each time; at
-the end the served timelines must equal the SQL recomputed from the log. The API is
+infra.cli job|serve``), against the session's broker and a store of the test's own.
+The job is killed at random points while a synthetic history is replayed in chunks —
+at least once inside a sink write, found from outside (SQLite: a second connection
+sees the write lock held; Cassandra: the writer's clock has moved past the newest
+batch record, so a batch is between its first and last phase) — and restarted from
+its checkpoint each time; at the end the served timelines must equal the SQL
+recomputed from the log. It runs on a SQLite file and on a fresh keyspace of the
+session's Cassandra node. The API is
 killed while writers post tweets and follows; every write answered 2xx with a token
 must be in the changelog and, once the view caught up, in the views.
 
@@ -36,10 +39,15 @@ from ingest.events import Event
 from ingest.generator import generate
 from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from tests.cassandra_helpers import fresh_keyspace
 from tests.fault_helpers import Service, WriteLockProbe, tagged, wait_for
 from views.changelog import read_changelog
 from views.job import start_query
 from views.settings import ViewSettings
+from views.stores import store_from_url
+from views.stores.cassandra_config import parse_url
+from views.stores.cassandra_cql import batch_bucket
+from views.stores.schema import connect
 from views.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -57,14 +65,15 @@ def _produce(kafka: KafkaSettings, events: list[Event]) -> None:
         assert producer.flush(60) == 0, "records still unacknowledged after 60 s"
 
 
-def _env(kafka: KafkaSettings, store: Path, **extra: str) -> dict[str, str]:
-    return {"KAFKA_BOOTSTRAP": kafka.bootstrap, "FANOUT_STORE": f"sqlite:///{store}",
+def _env(kafka: KafkaSettings, store: Path | str, **extra: str) -> dict[str, str]:
+    url = store if isinstance(store, str) else f"sqlite:///{store}"
+    return {"KAFKA_BOOTSTRAP": kafka.bootstrap, "FANOUT_STORE": url,
             "FANOUT_TOPIC_PREFIX": kafka.topic_prefix,
             "FANOUT_PARTITIONS": str(kafka.partitions), "FANOUT_TIMELINE_CAP": str(CAP),
             "FANOUT_CELEBRITY_THRESHOLD": str(CELEBRITY), **extra}
 
 
-def _job(kafka: KafkaSettings, tmp_path: Path, store: Path, **extra: str) -> Service:
+def _job(kafka: KafkaSettings, tmp_path: Path, store: Path | str, **extra: str) -> Service:
     env = _env(kafka, store, FANOUT_CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
                FANOUT_MAX_RECORDS_PER_BATCH="300", FANOUT_TRIGGER_SECONDS="0",
                FANOUT_SHUFFLE_PARTITIONS="2", **extra)
@@ -91,10 +100,87 @@ class KillLog:
     inside_write: int = 0
 
 
+class SQLiteWrites:
+    """What the job's SQLite store shows from outside: batches written, a write under way."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self._probe: WriteLockProbe | None = None
+
+    def batches_since(self, started_ms: int) -> int:
+        if not self.path.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as db:
+            try:
+                row = db.execute("SELECT count(*) FROM batches WHERE finished_at >= ?",
+                                 (started_ms,)).fetchone()
+            except sqlite3.OperationalError:  # the schema is not there yet
+                return 0
+        return int(row[0])
+
+    def writing(self) -> bool:
+        if self._probe is None:
+            self._probe = WriteLockProbe(self.path)
+        return self._probe.locked()
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+
+class CassandraWrites:
+    """The same, read from the job's keyspace with a session of the test's own.
+
+    A batch's first write advances ``writer_clock.write_ts`` to its timestamp and its
+    last writes the batch record with that timestamp: while the two differ, the sink
+    is between its first and last phase.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        config = parse_url(url)
+        self._cluster, self._session = connect(config, wait=60)
+        self._session.set_keyspace(config.keyspace)
+
+    def batches_since(self, started_ms: int) -> int:
+        rows = self._session.execute("SELECT finished_at FROM batches ALLOW FILTERING")
+        return sum(1 for (finished,) in rows if finished and finished >= started_ms)
+
+    def writing(self) -> bool:
+        clock = self._session.execute("SELECT write_ts, last_batch FROM writer_clock "
+                                      "WHERE id = 0").one()
+        if clock is None or clock[1] is None:
+            return clock is not None
+        record = self._session.execute("SELECT write_ts FROM batches WHERE bucket = %s AND "
+                                       "batch_id = %s", (batch_bucket(clock[1]), clock[1])).one()
+        return record is None or record[0] != clock[0]
+
+    def close(self) -> None:
+        self._cluster.shutdown()
+
+
+@pytest.fixture(params=["sqlite", "cassandra"])
+def job_store(request: pytest.FixtureRequest,
+              tmp_path: Path) -> Iterator[SQLiteWrites | CassandraWrites]:
+    """The job's store, empty, and a way to watch its writes from outside."""
+    if request.param == "sqlite":
+        writes: SQLiteWrites | CassandraWrites = SQLiteWrites(tmp_path / "views.sqlite")
+        yield writes
+        writes.close()
+        return
+    with fresh_keyspace(request.getfixturevalue("cassandra_hosts")) as url:
+        writes = CassandraWrites(url)
+        yield writes
+        writes.close()
+
+
 class JobKiller:
     """Kills one incarnation of the job at the point its mode names."""
 
-    def __init__(self, job: Service, store: Path, rng: random.Random, log: KillLog) -> None:
+    def __init__(self, job: Service, store: SQLiteWrites | CassandraWrites, rng: random.Random,
+                 log: KillLog) -> None:
         self.job, self.store, self.rng, self.log = job, store, rng, log
 
     def kill(self, mode: str, started_ms: int) -> bool:
@@ -107,20 +193,16 @@ class JobKiller:
         return self._kill_inside_write(started_ms)
 
     def _kill_inside_write(self, started_ms: int) -> bool:
-        """Once this incarnation has written a batch, kill when the write lock is held."""
-        self._wait(lambda: self._batches_since(started_ms), 240, "a first batch")
-        probe = WriteLockProbe(self.store)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and self.job.alive():
-                if probe.locked():
-                    self._kill("inside a sink write")
-                    self.log.inside_write += 1
-                    return True
-                time.sleep(0.002)
-        finally:
-            probe.close()
-        self._kill("after 60s of batches: no write lock seen")
+        """Once this incarnation has written a batch, kill while a write is under way."""
+        self._wait(lambda: self.store.batches_since(started_ms), 240, "a first batch")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.job.alive():
+            if self.store.writing():
+                self._kill("inside a sink write")
+                self.log.inside_write += 1
+                return True
+            time.sleep(0.002)
+        self._kill("after 60s of batches: no write under way seen")
         return False
 
     def _wait(self, condition: Callable[[], object], timeout: float, what: str = "",
@@ -133,31 +215,20 @@ class JobKiller:
                 return
             time.sleep(0.05)
 
-    def _batches_since(self, started_ms: int) -> int:
-        if not self.store.exists():
-            return 0
-        with contextlib.closing(sqlite3.connect(self.store, timeout=5)) as db:
-            try:
-                row = db.execute("SELECT count(*) FROM batches WHERE finished_at >= ?",
-                                 (started_ms,)).fetchone()
-            except sqlite3.OperationalError:  # the schema is not there yet
-                return 0
-        return int(row[0])
-
     def _kill(self, what: str) -> None:
         self.job.kill()
         self.log.kills.append(what)
 
 
-@pytest.mark.timeout(600)
-def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, services):
+@pytest.mark.timeout(900)
+def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, services,
+                                                    job_store):
     events = list(generate(800, 4000, 2500, seed=11).events())
-    store_path = tmp_path / "views.sqlite"
-    job = _job(kafka_settings, tmp_path, store_path)
+    job = _job(kafka_settings, tmp_path, job_store.url)
     services.append(job)
     figures = KillLog()
     seed = int(os.environ.get("FANOUT_FAULT_SEED") or time.time_ns() % 2**32)
-    killer = JobKiller(job, store_path, random.Random(seed), figures)
+    killer = JobKiller(job, job_store, random.Random(seed), figures)
     # A "write" incarnation gets three chunks, so that it writes a few batches.
     size = -(-len(events) // 10)
     chunks = deque(events[i:i + size] for i in range(0, len(events), size))
@@ -175,7 +246,7 @@ def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, se
     job.env["FANOUT_MAX_RECORDS_PER_BATCH"] = "3000"
     job.start()
     log_ = read_changelog(kafka_settings)
-    with SQLiteStore(store_path, cap=CAP) as store:
+    with store_from_url(job_store.url, cap=CAP) as store:
         def caught_up() -> bool:
             assert job.alive(), f"the job died on its own:\n{job.log_text()[-4000:]}"
             return not lagging(store, log_.ends)
