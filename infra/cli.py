@@ -136,7 +136,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
                  cluster=args.cluster, timeout=args.timeout)
     for name, pid in running.pids.items():
         verb = "was running" if was.get(name) == "running" else "started"
-        print(f"  {name:<7} {verb} (pid {pid})")
+        print(f"  {name}: {verb} (pid {pid})")
     kafka = running.bootstrap + ("" if running.local_kafka else " (external)")
     print(f"fanout is up in {running.run_dir}: API {running.api_url}, Kafka {kafka}, "
           f"store {running.store_url}")

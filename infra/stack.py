@@ -214,7 +214,12 @@ def alive(pid: int, marker: str = MARKER) -> bool:
 
 
 def stop_pid(pid: int, name: str, timeout: float = 30.0, marker: str = MARKER) -> None:
-    """SIGTERM, wait, then SIGKILL; only if the pid is still one of ours."""
+    """SIGTERM, wait, then SIGKILL; only if the pid is still one of ours.
+
+    Every service leads a session of its own (:func:`spawn`), and what it started —
+    the job's JVM, PySpark's daemon and workers — is in that session: whatever of it
+    outlives the leader for ``_STRAGGLER_S`` is killed too, so nothing is orphaned.
+    """
     if not alive(pid, marker):
         return
     os.kill(pid, signal.SIGTERM)
@@ -226,6 +231,40 @@ def stop_pid(pid: int, name: str, timeout: float = 30.0, marker: str = MARKER) -
             break
         time.sleep(0.1)
     _reap(pid)
+    _end_session(pid, name)
+
+
+#: How long a stopped service's children may take to exit on their own (seconds).
+_STRAGGLER_S = 15.0
+
+
+def _end_session(sid: int, name: str) -> None:
+    """Wait for the rest of session ``sid`` to exit; SIGKILL what is left after a while."""
+    deadline = time.monotonic() + _STRAGGLER_S
+    while members := session_members(sid):
+        if time.monotonic() >= deadline:
+            log.warning("%s: processes %s outlived it for %.0fs: SIGKILL", name, members,
+                        _STRAGGLER_S)
+            for member in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member, signal.SIGKILL)
+            return
+        time.sleep(0.1)
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def _reap(pid: int) -> None:

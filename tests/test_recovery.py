@@ -164,7 +164,7 @@ def test_a_job_killed_mid_replay_resumes_on_up(run: Run) -> None:
     assert '"job": "stopped"' in status.stdout and status.returncode == 1
     _finish(replay)
     up = run.fanout("up")
-    assert "job     started" in up.stdout and "broker  was running" in up.stdout, up.stdout
+    assert "job: started" in up.stdout and "broker: was running" in up.stdout, up.stdout
     run.verify()
 
 
@@ -229,7 +229,7 @@ def test_b_kafka_killed_mid_replay_while_the_api_takes_writes(run: Run) -> None:
         _kill([broker])
         wait_for(lambda: out.outcomes[503] > 0, 60, "the API to refuse writes with 503")
         up = run.fanout("up")
-        assert "broker  started" in up.stdout and "job     was running" in up.stdout, up.stdout
+        assert "broker: started" in up.stdout and "job: was running" in up.stdout, up.stdout
         accepted = out.outcomes[202]
         wait_for(lambda: out.outcomes[202] > accepted + 5, 120,
                  "the API to accept writes again once Kafka is back")
