@@ -49,11 +49,11 @@ class Recording(SQLiteStore):
 
     def __init__(self) -> None:
         super().__init__(":memory:", cap=CAP)
-        self.batches: list[list[Delta]] = []
+        self.recorded: list[list[Delta]] = []
 
     def apply(self, deltas, batch_id=-1) -> BatchStats:
-        self.batches.append(list(deltas))
-        return super().apply(self.batches[-1], batch_id)
+        self.recorded.append(list(deltas))
+        return super().apply(self.recorded[-1], batch_id)
 
 
 def _arrow(deltas: list[Delta]) -> pa.Table:
@@ -113,10 +113,16 @@ def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, ob
 @pytest.fixture
 def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, CassandraStore]]:
     with fresh_keyspace(cassandra_hosts) as a, fresh_keyspace(cassandra_hosts) as b:
-        with CassandraStore.from_url(a, cap=CAP) as driver, \
-                CassandraStore.from_url(b, cap=CAP) as executors:
+        driver, executors = CassandraStore.from_url(a, cap=CAP), CassandraStore.from_url(b,
+                                                                                   cap=CAP)
+        driver.open()
+        executors.open()
+        try:
             yield driver, executors
-    close_writers()
+        finally:
+            driver.close()
+            executors.close()
+            close_writers()
 
 
 def test_stages_write_what_the_driver_path_writes(two_keyspaces):
@@ -128,7 +134,7 @@ def test_stages_write_what_the_driver_path_writes(two_keyspaces):
     for i in range(0, len(events), 400):
         join.run(events[i:i + 400])
     sink = ExecutorSink(executors)
-    for batch_id, deltas in enumerate(reference.batches):
+    for batch_id, deltas in enumerate(reference.recorded):
         driver.apply(deltas, batch_id)
         stats = _apply_in_tasks(sink, deltas, batch_id, tweet_tasks_twice=batch_id % 3 == 1)
         if batch_id == 2:  # the batch again, as Spark reruns it after a crash
@@ -140,9 +146,9 @@ def test_stages_write_what_the_driver_path_writes(two_keyspaces):
     expected, got = _read_all(driver, users, tweets), _read_all(executors, users, tweets)
     for table in expected:
         assert got[table] == expected[table], table
-    assert [b.batch_id for b in executors.batches(3)] == [len(reference.batches) - 1,
-                                                         len(reference.batches) - 2,
-                                                         len(reference.batches) - 3]
+    assert [b.batch_id for b in executors.batches(3)] == [len(reference.recorded) - 1,
+                                                         len(reference.recorded) - 2,
+                                                         len(reference.recorded) - 3]
 
 
 def _node_pid(hosts: str) -> int | None:

@@ -1,0 +1,138 @@
+"""Timeline rows/s through the join: Cassandra from the executors vs SQLite from the driver.
+
+    .venv/bin/python benchmarks/bench_sink.py                    # defaults below
+    .venv/bin/python benchmarks/bench_sink.py --users 5000 --tweets 40000
+    FANOUT_CASSANDRA_HOSTS=127.0.0.1:9042 .venv/bin/python benchmarks/bench_sink.py
+
+One broker, one synthetic history produced once, one SparkSession; then the view
+query drains the same topics (``availableNow``, a fresh checkpoint each) once per
+store: SQLite through the driver sink (``views.sink.Sink``: the batch collected to
+the driver, one transaction) and Cassandra through the executor sink
+(``views.executor_sink``: two stages of Spark tasks, no batch on the driver), in
+the order ``--order`` gives. Each figure is timeline rows written (adds, after the
+horizon filter) over the wall time of the drain, Spark's join included, and over
+the time spent in the sink calls alone. A local Cassandra node is started unless
+``FANOUT_CASSANDRA_HOSTS`` names one; its RSS is reported. A sample of users is
+verified against the SQL so that a fast wrong answer does not count. Results go to
+``benchmarks/results/sink.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from pipeline import ROOT, percentile, save
+
+sys.path.insert(0, str(ROOT))
+
+from infra.broker import KafkaBroker  # noqa: E402
+from infra.spark import build_session  # noqa: E402
+from infra.verify import verify  # noqa: E402
+from ingest.generator import generate  # noqa: E402
+from ingest.producer import ChangelogProducer  # noqa: E402
+from ingest.settings import KafkaSettings  # noqa: E402
+from ingest.topics import create_topics  # noqa: E402
+from views.job import job_sink, start_query  # noqa: E402
+from views.settings import ViewSettings  # noqa: E402
+from views.stores import store_from_url  # noqa: E402
+from views.stores.cassandra_config import parse_url  # noqa: E402
+from views.stores.schema import apply_schema, connect  # noqa: E402
+
+
+def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
+    history = generate(args.users, args.follows, args.tweets, seed=args.seed)
+    events = list(history.events())
+    with ChangelogProducer(kafka) as producer:
+        for event in events:
+            producer.send(event)
+        assert producer.flush(120) == 0
+    return len(events)
+
+
+def _keyspace(hosts: str) -> str:
+    url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
+    config = parse_url(url)
+    cluster, session = connect(config, wait=60)
+    try:
+        apply_schema(session, config.keyspace, config.replication.cql_map())
+    finally:
+        cluster.shutdown()
+    return url
+
+
+def _drain(spark: Any, kafka: KafkaSettings, view: ViewSettings, args: argparse.Namespace,
+           label: str) -> dict[str, Any]:
+    with store_from_url(view.store_url, cap=view.timeline_cap) as store:
+        sink = job_sink(view, store, spool=False)
+        start = time.perf_counter()
+        query = start_query(spark, kafka, view, store, available_now=True, sink=sink)
+        if not query.awaitTermination(args.timeout):
+            query.stop()
+            raise TimeoutError(f"{label}: not drained within {args.timeout}s")
+        if query.exception() is not None:
+            raise RuntimeError(f"{label}: {query.exception()}")
+        wall = time.perf_counter() - start
+        batches = [s for _, _, s in sink.history]
+        sink_s = sum(seconds for _, seconds, _ in sink.history)
+        adds = sum(s.timeline_adds for s in batches)
+        checked = verify(kafka, store, view.timeline_cap, sample=args.verify_sample)
+    seconds = [s for _, s, _ in sink.history]
+    return {"sink": type(sink).__name__, "wall_s": round(wall, 2),
+            "sink_s": round(sink_s, 2), "batches": len(batches), "timeline_rows": adds,
+            "timeline_rows_per_s": round(adds / wall), "rows_per_sink_s": round(adds / sink_s),
+            "batch_p50_s": round(percentile(seconds, 0.5), 2),
+            "batch_p99_s": round(percentile(seconds, 0.99), 2),
+            "verify": checked.render().splitlines()[0], "verify_ok": checked.ok}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=3000)
+    parser.add_argument("--follows", type=int, default=40_000)
+    parser.add_argument("--tweets", type=int, default=12_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-records", type=int, default=10_000)
+    parser.add_argument("--order", default="sqlite,cassandra")
+    parser.add_argument("--verify-sample", type=int, default=300)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fanout-bench-sink-"))
+    result: dict[str, Any] = {"args": vars(args)}
+    with ExitStack() as stack:
+        broker = stack.enter_context(KafkaBroker(work / "kafka"))
+        hosts = os.environ.get("FANOUT_CASSANDRA_HOSTS")
+        node = None
+        if not hosts:
+            from infra.cassandra import LocalCassandra
+
+            node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=512))
+            hosts = node.hosts
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=4, topic_prefix="s_")
+        create_topics(kafka)
+        result["events"] = _produce(kafka, args)
+        spark = build_session("fanout-bench-sink", shuffle_partitions=2)
+        stack.callback(spark.stop)
+        for label in args.order.split(","):
+            url = (f"sqlite:///{work / 'v.sqlite'}" if label == "sqlite" else _keyspace(hosts))
+            view = ViewSettings(store_url=url, checkpoint_dir=work / f"ck-{label}",
+                                max_records_per_batch=args.max_records, shuffle_partitions=2)
+            print(f"draining into {label} ...", file=sys.stderr, flush=True)
+            result[label] = _drain(spark, kafka, view, args, label)
+            print(f"  {label}: {result[label]}", file=sys.stderr, flush=True)
+        if node is not None:
+            result["cassandra_rss_mb"] = round(node.rss_bytes() / 2**20)
+    result["cores"] = os.cpu_count()
+    print(save("sink", result))
+    return 0 if all(result[k]["verify_ok"] for k in args.order.split(",")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
