@@ -58,9 +58,14 @@ async def _on_write_rejected(request: Request, exc: WriteRejected) -> JSONRespon
     return _error(exc.status, exc.code, exc.message, exc.field, exc.headers)
 
 
+#: Retry-After of a read refused because the store is down (a node restarting).
+STORE_RETRY_AFTER_S = 5
+
+
 async def _on_store_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("store error on %s %s: %s", request.method, request.url.path, exc)
-    return _error(Unavailable.status, Unavailable.code, "the store cannot be read right now")
+    return _error(Unavailable.status, Unavailable.code, "the store cannot be read right now",
+                  headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
 
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -378,8 +378,10 @@ def test_unexpected_exception_is_500_json_without_details(broken: httpx.Client):
 
 
 def test_store_error_is_503_json(broken: httpx.Client):
-    body = _assert_error(broken.get("/v1/users/2/tweets"), 503, None)
+    response = broken.get("/v1/users/2/tweets")
+    body = _assert_error(response, 503, None)
     assert body["error"] == "unavailable"
+    assert int(response.headers["Retry-After"]) > 0
 
 
 def test_healthz_degraded_when_store_unreadable(broken: httpx.Client):
