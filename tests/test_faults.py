@@ -221,8 +221,9 @@ class JobKiller:
 
 
 @pytest.mark.timeout(900)
-def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, services,
-                                                    job_store):
+def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, job_store,
+                                                    services):
+    # job_store before services: the job is killed before its keyspace is dropped.
     events = list(generate(800, 4000, 2500, seed=11).events())
     job = _job(kafka_settings, tmp_path, job_store.url)
     services.append(job)
