@@ -228,7 +228,9 @@ class KafkaBroker:
         """Format the log directory once (a KRaft node refuses an unformatted one)."""
         if (self.data_dir / "log" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while not cluster_id[0].isalnum():  # the tool's parser takes "-..." for an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         argv = [*self._java(jars, "kafka.tools.StorageTool"), "format", "-t", cluster_id,
                 "-c", str(self.config_path)]
         argv[1:3] = ["-Xms64m", "-Xmx256m"]
