@@ -166,8 +166,8 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
     if pid is None:
         pytest.skip("the Cassandra node is not a local process: it cannot be paused")
     _, executors = two_keyspaces
-    config = dataclasses.replace(executors.config, timeout=1.0)
-    writer = TaskWriter(config, CAP, attempts=8)
+    config = dataclasses.replace(executors.config, timeout=1.0, retry_s=60.0)
+    writer = TaskWriter(config, CAP)
     writer.open()
     ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
     caplog.set_level(logging.WARNING, logger="views.stores.cassandra_tasks")
@@ -186,7 +186,7 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
 
 def test_a_bad_statement_is_not_retried(two_keyspaces):
     _, executors = two_keyspaces
-    writer = TaskWriter(executors.config, CAP, attempts=3)
+    writer = TaskWriter(executors.config, CAP)
     writer.open()
     try:
         with pytest.raises(StoreError, match="after 1 attempt"):

@@ -266,3 +266,52 @@ def test_d_every_process_killed_like_a_reboot_then_up(run: Run) -> None:
     assert up.stdout.count("started") == 3, up.stdout
     _finish(run.replay(None))  # the interrupted replay again: duplicates change nothing
     run.verify()
+
+
+# -- the same stack on a local Cassandra node ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def cassandra_run(run: Run) -> Iterator[Run]:
+    """A second stack, ``fanout up --store cassandra``, replaying the same history."""
+    state = Run(run.root / "cassandra", run.history)
+    try:
+        yield state
+    finally:
+        state.fanout("down", check=False, timeout=240)
+        leftover = tagged(state.tag)
+        _kill(leftover)
+        assert not leftover, f"processes left after `fanout down`: {leftover}"
+
+
+def test_e_cassandra_killed_mid_replay_the_job_rides_it_out(cassandra_run: Run) -> None:
+    """SIGKILL the node: reads 503 with Retry-After, health degraded, the job retries
+    its writes with a log line per attempt; `fanout up` brings the node back, the job
+    carries on (never restarted) and the views verify."""
+    run = cassandra_run
+    first = run.fanout("up", "--store", "cassandra", timeout=600)
+    assert "cassandra: started" in first.stdout, first.stdout
+    base = run.stack()["api_url"]
+    replay = run.replay(_speedup(run.history))
+    time.sleep(REPLAY_S / 3)
+    _kill([run.stack()["pids"]["cassandra"]])
+
+    def refused() -> httpx.Response | None:
+        try:
+            response = httpx.get(f"{base}/v1/users/3/tweets", timeout=30)
+        except httpx.TransportError:
+            return None
+        return response if response.status_code == 503 else None
+
+    response = wait_for(refused, 120, "reads to answer 503 while Cassandra is down")
+    assert isinstance(response, httpx.Response)
+    assert int(response.headers["Retry-After"]) > 0 and response.json()["error"] == "unavailable"
+    health = httpx.get(f"{base}/healthz", timeout=30)
+    assert health.status_code == 503 and health.json()["status"] == "degraded", health.text
+    again = run.fanout("up", timeout=600)
+    assert "cassandra: started" in again.stdout and "job: was running" in again.stdout, \
+        again.stdout
+    _finish(replay)
+    run.verify()
+    assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
+    job_log = (run.run_dir / "logs" / "job.log").read_text(errors="replace")
+    assert "running them again" in job_log  # one line per attempt while the node was away

@@ -19,6 +19,8 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``scan_timeout``  timeout of full-table reads: counts, home_users (default 120)
 ``trim_slack``  rows a timeline may grow past the cap before it is trimmed
                (default max(16, cap/4): trims are amortized, as in SQLite)
+``retry``      seconds the job's writes keep retrying while the cluster does not answer
+               (a node restarting), with backoff, before the job stops (default 120)
 ``schema``     ``check`` (default: require ``fanout schema apply``) or ``auto``
 ``ssl``        ``1`` to connect with TLS, verified against the system CAs
 =============  =====================================================================
@@ -103,6 +105,7 @@ class CassandraConfig:
     timeout: float = 10.0
     scan_timeout: float = 120.0
     trim_slack: int | None = None
+    retry_s: float = 120.0
     auto_schema: bool = False
     ssl: bool = False
 
@@ -236,6 +239,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
     "timeout": lambda t: ("timeout", _number("timeout", t, 0, 3600)),
     "scan_timeout": lambda t: ("scan_timeout", _number("scan_timeout", t, 0, 86400)),
     "trim_slack": lambda t: ("trim_slack", _count("trim_slack", t)),
+    "retry": lambda t: ("retry_s", _number("retry", t, -1, 86400)),
     "schema": lambda t: ("auto_schema", _schema_mode(t)),
     "ssl": lambda t: ("ssl", _flag("ssl", t)),
 }

@@ -22,9 +22,10 @@ no Spark in it. The phases, timestamps and statements are those of
 **Retries.** Every statement is an upsert or delete keyed by its primary key at an
 explicit timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is
 kept), so running one again writes the same cells. A statement that fails
-transiently — a timeout, too few replicas, a lost connection — is run again, with backoff, up to
-``attempts`` times, with a log line per attempt; only then does the task fail (and
-Spark may run the task again, which is as safe). :func:`writer` keeps one opened
+transiently — a timeout, too few replicas, a lost connection, no node answering — is
+run again, with backoff (doubling to 15 s), for up to the store's ``retry`` seconds
+(120 by default: long enough for a node to restart), with a log line per attempt;
+only then does the task fail (and Spark may run the task again, which is as safe). :func:`writer` keeps one opened
 writer (Cluster, Session, prepared statements) per executor process and config.
 """
 
@@ -50,11 +51,9 @@ from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig
 
 log = logging.getLogger(__name__)
 
-#: Runs of a failing statement before the task gives up (the first run included).
-ATTEMPTS: Final = 5
 #: Backoff before the second run; doubled per attempt, capped at ``_BACKOFF_MAX``.
 _BACKOFF_S: Final = 0.2
-_BACKOFF_MAX: Final = 5.0
+_BACKOFF_MAX: Final = 15.0
 #: Failures worth running a statement again for: the node was slow, short of
 #: replicas or unreachable. Anything else (a bad request) fails the task at once.
 TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure,
@@ -73,11 +72,9 @@ class UserCounts:
 class TaskWriter(CassandraStore):
     """A Cassandra store that writes one task's share of a batch; see the module docstring."""
 
-    def __init__(self, config: CassandraConfig, cap: int = 800,
-                 attempts: int = ATTEMPTS) -> None:
+    def __init__(self, config: CassandraConfig, cap: int = 800) -> None:
         # Tasks never run DDL: many clients changing a schema at once is how it diverges.
         super().__init__(dataclasses.replace(config, auto_schema=False), cap)
-        self.attempts = attempts
 
     # -- running statements, retried ----------------------------------------------------
     def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
@@ -86,6 +83,7 @@ class TaskWriter(CassandraStore):
         results: list[reads.Rows | None] = [None] * len(ops)
         pending = list(range(len(ops)))
         attempt = 0
+        give_up = time.monotonic() + self.config.retry_s
         while True:
             attempt += 1
             pairs = [(self._statements[ops[i][0]], ops[i][1]) for i in pending]
@@ -101,14 +99,17 @@ class TaskWriter(CassandraStore):
             if not failed:
                 return [r if r is not None else [] for r in results]
             first = failed[0][1]
-            if attempt == self.attempts or not isinstance(first, TRANSIENT):
-                msg = (f"Cassandra: {len(failed)} of {len(pending)} statements failed after "
-                       f"{attempt} attempt(s), e.g. {ops[failed[0][0]][0]}: {first}")
-                raise StoreError(msg) from first
             pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
-            log.warning("Cassandra: %d of %d statements failed (attempt %d of %d, e.g. %s: "
-                        "%s); running them again in %.1fs", len(failed), len(pending),
-                        attempt, self.attempts, ops[failed[0][0]][0], first, pause)
+            if time.monotonic() + pause > give_up or not isinstance(first, TRANSIENT):
+                msg = (f"Cassandra: {len(failed)} of {len(pending)} statements failed after "
+                       f"{attempt} attempt(s) in {self.config.retry_s:.0f}s, e.g. "
+                       f"{ops[failed[0][0]][0]}: {first}; start the job again (`fanout up`) "
+                       "once the cluster answers")
+                raise StoreError(msg) from first
+            log.warning("Cassandra: %d of %d statements failed (attempt %d, e.g. %s: %s); "
+                        "running them again in %.1fs (giving up after %.0fs)", len(failed),
+                        len(pending), attempt, ops[failed[0][0]][0], first, pause,
+                        self.config.retry_s)
             time.sleep(pause)
             pending = [i for i, _ in failed]
 
@@ -156,11 +157,11 @@ class TaskWriter(CassandraStore):
         same cells. A batch never recorded gets a fresh ``T`` above every earlier one,
         so whatever an interrupted attempt (or a zombie task of it) wrote loses to it.
         """
-        rows = self._rows("batch_get", (cql.batch_bucket(batch_id), batch_id),
-                          profile=WRITE_PROFILE)
+        # Through _run, as the writes are: retried while the cluster does not answer.
+        rows = self._run([("batch_get", (cql.batch_bucket(batch_id), batch_id))])[0]
         recorded = (int(rows[0][0]), str(rows[0][1])) if rows and rows[0][0] else None
         if not self._floor:
-            rows = self._rows("clock_get", profile=WRITE_PROFILE)
+            rows = self._run([("clock_get", ())])[0]
             self._floor = (int(rows[0][0]) if rows and rows[0][0] else 0) + cql.STRIDE
         ts = cql.batch_timestamp(time.time_ns() // 1000, self._floor, recorded, run_digest)
         self._floor = max(self._floor, ts + cql.STRIDE)
