@@ -19,8 +19,6 @@ import base64
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -33,13 +31,12 @@ from confluent_kafka.admin import AdminClient
 
 from infra.errors import InfraError
 from infra.jars import KAFKA, classpath
+from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate
 
 log = logging.getLogger(__name__)
 
-LOOPBACK: Final = "127.0.0.1"
 _PORT_ATTEMPTS: Final = 3
 _NODE_ID: Final = 1
-_LOG_TAIL_LINES: Final = 15
 
 _SERVER_PROPERTIES: Final = """\
 # Written by fanout (infra/broker.py) at every start; edits are overwritten.
@@ -257,33 +254,6 @@ class KafkaBroker:
         return self._process
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether ``port`` can be bound on ``host`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last lines of a service's log, for an error message."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _port_clash(log_path: Path, since: int) -> bool:
     """Whether the log written after byte ``since`` says a port was taken."""
     with log_path.open("rb") as f:
@@ -309,17 +279,3 @@ def wait_until_serving(process: subprocess.Popen[bytes], bootstrap: str,
         except KafkaException as exc:
             log.debug("Kafka on %s not answering yet: %s", bootstrap, exc)
             time.sleep(0.2)
-
-
-def terminate(process: subprocess.Popen[bytes], timeout: float, name: str) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("%s pid %d ignored SIGTERM for %.0f s; killing it", name, process.pid,
-                    timeout)
-        process.kill()
-        process.wait(timeout)

@@ -30,10 +30,10 @@ from typing import IO, Final
 
 from infra.errors import InfraError
 from infra.jars import CASSANDRA, classpath
+from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate
 
 log = logging.getLogger(__name__)
 
-LOOPBACK: Final = "127.0.0.1"
 MAIN_CLASS: Final = "org.apache.cassandra.service.CassandraDaemon"
 PORTS_FILE: Final = "ports.json"
 PID_FILE: Final = "cassandra.pid"
@@ -198,7 +198,7 @@ class LocalCassandra:
         """SIGTERM (Cassandra drains to disk), then SIGKILL after ``stop_timeout``."""
         process, self._process = self._process, None
         if process is not None:
-            terminate(process, self.stop_timeout)
+            terminate(process, self.stop_timeout, "Cassandra")
             (self.data_dir / PID_FILE).unlink(missing_ok=True)
         if self._log_file is not None:
             self._log_file.close()
@@ -257,7 +257,7 @@ class LocalCassandra:
         code = self._process.returncode
         self._process = None
         (self.data_dir / PID_FILE).unlink(missing_ok=True)
-        tail = _tail(self.log_path, offset)
+        tail = log_tail(self.log_path, _TAIL_LINES, offset)
         if any(marker in tail for marker in _BIND_FAILURES):
             return False
         msg = (f"Cassandra exited during start (exit code {code}); the end of its log "
@@ -359,7 +359,7 @@ def choose_ports(data_dir: Path, *, reuse: bool = True) -> Ports:
     taken: set[int] = set()
 
     def pick(previous: int | None) -> int:
-        port = previous if previous and previous not in taken and _free(previous) else None
+        port = previous if previous and previous not in taken and port_free(previous) else None
         while port is None or port in taken:
             port = free_port()
         taken.add(port)
@@ -367,13 +367,6 @@ def choose_ports(data_dir: Path, *, reuse: bool = True) -> Ports:
 
     return Ports(pick(old.native if old else None), pick(old.storage if old else None),
                  pick(old.jmx if old else None))
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def running_pid(data_dir: Path) -> int | None:
@@ -386,15 +379,6 @@ def running_pid(data_dir: Path) -> int | None:
         return None
     config = f"-Dcassandra.config=file://{(data_dir / 'cassandra.yaml').resolve()}"
     return pid if config.encode() in cmdline and state != "Z" else None
-
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
 
 
 def _load_ports(data_dir: Path) -> Ports | None:
@@ -455,35 +439,6 @@ def _check_deadline(deadline: float, awaited: str, log_path: Path) -> None:
     if time.monotonic() >= deadline:
         msg = f"timed out waiting for {awaited}; see {log_path}"
         raise CassandraError(msg)
-
-
-def _tail(path: Path, offset: int) -> str:
-    """The last lines Cassandra logged since ``offset``."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.rstrip().splitlines()[-_TAIL_LINES:]) or "(its log is empty)"
-
-
-def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds.
-
-    On SIGTERM Cassandra's shutdown hook drains: it flushes memtables and stops
-    accepting writes, so the next start replays little commit log.
-    """
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("Cassandra pid %d ignored SIGTERM for %.0f s; killing it", process.pid,
-                    timeout)
-        process.kill()
-        process.wait(timeout)
 
 
 # -- the foreground service ----------------------------------------------------------------

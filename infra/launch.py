@@ -22,7 +22,8 @@ import secrets
 from pathlib import Path
 from typing import Final
 
-from infra.broker import KafkaBroker, free_port, port_free
+from infra.broker import KafkaBroker
+from infra.process import free_port, port_free
 from infra.rebuild import stale_views
 from infra.stack import (
     AUTH_SECRET_FILE,

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from infra.broker import free_port
+from infra.process import free_port
 from infra.stack import Stack, down, spawn, stop_pid, wait_for_http
 from loadgen.errors import LoadRunError
 from loadgen.probe import Target
@@ -77,10 +77,15 @@ class Prepared:
 # -- the target ---------------------------------------------------------------------------
 @contextlib.contextmanager
 def target(run_dir: Path, *, url: str | None, start: bool, history: History,
-           allow_remote: bool, auth: str, keep: bool) -> Iterator[LoadTarget]:
-    """The API to load; see the module docstring. A started stack is stopped after."""
+           allow_remote: bool, auth: str, keep: bool,
+           store: str | None = None) -> Iterator[LoadTarget]:
+    """The API to load; see the module docstring. A started stack is stopped after.
+
+    ``store`` (``sqlite`` or ``cassandra``) picks a started stack's store as
+    ``fanout up --store`` does; None leaves it to ``FANOUT_STORE``.
+    """
     if start:
-        with _started(run_dir / "load", history, auth, keep) as started:
+        with _started(run_dir / "load", history, auth, keep, store) as started:
             yield started
         return
     stack = Stack.load(run_dir)
@@ -108,15 +113,16 @@ def check_loopback(url: str, allow_remote: bool) -> None:
 
 
 @contextlib.contextmanager
-def _started(run_dir: Path, history: History, auth: str, keep: bool) -> Iterator[LoadTarget]:
+def _started(run_dir: Path, history: History, auth: str, keep: bool,
+             store: str | None) -> Iterator[LoadTarget]:
     from infra.launch import up
 
     down(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {"FANOUT_CELEBRITY_THRESHOLD": str(history.celebrity_threshold),
            "FANOUT_API_ACCESS_LOG": "false", "FANOUT_AUTH": auth}
-    log.info("starting a stack in %s", run_dir)
-    stack = up(run_dir, extra_env=env)
+    log.info("starting a stack in %s (store: %s)", run_dir, store or "FANOUT_STORE or SQLite")
+    stack = up(run_dir, extra_env=env, store=store)
     try:
         seeded = seed(stack, history, run_dir / "history")
         yield LoadTarget(stack.api_url, stack.store_url, {**stack.env(), **env}, seeded)

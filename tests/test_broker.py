@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from infra import broker as broker_module
+from infra import process as process_module
 from infra.broker import BrokerError, KafkaBroker
 from infra.jars import JarError
 from ingest.settings import KafkaSettings
@@ -124,7 +124,7 @@ def test_stop_kills_a_process_that_ignores_the_signal() -> None:
               "print('ready', flush=True); time.sleep(60)")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-    broker_module.terminate(process, timeout=0.5, name="test")
+    process_module.terminate(process, timeout=0.5, name="test")
     assert process.returncode == -9
 
 

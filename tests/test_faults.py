@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.broker import free_port
+from infra.process import free_port
 from infra.verify import lagging, verify
 from ingest.events import Event
 from ingest.generator import generate

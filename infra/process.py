@@ -1,0 +1,62 @@
+"""What every local service (Kafka, Cassandra, Spark's daemons) needs of its process.
+
+Free loopback ports, the tail of a service's log for an error message, and a stop
+that asks first (SIGTERM: Kafka shuts down in a controlled way, Cassandra drains its
+memtables) and kills after a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+LOOPBACK: Final = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether ``port`` can be listened on at ``host`` now (TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def log_tail(path: Path, lines: int = 15, since: int = 0) -> str:
+    """The last ``lines`` a service logged (after byte ``since``), for an error message."""
+    try:
+        with path.open("rb") as f:
+            f.seek(since)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(its log is empty)"
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float, name: str) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("%s pid %d ignored SIGTERM for %.0f s; killing it", name, process.pid,
+                    timeout)
+        process.kill()
+        process.wait(timeout)
