@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Final
+from typing import Any, Final
 
 from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
 from cassandra.cluster import NoHostAvailable
@@ -45,6 +45,7 @@ from cassandra.connection import ConnectionException
 from views.errors import StoreError
 from views.stores import cassandra_cql as cql
 from views.stores import cassandra_rows as reads
+from views.stores import schema
 from views.stores.base import WritePlan
 from views.stores.cassandra import CassandraStore
 from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig
@@ -75,6 +76,10 @@ class TaskWriter(CassandraStore):
     def __init__(self, config: CassandraConfig, cap: int = 800) -> None:
         # Tasks never run DDL: many clients changing a schema at once is how it diverges.
         super().__init__(dataclasses.replace(config, auto_schema=False), cap)
+
+    def _connect(self) -> tuple[Any, Any]:
+        """Wait for a node that is restarting, as the writes do (the store's ``retry``)."""
+        return schema.connect(self.config, wait=self.config.retry_s)
 
     # -- running statements, retried ----------------------------------------------------
     def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:

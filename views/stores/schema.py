@@ -258,4 +258,6 @@ def connect(config: Any, wait: float = 0.0) -> tuple[Any, Any]:
                 msg = (f"no Cassandra node answered at {','.join(config.hosts)}:{config.port}"
                        f" (waited {wait:.0f}s): {exc}")
                 raise SchemaError(msg) from None
+            log.warning("no Cassandra node answers at %s:%d yet; trying again for up to %.0fs",
+                        ",".join(config.hosts), config.port, deadline - time.monotonic())
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
