@@ -7,17 +7,22 @@
 - ``join``: the pure join (views.local, no Spark, no store) over the same events,
   events/s, and the timeline rows it produces;
 - ``sink``: SQLiteStore.apply of those deltas alone, timeline rows/s;
-- ``spark-source``: Spark micro-batches through the source into a trivial
-  foreachBatch (a count), records/s.
+- ``spark-source``: Spark micro-batches into a trivial foreachBatch (a count),
+  records/s, for each Kafka source the job can read with, in the same session on the
+  same topics, alternated ``--rounds`` times: ``python`` (the ``fanout-kafka``
+  source, views.source), ``spark`` (Spark's ``format("kafka")`` + the mapInArrow
+  decode, views.connector), ``spark-pandas`` (the same decode in mapInPandas) and
+  ``spark-raw`` (Spark's source with no decode: the floor the decode sits on).
 
-Results go to benchmarks/results/parts.json. Compare with bench_replay.py's
-figures for the whole pipeline.
+Results go to benchmarks/results/parts.json (``--name`` picks another file).
+Compare with bench_replay.py's figures for the whole pipeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import sys
 import tempfile
 import time
@@ -33,10 +38,18 @@ from ingest import generator, history  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
+from views import connector  # noqa: E402
 from views.join import JoinConfig  # noqa: E402
 from views.kafka_offsets import EndOffsets  # noqa: E402
 from views.local import LocalJoin  # noqa: E402
-from views.source import FORMAT, KafkaRange, SourceOptions, read_range  # noqa: E402
+from views.source import (  # noqa: E402
+    FORMAT,
+    SOURCE_SCHEMA,
+    KafkaRange,
+    SourceOptions,
+    event_row,
+    read_range,
+)
 from views.stores.base import Store  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
@@ -100,7 +113,7 @@ def bench_join_and_sink(evts: list, batch: int, work: Path) -> dict:
                      "seconds": round(sink_s, 2), "rows_per_s": round(rows / sink_s)}}
 
 
-def bench_source(evts: list, work: Path, spark_too: bool) -> dict:
+def bench_source(evts: list, work: Path, spark_too: bool, rounds: int = 1) -> dict:
     with KafkaBroker(work / "kafka") as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=4, topic_prefix="p_")
         create_topics(kafka)
@@ -119,24 +132,74 @@ def bench_source(evts: list, work: Path, spark_too: bool) -> dict:
         out = {"source": {"records": rows, "seconds": round(seconds, 2),
                           "records_per_s": round(rows / seconds)}}
         if spark_too:
-            out["spark-source"] = _spark_source(kafka, work, rows)
+            out["spark-source"] = _spark_sources(kafka, work, rows, rounds)
         return out
 
 
-def _spark_source(kafka: KafkaSettings, work: Path, expected: int) -> dict:
+def _readers(spark, kafka: KafkaSettings) -> dict:
+    """The stream of each source variant, made fresh for each query."""
+    def python():
+        return (spark.readStream.format(FORMAT).option("bootstrap", kafka.bootstrap)
+                .option("topic_prefix", kafka.topic_prefix).option("partitions", "4")
+                .option("maxRecordsPerBatch", "100000").load())
+
+    def spark_kafka():
+        return connector.read_stream(spark, kafka, max_records_per_batch=100_000,
+                                     broker_retry_s=60)
+
+    def raw():
+        return (spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", kafka.bootstrap)
+                .option("subscribe", ",".join(kafka.physical_topics()))
+                .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100000")
+                .load().select("topic", "partition", "offset", "key", "value"))
+
+    def spark_pandas():
+        return raw().mapInPandas(_decode_pandas(kafka.topic_prefix), SOURCE_SCHEMA)
+
+    return {"python": python, "spark": spark_kafka, "spark-pandas": spark_pandas,
+            "spark-raw": raw}
+
+
+def _decode_pandas(prefix: str):
+    names = SOURCE_SCHEMA.fieldNames()
+
+    def decode(frames):
+        import pandas as pd
+
+        for frame in frames:
+            rows = [event_row(t.removeprefix(prefix), p, o, k, v) for t, p, o, k, v in zip(
+                frame["topic"], frame["partition"], frame["offset"], frame["key"],
+                frame["value"], strict=True)]
+            yield pd.DataFrame.from_records(rows, columns=names)
+    return decode
+
+
+def _spark_sources(kafka: KafkaSettings, work: Path, expected: int, rounds: int) -> dict:
     spark = build_session("fanout-parts", shuffle_partitions=2)
+    out: dict[str, list[dict]] = {}
+    try:
+        for i in range(rounds):
+            for name, make in _readers(spark, kafka).items():
+                out.setdefault(name, []).append(
+                    _drain(make(), work / f"ck-{name}-{i}", expected))
+                print(f"  spark-source {name} round {i}: {out[name][-1]}", flush=True)
+    finally:
+        spark.stop()
+    return {name: {"records_per_s": [r["records_per_s"] for r in runs], "runs": runs}
+            for name, runs in out.items()}
+
+
+def _drain(frame, checkpoint: Path, expected: int) -> dict:
     seen: list[tuple[int, float]] = []
-    frame = (spark.readStream.format(FORMAT).option("bootstrap", kafka.bootstrap)
-             .option("topic_prefix", kafka.topic_prefix).option("partitions", "4")
-             .option("maxRecordsPerBatch", "100000").load())
     query = (frame.writeStream.foreachBatch(
         lambda df, _id: seen.append((df.count(), time.perf_counter())))
-        .option("checkpointLocation", str(work / "ck-source")).trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
         .start())
     start = time.perf_counter()
-    query.awaitTermination(600)
+    query.awaitTermination(900)
     seconds = time.perf_counter() - start
-    spark.stop()
+    assert query.exception() is None, query.exception()
     rows = sum(n for n, _ in seen)
     assert rows == expected, f"spark read {rows} of {expected}"
     return {"records": rows, "batches": len(seen), "seconds": round(seconds, 2),
@@ -149,15 +212,19 @@ def main() -> int:
     ap.add_argument("--tweets", type=int, default=50_000)
     ap.add_argument("--batch", type=int, default=100_000, help="events per micro-batch")
     ap.add_argument("--no-spark", action="store_true")
+    ap.add_argument("--name", default="parts", help="results/NAME.json")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="times each Spark source variant runs, alternated")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fanout-parts-"))
     evts = events(args.edges, args.tweets, work)
     result = {"events": len(evts), **bench_join_and_sink(evts, args.batch, work),
-              **bench_source(evts, work, not args.no_spark), "settings": vars(args)}
+              **bench_source(evts, work, not args.no_spark, args.rounds), "settings": vars(args),
+              "load_average": os.getloadavg()}
     for part in ("source", "spark-source", "join", "sink"):
         if part in result:
             print(f"{part:>13}: {result[part]}")
-    print(f"written to {save('parts', result)}")
+    print(f"written to {save(args.name, result)}")
     return 0
 
 

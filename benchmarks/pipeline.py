@@ -105,7 +105,7 @@ def _rss_tree() -> int:
 def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int = 800,
              max_records: int = 50_000, trigger_seconds: float = 0.0,
              shuffle_partitions: int = 2, key_buckets: int | None = None,
-             conf: dict[str, str] | None = None
+             conf: dict[str, str] | None = None, kafka_source: str | None = None,
              ) -> Iterator[Pipeline]:
     """Start everything in a temp dir; stop and clean up at the end."""
     work = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
@@ -118,7 +118,8 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
                             celebrity_threshold=celebrity_threshold,
                             max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
                             shuffle_partitions=shuffle_partitions,
-                            **({"key_buckets": key_buckets} if key_buckets else {}))
+                            **({"key_buckets": key_buckets} if key_buckets else {}),
+                            **({"kafka_source": kafka_source} if kafka_source else {}))
         spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
                               extra_conf=conf)
         store = SQLiteStore(work / "v.sqlite", cap=cap).open()
