@@ -146,6 +146,9 @@ def _add_start(p: argparse.ArgumentParser) -> None:
                    help=f"for --start (default {h.celebrity_threshold})")
     p.add_argument("--auth", choices=("on", "off"), default="on",
                    help="for --start: API auth (default on: tokens are minted for the load)")
+    p.add_argument("--store", choices=("sqlite", "cassandra"), default=None,
+                   help="for --start: the stack's store, as `fanout up --store` (default: "
+                        "FANOUT_STORE, else an SQLite file; cassandra starts a local node)")
     p.add_argument("--keep", action="store_true", help="for --start: leave the stack up")
     p.add_argument("--user-range", default="1-2000",
                    help="users to act as when the store is unknown (default 1-2000)")
@@ -199,7 +202,7 @@ def execute(plan: LoadPlan, args: argparse.Namespace) -> dict[str, Any]:
                                args.celebrity_threshold, args.seed + 7)
     with loadprep.target(Path(args.run_dir), url=args.target, start=args.start,
                          history=history, allow_remote=args.allow_remote, auth=args.auth,
-                         keep=args.keep) as load, loadprep.private_dir() as private:
+                         keep=args.keep, store=args.store) as load, loadprep.private_dir() as private:
         prepared = loadprep.prepare(load, private, probe_authors=args.probe_authors,
                                     seed=plan.seed, user_range=parse_user_range(args.user_range))
         runs = [_run_mode(plan, load, prepared, mode) for mode in plan.modes]
