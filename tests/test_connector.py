@@ -53,6 +53,13 @@ def test_data_loss_errors_stop_the_job_with_exit_3_and_say_how_to_recover() -> N
     assert "fanout rebuild" in message
     assert job._failed(error) == job.EXIT_PAST_END
     assert connector.data_loss_message("[STREAM_FAILED] something else") is None
+    # What str(query.exception()) holds: the message, without the error class.
+    text = ("Some data may have been lost because they are not available in Kafka any more;\n"
+            "either the data was aged out ...\nReason: Partition o_tweets-0 offset was "
+            "changed from 297 to 0.\nThis could be ...")
+    assert "Partition o_tweets-0 offset was changed from 297 to 0" in (
+        connector.data_loss_message(text) or "")
+    assert job._failed(text) == job.EXIT_PAST_END
 
 
 def test_a_broker_timeout_stops_the_job_with_exit_4() -> None:

@@ -34,9 +34,14 @@ from views.source import SOURCE_SCHEMA, Row, event_row, rows_to_batch
 FORMAT: Final = "kafka"
 #: The connector's class; a session without its jars cannot load it.
 PROVIDER: Final = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
-#: Spark's errors that mean the checkpoint's offsets are gone from the topics.
+#: Spark's errors that mean the checkpoint's offsets are gone from the topics: the
+#: error class when the text carries it, else the data-loss message and its reason
+#: (a query's exception text has the message without the class).
 _LOSS: Final = re.compile(r"\[(KAFKA_DATA_LOSS\.[A-Z_]+|[A-Z_]*(?:LOST_TOPIC_PARTITIONS|"
                           r"END_OFFSET_HAS_GREATER_OFFSET)[A-Z_]*)\]\s*([^\n]*)")
+_LOSS_TEXT: Final = re.compile(r"Some data may have been lost because they are not available "
+                               r"in Kafka any more")
+_REASON: Final = re.compile(r"Reason: ([^\n]+)")
 
 #: The Kafka client's own timeout: the broker did not answer within the API timeout.
 _TIMEOUT: Final = re.compile(r"org\.apache\.kafka\.common\.errors\.TimeoutException:?[^\n]*")
@@ -113,12 +118,16 @@ def unreachable_message(error: str) -> str | None:
 def data_loss_message(error: str) -> str | None:
     """The job's explanation of a Spark data-loss error in ``error``, else None."""
     found = _LOSS.search(error)
-    if found is None:
+    if found is not None:
+        what = f"{found.group(1)}: {found.group(2).strip()}"
+    elif _LOSS_TEXT.search(error):
+        reason = _REASON.search(error)
+        what = reason.group(1).strip() if reason else "KAFKA_DATA_LOSS"
+    else:
         return None
     return (f"Spark's Kafka source found that records this view job's checkpoint refers "
-            f"to are gone from the changelog topics ({found.group(1)}: "
-            f"{found.group(2).strip()}). The topics were deleted and recreated, or the "
-            f"broker lost its log. The views cannot continue from this checkpoint. To "
+            f"to are gone from the changelog topics ({what}). The topics were deleted and "
+            f"recreated, or the broker lost its log. The views cannot continue from this checkpoint. To "
             f"recover: stop the job, run `fanout rebuild` (it moves the checkpoint and the "
             f"store aside), start the job again and replay the history into the broker "
             f"(`fanout replay DIR`).")
