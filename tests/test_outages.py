@@ -257,7 +257,8 @@ def test_job_rides_out_an_outage_and_stops_clearly_on_an_empty_broker(
         store.close()
     # The job explains the stop in its own words, whichever source found it.
     caplog.set_level(logging.ERROR, logger="views.job")
-    assert job_module._failed(error) == job_module.EXIT_PAST_END, error
+    code = job_module._failed(error)
+    assert code == job_module.EXIT_PAST_END, error
     assert "fanout rebuild" in caplog.text, caplog.text
 
     monkeypatch.delenv("FANOUT_STORE", raising=False)
