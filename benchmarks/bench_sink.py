@@ -43,8 +43,7 @@ from ingest.topics import create_topics  # noqa: E402
 from views.job import job_sink, start_query  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
-from views.stores.cassandra_config import parse_url  # noqa: E402
-from views.stores.schema import apply_schema, connect  # noqa: E402
+from views.stores.schema import apply_at  # noqa: E402
 
 
 def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
@@ -59,12 +58,7 @@ def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
 
 def _keyspace(hosts: str) -> str:
     url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
-    config = parse_url(url)
-    cluster, session = connect(config, wait=60)
-    try:
-        apply_schema(session, config.keyspace, config.replication.cql_map())
-    finally:
-        cluster.shutdown()
+    apply_at(url)
     return url
 
 

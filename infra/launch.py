@@ -199,18 +199,12 @@ def _ensure_spark(stack: Stack, started: list[str]) -> bool:
 
 
 def _apply_schema(url: str) -> None:
-    """``fanout schema apply`` on a store URL (idempotent: applies the missing steps)."""
-    from views.stores.cassandra_config import parse_url
-    from views.stores.schema import apply_schema, connect
+    """``fanout schema apply`` on the stack's keyspace (idempotent: the missing steps)."""
+    from views.stores.schema import apply_at
 
-    config = parse_url(url)
-    cluster, session = connect(config, wait=60)
-    try:
-        done = apply_schema(session, config.keyspace, config.replication.cql_map())
-        if done:
-            log.info("keyspace %s: applied %s", config.keyspace, [s.label for s in done])
-    finally:
-        cluster.shutdown()
+    done = apply_at(url)
+    if done:
+        log.info("store %s: applied %s", url, [s.label for s in done])
 
 
 def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: float) -> None:

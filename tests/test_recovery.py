@@ -99,6 +99,13 @@ class Run:
     def kafka(self) -> KafkaSettings:
         return KafkaSettings(bootstrap=self.stack()["bootstrap"], partitions=4)
 
+    def down_leaving_nothing(self) -> None:
+        """``fanout down``, then check that no process of the stack is left."""
+        self.fanout("down", check=False, timeout=240)
+        leftover = tagged(self.tag)  # `down` waits for every process of each service
+        _kill(leftover)
+        assert not leftover, f"processes left after `fanout down`: {leftover}"
+
 
 def _finish(replay: subprocess.Popen[str], timeout: float = 400) -> str:
     out, _ = replay.communicate(timeout=timeout)
@@ -147,10 +154,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     try:
         yield state
     finally:
-        state.fanout("down", check=False, timeout=180)
-        leftover = tagged(state.tag)
-        _kill(leftover)
-        assert not leftover, f"processes left after `fanout down`: {leftover}"
+        state.down_leaving_nothing()
 
 
 def test_a_job_killed_mid_replay_resumes_on_up(run: Run) -> None:
@@ -277,10 +281,7 @@ def cassandra_run(run: Run) -> Iterator[Run]:
     try:
         yield state
     finally:
-        state.fanout("down", check=False, timeout=240)
-        leftover = tagged(state.tag)
-        _kill(leftover)
-        assert not leftover, f"processes left after `fanout down`: {leftover}"
+        state.down_leaving_nothing()
 
 
 def test_e_cassandra_killed_mid_replay_the_job_rides_it_out(cassandra_run: Run) -> None:

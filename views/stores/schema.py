@@ -241,6 +241,21 @@ def _with_cluster(url: str, wait: float, action: Any) -> int:
         cluster.shutdown()
 
 
+def apply_at(url: str, wait: float = 60.0) -> list[Step]:
+    """``fanout schema apply`` on a store URL: the keyspace and its missing steps.
+
+    Waits up to ``wait`` seconds for a node to answer; returns the steps applied.
+    """
+    from views.stores.cassandra_config import parse_url
+
+    config = parse_url(url)
+    cluster, session = connect(config, wait)
+    try:
+        return apply_schema(session, config.keyspace, config.replication.cql_map())
+    finally:
+        cluster.shutdown()
+
+
 def connect(config: Any, wait: float = 0.0) -> tuple[Any, Any]:
     """(Cluster, Session) for ``config``, retrying for up to ``wait`` seconds."""
     from cassandra.cluster import NoHostAvailable
