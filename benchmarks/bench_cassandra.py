@@ -63,6 +63,8 @@ PHASES = ("sink", "adds", "reads")
 WRITES = frozenset(n for n, text in cql.STATEMENTS.items()
                    if not text.lstrip().upper().startswith("SELECT"))
 _TICK = os.sysconf("SC_CLK_TCK")
+#: Reader threads announce their windows on one stdout: one whole line at a time.
+_PRINT = threading.Lock()
 #: created_at bases: the pure adds sort below the sink's posts, so first pages are
 #: the sink's rows, whose tweets and authors exist (hydration reads find them).
 _SINK_BASE, _ADDS_BASE = 1_700_000_000_000, 1_000_000_000_000
@@ -149,7 +151,8 @@ def _window(step: Any, args: argparse.Namespace, counted: _Counted) -> dict[str,
     deadline = time.monotonic() + args.warmup
     while time.monotonic() < deadline:
         step()
-    print(json.dumps({"event": "start"}), flush=True)
+    with _PRINT:
+        print(json.dumps({"event": "start"}), flush=True)  # one per reader thread
     with counted.lock:
         counted.counts.clear()
     cpu0, t0, units = _self_cpu(), time.monotonic(), 0
@@ -270,10 +273,12 @@ def _expect(proc: subprocess.Popen[str], event: str, deadline: float) -> dict[st
         if not line:
             msg = f"client pid {proc.pid} exited (code {proc.wait()}) before {event!r}"
             raise RuntimeError(msg)
-        if line.startswith("{"):
-            found: dict[str, Any] = json.loads(line)
-            if found.get("event") == event:
-                return found
+        try:
+            found = json.loads(line) if line.startswith("{") else {}
+        except ValueError:
+            continue  # not one of ours
+        if isinstance(found, dict) and found.get("event") == event:
+            return found
     proc.kill()
     msg = f"client pid {proc.pid}: no {event!r} before the deadline"
     raise TimeoutError(msg)
