@@ -56,7 +56,7 @@ from views.stores.base import WritePlan  # noqa: E402
 from views.stores.cassandra import CassandraStore  # noqa: E402
 from views.stores.cassandra_config import parse_url  # noqa: E402
 from views.stores.cassandra_tasks import TaskWriter  # noqa: E402
-from views.stores.schema import apply_schema, connect  # noqa: E402
+from views.stores.schema import apply_at  # noqa: E402
 
 PHASES = ("sink", "adds", "reads")
 #: Statements that write (everything else the store prepares is a SELECT).
@@ -331,12 +331,7 @@ def _idle(pid: int, seconds: float) -> float:
 
 def _keyspace(hosts: str) -> str:
     url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
-    config = parse_url(url)
-    cluster, session = connect(config, wait=60)
-    try:
-        apply_schema(session, config.keyspace, config.replication.cql_map())
-    finally:
-        cluster.shutdown()
+    apply_at(url)
     return url
 
 
