@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from infra.errors import InfraError
+from infra.process import free_port
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class LocalSparkCluster:
 
     def _start_master(self, deadline: float) -> None:
         for attempt in range(1, self.port_attempts + 1):
-            port, ui_port = _free_port(), _free_port()
+            port, ui_port = free_port(), free_port()
             url, ui = f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{ui_port}"
             process = self._spawn("master", [MASTER_CLASS, "--host", LOOPBACK, "--port",
                                              str(port), "--webui-port", str(ui_port)])
@@ -355,13 +355,6 @@ def spark_home() -> Path:
         msg = "pyspark is not installed in this Python: run `make install`"
         raise ClusterError(msg)
     return Path(spec.origin).parent
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get_json(url: str, timeout: float) -> dict[str, Any] | None:
