@@ -83,28 +83,27 @@ class _Counted:
             self.counts.update(names)
 
 
-class _Writer(TaskWriter):
-    counted = _Counted()
+class _Counting:
+    """Counts the statements a store runs, by name (mixed in before the store class)."""
+
+    counted: _Counted
 
     def _run(self, ops: list[cql.Op], profile: object = None) -> list[rows_mod.Rows]:
         self.counted.add([name for name, _ in ops])
-        return super()._run(ops) if profile is None else super()._run(ops, profile)
+        run = super()._run  # type: ignore[misc]
+        return run(ops) if profile is None else run(ops, profile)
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), **kw: Any) -> rows_mod.Rows:
         self.counted.add([name])
-        return super()._rows(name, params, **kw)
+        return super()._rows(name, params, **kw)  # type: ignore[misc]
 
 
-class _Reader(CassandraStore):
+class _Writer(_Counting, TaskWriter):
     counted = _Counted()
 
-    def _run(self, ops: list[cql.Op], profile: object = None) -> list[rows_mod.Rows]:
-        self.counted.add([name for name, _ in ops])
-        return super()._run(ops) if profile is None else super()._run(ops, profile)
 
-    def _rows(self, name: str, params: tuple[Any, ...] = (), **kw: Any) -> rows_mod.Rows:
-        self.counted.add([name])
-        return super()._rows(name, params, **kw)
+class _Reader(_Counting, CassandraStore):
+    counted = _Counted()
 
 
 def _plan(rng: random.Random, args: argparse.Namespace, next_id: list[int], base: int,
