@@ -27,6 +27,9 @@ from views.stores import schema as schema_cli
 
 log = logging.getLogger("fanout")
 
+#: Libraries whose INFO lines are about themselves, not about fanout.
+_CHATTY_LOGGERS = ("httpx", "httpcore")
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fanout`` console script."""
@@ -34,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO ("HTTP Request: GET ..."): noise between the
+    # progress lines of `fanout demo` and `fanout up`. -v brings it back.
+    for name in () if args.verbose else _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
     args.run_dir = run_dir
     if args.command not in ("up", "broker", "cassandra", "demo", "jars"):
