@@ -138,11 +138,12 @@ def _edge_streams(paths: list[Path], args: argparse.Namespace, report: history.R
                   ) -> tuple[list[Iterable[Event]], int]:
     """Edge lists with synthetic times, plus profiles and tweets made for their graph."""
     started = time.monotonic()
-    censuses = [history.census(p) for p in paths]
+    censuses = [history.census(p, id_offset=args.id_offset) for p in paths]
     start, span = _window(censuses, args)
     lo, hi = generator.activity_window(start, span)
     streams: list[Iterable[Event]] = [
-        history.iter_events(p, report, history.EdgeTimes.spread(c.edges, lo, hi))
+        history.iter_events(p, report, history.EdgeTimes.spread(c.edges, lo, hi),
+                            id_offset=args.id_offset)
         for p, c in zip(paths, censuses, strict=True)]
     counts: dict[int, int] = {}
     for c in censuses:
@@ -226,6 +227,10 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
                    help="for edge lists: generate N tweets by follower-weighted authors")
     p.add_argument("--no-profiles", action="store_true",
                    help="for edge lists: do not generate user profiles")
+    p.add_argument("--id-offset", type=_count, default=0, metavar="N",
+                   help="for edge lists: add N to every node id; use 1 for a 0-based "
+                        "graph (most SNAP graphs), whose node 0 is otherwise an invalid "
+                        "id (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated content")
     p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
                    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)")

@@ -5,7 +5,9 @@ Formats, chosen by name: a directory written by ``fanout generate`` (``users.jso
 in any mix of topics (the ``op`` tells which); a ``.csv`` of
 ``follower_id,followee_id[,created_at]`` with or without a header; anything else is a
 SNAP-style edge list, ``follower followee`` separated by whitespace, ``#`` comments
-allowed. Any of them may be gzipped (``.gz``).
+allowed. Any of them may be gzipped (``.gz``). Ids of an edge list can be shifted by an
+``id_offset`` (``fanout replay --id-offset 1``): most SNAP graphs count nodes from 0,
+and the contract's ids are positive (DESIGN §3).
 
 Edge lists carry no time. Edge ``i`` (counting kept edges, in file order) gets
 ``created_at = EdgeTimes.start_ms + i * EdgeTimes.step_ms``, so the graph grows in file
@@ -53,6 +55,8 @@ _TOPIC_OF_OP: Final = {"post": TWEETS, "delete": TWEETS, "follow": FOLLOWS,
 _KEY_FIELD: Final = {TWEETS: "author_id", FOLLOWS: "followee_id", USERS: "user_id"}
 _JSONL_SUFFIXES: Final = {".jsonl", ".ndjson", ".json"}
 _CSV_HEADER: Final = ("follower_id", "followee_id", "created_at")
+#: What to do about node id 0, said with every such line and in the report.
+ZERO_ID_HINT: Final = "a 0-based graph? replay with --id-offset 1"
 
 
 @dataclass
@@ -60,6 +64,8 @@ class ReadReport:
     """What readers could not turn into events, by reason, plus the first examples."""
 
     invalid: int = 0
+    #: Invalid lines that name node id 0 (a 0-based graph read without an offset).
+    zero_ids: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     out_of_order: int = 0
     examples: list[str] = field(default_factory=list)
@@ -67,6 +73,7 @@ class ReadReport:
     def invalid_line(self, where: str, reason: str) -> None:
         """Count one malformed line."""
         self.invalid += 1
+        self.zero_ids += ZERO_ID_HINT in reason
         self._example(f"{where}: {reason}")
 
     def skip(self, reason: str, where: str) -> None:
@@ -77,6 +84,8 @@ class ReadReport:
     def render(self) -> str:
         """One line per kind of problem, then the examples."""
         lines = [f"invalid lines: {self.invalid}"]
+        if self.zero_ids:
+            lines.append(f"lines with node id 0: {self.zero_ids} ({ZERO_ID_HINT})")
         lines += [f"skipped ({reason}): {n}" for reason, n in sorted(self.skipped.items())]
         if self.out_of_order:
             lines.append(f"events earlier than their predecessor in the file: "
@@ -120,8 +129,11 @@ def is_edge_list(path: Path) -> bool:
 
 
 def iter_events(path: Path | str, report: ReadReport | None = None,
-                edge_times: EdgeTimes | None = None) -> Iterator[Event]:
-    """Events of one history file or generator directory, in file (= event-time) order."""
+                edge_times: EdgeTimes | None = None, *, id_offset: int = 0) -> Iterator[Event]:
+    """Events of one history file or generator directory, in file (= event-time) order.
+
+    ``id_offset`` is added to every node id of an edge list (not to contract JSONL).
+    """
     path = Path(path)
     report = ReadReport() if report is None else report
     if path.is_dir():
@@ -129,8 +141,8 @@ def iter_events(path: Path | str, report: ReadReport | None = None,
     if _suffix(path) in _JSONL_SUFFIXES:
         return _in_order(_iter_jsonl(path, report), report)
     if _suffix(path) == ".csv":
-        return _in_order(_iter_csv(path, report, edge_times or EdgeTimes()), report)
-    return _iter_edges(path, report, edge_times or EdgeTimes())
+        return _in_order(_iter_csv(path, report, edge_times or EdgeTimes(), id_offset), report)
+    return _iter_edges(path, report, edge_times or EdgeTimes(), id_offset)
 
 
 def merge_by_time(*streams: Iterable[Event]) -> Iterator[Event]:
@@ -142,11 +154,11 @@ def merge_by_time(*streams: Iterable[Event]) -> Iterator[Event]:
     return heapq.merge(*streams, key=_time_key)
 
 
-def census(path: Path | str) -> GraphCensus:
+def census(path: Path | str, *, id_offset: int = 0) -> GraphCensus:
     """Count the edges and followers of an edge-list file (one streaming pass)."""
     result = GraphCensus()
     counts = result.follower_counts
-    for event in iter_events(path, ReadReport()):
+    for event in iter_events(path, ReadReport(), id_offset=id_offset):
         if isinstance(event, Follow) and event.active:
             result.edges += 1
             counts[event.followee_id] = counts.get(event.followee_id, 0) + 1
@@ -195,7 +207,8 @@ def _iter_jsonl(path: Path, report: ReadReport) -> Iterator[Event]:
                 report.invalid_line(f"{path.name}:{number}", str(exc))
 
 
-def _iter_csv(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Event]:
+def _iter_csv(path: Path, report: ReadReport, times: EdgeTimes,
+              offset: int) -> Iterator[Event]:
     with _open_text(path) as fh:
         rows = csv.reader(fh)
         columns: tuple[str, ...] = _CSV_HEADER
@@ -208,21 +221,22 @@ def _iter_csv(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Even
                 continue
             at = times.start_ms + kept * times.step_ms
             event = _edge(dict(zip(columns, row, strict=False)), at,
-                          f"{path.name}:{number}", report, len(row) > len(columns))
+                          f"{path.name}:{number}", report, len(row) > len(columns), offset)
             if event is not None:
                 kept += 1
                 yield event
 
 
-def _iter_edges(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Event]:
+def _iter_edges(path: Path, report: ReadReport, times: EdgeTimes,
+                offset: int) -> Iterator[Event]:
     start, step, kept = times.start_ms, times.step_ms, 0
     with _open_text(path) as fh:
         for number, line in enumerate(fh, 1):
             parts = line.split()
-            edge = _fast_edge(parts)
+            edge = _fast_edge(parts, offset)
             if edge is None:
                 if parts and not parts[0].startswith("#"):
-                    report.invalid_line(f"{path.name}:{number}", _edge_problem(parts))
+                    report.invalid_line(f"{path.name}:{number}", _edge_problem(parts, offset))
             elif edge[0] == edge[1]:
                 report.skip("self-loop", f"{path.name}:{number}")
             else:
@@ -233,12 +247,12 @@ def _iter_edges(path: Path, report: ReadReport, times: EdgeTimes) -> Iterator[Ev
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _fast_edge(parts: list[str]) -> tuple[int, int] | None:
+def _fast_edge(parts: list[str], offset: int) -> tuple[int, int] | None:
     """The (follower, followee) of a well-formed line, else None (the hot path)."""
     if len(parts) != 2:
         return None
     try:
-        follower, followee = int(parts[0]), int(parts[1])
+        follower, followee = int(parts[0]) + offset, int(parts[1]) + offset
     except ValueError:
         return None
     if 0 < follower <= MAX_ID and 0 < followee <= MAX_ID:
@@ -246,33 +260,39 @@ def _fast_edge(parts: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def _edge_problem(parts: list[str]) -> str:
+def _edge_problem(parts: list[str], offset: int) -> str:
     """Why ``_fast_edge`` refused a non-comment line."""
     if len(parts) != 2:
         return f"expected 'follower followee', got {len(parts)} fields"
     try:
-        _parse_id(parts[0], "follower")
-        _parse_id(parts[1], "followee")
+        _parse_id(parts[0], "follower", offset)
+        _parse_id(parts[1], "followee", offset)
     except InvalidEvent as exc:
         return str(exc)
     return "malformed edge"
 
 
-def _parse_id(text: str, what: str) -> int:
+def _parse_id(text: str, what: str, offset: int) -> int:
     if not text:
         msg = f"missing {what} id"
         raise InvalidEvent(msg)
-    return _bounded_int(text, f"{what} id", 1, MAX_ID, "a positive 64-bit id")
+    value = _integer(text, f"{what} id") + offset
+    if not 0 < value <= MAX_ID:
+        shifted = f" (with --id-offset {offset})" if offset else ""
+        hint = f" ({ZERO_ID_HINT})" if value == 0 and not offset else ""
+        msg = f"{what} id {value}{shifted} is not a positive 64-bit id{hint}"
+        raise InvalidEvent(msg)
+    return value
 
 
 def _edge(row: dict[str, str], at: int, where: str, report: ReadReport,
-          extra: bool) -> Follow | None:
+          extra: bool, offset: int) -> Follow | None:
     try:
         if extra:
             msg = "more fields than the header names"
             raise InvalidEvent(msg)
-        follower = _parse_id(row.get("follower_id", "").strip(), "follower")
-        followee = _parse_id(row.get("followee_id", "").strip(), "followee")
+        follower = _parse_id(row.get("follower_id", "").strip(), "follower", offset)
+        followee = _parse_id(row.get("followee_id", "").strip(), "followee", offset)
         at = _csv_time(row.get("created_at"), at)
     except InvalidEvent as exc:
         report.invalid_line(where, str(exc))
@@ -291,15 +311,19 @@ def _csv_time(text: str | None, default: int) -> int:
 
 def _bounded_int(text: str, label: str, lo: int, hi: int, meaning: str) -> int:
     """An integer field of an edge list, or :class:`InvalidEvent` saying what is wrong."""
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"{label} {text[:30]!r} is not an integer"
-        raise InvalidEvent(msg) from None
+    value = _integer(text, label)
     if not lo <= value <= hi:
         msg = f"{label} {value} is not {meaning}"
         raise InvalidEvent(msg)
     return value
+
+
+def _integer(text: str, label: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        msg = f"{label} {text[:30]!r} is not an integer"
+        raise InvalidEvent(msg) from None
 
 
 def _csv_columns(header: list[str]) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import itertools
 import json
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest import cli as ingest_cli
 from ingest import generator
 from ingest.events import (
     FOLLOWS,
@@ -89,6 +91,72 @@ def test_edge_list_bad_lines_are_counted_not_fatal(tmp_path):
     assert "edges.txt:5: followee id 'x' is not an integer" in report.examples
     rendered = report.render()
     assert "invalid lines: 6" in rendered and "self-loop" in rendered
+
+
+ZERO_BASED = "# a 0-based SNAP graph\n0 1\n1 2\n2 0\n3 0\n"
+
+
+def test_zero_based_edge_list_without_offset_says_use_id_offset(tmp_path):
+    path = tmp_path / "edges.txt"
+    path.write_text(ZERO_BASED)
+    report = ReadReport()
+    events = list(iter_events(path, report))
+    assert [(e.follower_id, e.followee_id) for e in events] == [(1, 2)]
+    assert (report.invalid, report.zero_ids) == (3, 3)
+    assert report.examples[0] == ("edges.txt:2: follower id 0 is not a positive 64-bit id "
+                                  "(a 0-based graph? replay with --id-offset 1)")
+    assert "lines with node id 0: 3 (a 0-based graph? replay with --id-offset 1)" \
+        in report.render()
+
+
+def test_zero_based_edge_list_with_offset_keeps_every_edge(tmp_path):
+    path = tmp_path / "edges.txt"
+    path.write_text(ZERO_BASED)
+    report = ReadReport()
+    events = list(iter_events(path, report, EdgeTimes(0, 1), id_offset=1))
+    assert events == [Follow(1, 2, 0), Follow(2, 3, 1), Follow(3, 1, 2), Follow(4, 1, 3)]
+    assert (report.invalid, report.zero_ids) == (0, 0)
+    assert census(path, id_offset=1).follower_counts == {2: 1, 1: 2, 3: 1, 4: 0}
+
+
+def test_zero_based_csv_with_and_without_offset(tmp_path):
+    path = tmp_path / "f.csv"
+    path.write_text("follower_id,followee_id\n0,1\n1,0\n")
+    report = ReadReport()
+    assert list(iter_events(path, report)) == []
+    assert "f.csv:2: follower id 0 is not a positive 64-bit id (a 0-based graph? " \
+           "replay with --id-offset 1)" in report.examples
+    assert report.zero_ids == 2
+    assert list(iter_events(path, edge_times=EdgeTimes(0, 1), id_offset=1)) == [
+        Follow(1, 2, 0), Follow(2, 1, 1)]
+
+
+def test_an_offset_past_the_id_range_is_named_in_the_message(tmp_path):
+    path = tmp_path / "edges.txt"
+    path.write_text(f"{2**63 - 1} 1\n")
+    report = ReadReport()
+    assert list(iter_events(path, report, id_offset=1)) == []
+    assert report.examples == [f"edges.txt:1: follower id {2**63} (with --id-offset 1) is "
+                               "not a positive 64-bit id"]
+    assert report.zero_ids == 0
+
+
+def test_replay_command_takes_id_offset(tmp_path, capsys):
+    path = tmp_path / "edges.txt"
+    path.write_text(ZERO_BASED)
+    for extra, expected in (([], "replayed 3 events"), (["--id-offset", "1"],
+                                                         "replayed 8 events")):
+        args = _parse_replay([str(path), "--dry-run", "--no-progress", *extra])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        assert expected in out  # edges plus one profile per user
+        assert ("--id-offset 1" in out) == (not extra)
+
+
+def _parse_replay(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="fanout")
+    ingest_cli.register(parser.add_subparsers(required=True))
+    return parser.parse_args(["replay", *argv])
 
 
 def test_edge_times_spread_over_a_window():
