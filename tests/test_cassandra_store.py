@@ -13,6 +13,7 @@ error and cancellation paths are checked on ``spec_set`` mocks of the driver's
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,29 @@ def test_batch_timestamps() -> None:
     assert cql.batch_timestamp(100, 50, (30, "other"), digest) == 100  # new input: new time
     assert cql.batch_timestamp(100, 50, (30, ""), "") == 100  # no offsets: never reused
     assert cql.batch_timestamp(100, 500, None, digest) == 500  # a clock behind the floor
+
+
+def test_writes_to_one_partition_go_as_one_batch() -> None:
+    ops = [("home_add", (1, 5, 50, 9, 7)), ("tweet_state", (50,)), ("home_add", (2, 5, 50, 9, 7)),
+           ("home_del", (7, 1, 4, 40)), ("meta_set", (1, -1, -1, 2, 9)), ("dead_add", ("t",)),
+           ("celeb_on", (3, 7)), ("celeb_off", (7, 4))]
+    assert cql.units(ops) == [[0, 3], [1], [2], [4], [5], [6, 7]]
+    many = [("home_add", (1, i, i, 9, 7)) for i in range(cql.BATCH_MAX + 1)]
+    assert [len(g) for g in cql.units(many)] == [cql.BATCH_MAX, 1]
+    # Every batched statement binds its partition key where PARTITION_KEY says it does.
+    keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
+            "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket"}
+    for name, (table, arg) in cql.PARTITION_KEY.items():
+        assert f" {table} " in cql.STATEMENTS[name] and name not in cql.NOT_IDEMPOTENT
+        assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
+
+
+def _bound_columns(text: str) -> list[str]:
+    """The column each bind marker of a statement sets or selects on."""
+    if text.startswith("INSERT"):
+        columns = text.split("(")[1].split(")")[0].split(", ")
+        return columns + ["timestamp"] * text.count("TIMESTAMP ?")
+    return [name or "timestamp" for name in re.findall(r"(\w+) = \?|TIMESTAMP \?", text)]
 
 
 def test_batch_log_partitions() -> None:

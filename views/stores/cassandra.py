@@ -68,6 +68,7 @@ from typing import Any
 from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
+from cassandra.query import BatchStatement, BatchType
 
 from views.delta import Key
 from views.errors import StoreError
@@ -86,6 +87,33 @@ from views.stores.base import (
 from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig, parse_url
 
 log = logging.getLogger(__name__)
+
+
+def requests(groups: list[list[int]], ops: Sequence[cql.Op],
+             prepared: dict[str, Any]) -> list[tuple[Any, tuple[Any, ...]]]:
+    """One request per group of :func:`cql.units`: its statement, or an unlogged batch."""
+    out: list[tuple[Any, tuple[Any, ...]]] = []
+    for group in groups:
+        if len(group) == 1:
+            name, params = ops[group[0]]
+            out.append((prepared[name], params))
+            continue
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for i in group:
+            name, params = ops[i]
+            batch.add(prepared[name], params)
+        batch.is_idempotent = True  # upserts and deletes at explicit timestamps
+        out.append((batch, ()))
+    return out
+
+
+def unbatch(groups: list[list[int]], results: list[reads.Rows], n: int) -> list[reads.Rows]:
+    """Each op's rows, in the order of the ops, from the results of its group's request."""
+    rows: list[reads.Rows] = [[] for _ in range(n)]
+    for group, result in zip(groups, results, strict=True):
+        if len(group) == 1:
+            rows[group[0]] = result
+    return rows
 
 
 class CassandraStore(Store):
@@ -160,11 +188,12 @@ class CassandraStore(Store):
         if not ops:
             return []
         session = self._require()
-        pairs = [(self._statements[name], params) for name, params in ops]
+        groups = cql.units(ops)
         try:
-            results = execute_concurrent(session, pairs, concurrency=self.config.concurrency,
+            results = execute_concurrent(session, requests(groups, ops, self._statements),
+                                         concurrency=self.config.concurrency,
                                          raise_on_first_error=True, execution_profile=profile)
-            return [list(rows) for _, rows in results]
+            return unbatch(groups, [list(rows) for _, rows in results], len(ops))
         except (DriverException, NoHostAvailable) as exc:
             msg = f"Cassandra statements failed ({len(ops)} of {ops[0][0]}, ...): {exc}"
             raise StoreError(msg) from exc

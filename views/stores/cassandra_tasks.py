@@ -43,6 +43,7 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
 
 from views.errors import StoreError
+from views.stores import cassandra as cs
 from views.stores import cassandra_cql as cql
 from views.stores import cassandra_rows as reads
 from views.stores import schema
@@ -83,40 +84,45 @@ class TaskWriter(CassandraStore):
 
     # -- running statements, retried ----------------------------------------------------
     def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
-        """Run ops concurrently (bounded); rerun the failed ones, with backoff."""
+        """Run ops concurrently (bounded; a partition's writes batched); retry failures.
+
+        A failed request (a statement, or one partition's batch) runs again, with backoff.
+        """
         session = self._require()
-        results: list[reads.Rows | None] = [None] * len(ops)
-        pending = list(range(len(ops)))
+        groups = cql.units(ops)
+        requests = cs.requests(groups, ops, self._statements)
+        results: list[reads.Rows] = [[] for _ in groups]
+        pending = list(range(len(groups)))
         attempt = 0
         give_up = time.monotonic() + self.config.retry_s
         while True:
             attempt += 1
-            pairs = [(self._statements[ops[i][0]], ops[i][1]) for i in pending]
-            outcomes = execute_concurrent(session, pairs, concurrency=self.config.concurrency,
+            outcomes = execute_concurrent(session, [requests[g] for g in pending],
+                                          concurrency=self.config.concurrency,
                                           raise_on_first_error=False,
                                           execution_profile=profile)
             failed: list[tuple[int, BaseException]] = []
-            for i, (ok, value) in zip(pending, outcomes, strict=True):
+            for g, (ok, value) in zip(pending, outcomes, strict=True):
                 if ok:
-                    results[i] = list(value)
+                    results[g] = list(value)
                 else:
-                    failed.append((i, value))
+                    failed.append((g, value))
             if not failed:
-                return [r if r is not None else [] for r in results]
+                return cs.unbatch(groups, results, len(ops))
             first = failed[0][1]
+            example = ops[groups[failed[0][0]][0]][0]
             pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
             if time.monotonic() + pause > give_up or not isinstance(first, TRANSIENT):
-                msg = (f"Cassandra: {len(failed)} of {len(pending)} statements failed after "
+                msg = (f"Cassandra: {len(failed)} of {len(pending)} requests failed after "
                        f"{attempt} attempt(s) in {self.config.retry_s:.0f}s, e.g. "
-                       f"{ops[failed[0][0]][0]}: {first}; start the job again (`fanout up`) "
+                       f"{example}: {first}; start the job again (`fanout up`) "
                        "once the cluster answers")
                 raise StoreError(msg) from first
-            log.warning("Cassandra: %d of %d statements failed (attempt %d, e.g. %s: %s); "
+            log.warning("Cassandra: %d of %d requests failed (attempt %d, e.g. %s: %s); "
                         "running them again in %.1fs (giving up after %.0fs)", len(failed),
-                        len(pending), attempt, ops[failed[0][0]][0], first, pause,
-                        self.config.retry_s)
+                        len(pending), attempt, example, first, pause, self.config.retry_s)
             time.sleep(pause)
-            pending = [i for i, _ in failed]
+            pending = [g for g, _ in failed]
 
     # -- the tweet stage ---------------------------------------------------------------------
     def write_tweets(self, plan: WritePlan, ts: int) -> tuple[list[cql.Op], int]:
