@@ -3,8 +3,9 @@
 This module owns the HTTP edge of the read path and composes the rest: timeline
 assembly (hybrid merge, read-time fallback) is :mod:`serving.timeline`, cursors
 :mod:`serving.cursor`, bearer tokens :mod:`serving.auth`, ``?after=`` waits
-:mod:`serving.freshness`, ``/metrics`` :mod:`serving.metrics`; the write routes are
-ingest's (:mod:`ingest.http`), mounted here with serving's auth. Here a page of ids
+:mod:`serving.freshness`, ``/metrics`` :mod:`serving.metrics`, the write routes
+:mod:`serving.writes` (producing through ingest's producer, mounted here with
+serving's auth). Here a page of ids
 becomes JSON: two bulk reads per page (tweets, then their authors), ids rendered as
 decimal strings; every failure becomes one JSON shape ``{"error", "message",
 "field"?}`` (:mod:`serving.handlers`) — never FastAPI's 422 shape, never HTML.
@@ -32,28 +33,28 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ingest.consistency import MAX_TOKEN
-from ingest.http import ID_PATH_SCHEMA, SharedProducer, write_router
 from ingest.settings import KafkaSettings
 from ingest.snowflake import Snowflake
+from ingest.writer import SharedProducer
 from serving.auth import Auth
 from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor, encode_cursor
-from serving.errors import BadRequest, ConfigError, Forbidden, Unavailable
+from serving.errors import ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
 from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
-from serving.ids import parse_id
+from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
+from serving.query import only_query
 from serving.settings import ServingSettings
 from serving.timeline import PageFn, author_page, home_page, read_time_page
+from serving.writes import write_router
 from views.delta import Key
 from views.stores import store_from_url
 from views.stores.base import Entry, Store, TweetRow, UserRow
 
 logger = logging.getLogger(__name__)
 
-ID_NOTE = ("Ids are positive 64-bit integers up to 2^63-1 and are emitted as decimal "
-           "JSON strings: JavaScript numbers hold integers exactly only up to 2^53.")
 _EPOCH = datetime(1970, 1, 1)  # naive UTC, rendered with a "Z" suffix
 
 
@@ -216,9 +217,9 @@ def _redact(url: str) -> str:
 
 
 def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness) -> APIRouter:
-    home_fn = home_page if settings.read_mode == "fanout" else read_time_page
+    fan_out = settings.read_mode == "fanout"  # else fan-out on read: every home is a query
     router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS,
-                       dependencies=[Depends(_only_query({"limit", "cursor", "after"}))])
+                       dependencies=[Depends(only_query({"limit", "cursor", "after"}))])
     user_id_t = Annotated[str, Path(
         description="User id, decimal, in [1, 2^63-1]. " + ID_NOTE,
         examples=["9223372036854775807"], json_schema_extra=ID_PATH_SCHEMA)]
@@ -248,10 +249,7 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
             raise Forbidden(msg, field="user_id")
         read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
         cache = getattr(request.app.state, "celebrities", None)
-        if home_fn is home_page and cache is not None and after is None:
-            # Read-your-writes (?after=) reads celebrities from the store, not the cache.
-            return read.page(functools.partial(home_page, celebrities=cache), freshness)
-        return read.page(home_fn, freshness)
+        return read.page(_home_fn(fan_out, cache, after), freshness)
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
                 response_model_exclude_unset=True)
@@ -265,17 +263,14 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
     return router
 
 
-def _only_query(allowed: set[str]) -> Callable[[Request], None]:
-    """A dependency refusing query parameters the route does not know (typos, mostly)."""
-
-    def check(request: Request) -> None:
-        unknown = sorted(set(request.query_params) - allowed)
-        if unknown:
-            msg = (f"unknown query parameter {unknown[0][:40]!r}; this route takes "
-                   f"{', '.join(sorted(allowed))}")
-            raise BadRequest(msg, field=unknown[0][:40])
-
-    return check
+def _home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> PageFn:
+    """How a home page is assembled: the fan-out cache merged with celebrities, or not."""
+    if not fan_out:
+        return read_time_page
+    if cache is not None and after is None:
+        # Read-your-writes (?after=) reads celebrities from the store, not the cache.
+        return functools.partial(home_page, celebrities=cache)
+    return home_page
 
 
 class _Read:

@@ -10,10 +10,13 @@ class ServingError(Exception):
     code = "internal"
     headers: dict[str, str] = {}
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        if headers is not None:  # else the class's (Unauthorized's WWW-Authenticate)
+            self.headers = headers
 
     def body(self) -> dict[str, object]:
         out: dict[str, object] = {"error": self.code, "message": self.message}

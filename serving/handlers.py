@@ -1,7 +1,7 @@
 """The API's one JSON error shape, and the handlers that turn every failure into it.
 
-Every 4xx/5xx answer is ``{"error", "message", "field"?}``: serving's own errors,
-ingest's write refusals, store failures (503), FastAPI's validation errors (400,
+Every 4xx/5xx answer is ``{"error", "message", "field"?}``: serving's own errors
+(reads and writes alike), store failures (503), FastAPI's validation errors (400,
 never its 422 shape), Starlette's 404/405/413 and anything unexpected (500, details
 only in the log).
 """
@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from ingest.errors import WriteRejected
 from serving.errors import ServingError, Unavailable
 from views.errors import StoreError
 
@@ -36,7 +35,6 @@ class ErrorBody(BaseModel):
 def install_error_handlers(app: FastAPI) -> None:
     """Route every failure to the JSON error shape."""
     app.add_exception_handler(ServingError, _on_serving_error)  # type: ignore[arg-type]
-    app.add_exception_handler(WriteRejected, _on_write_rejected)  # type: ignore[arg-type]
     app.add_exception_handler(StoreError, _on_store_error)
     app.add_exception_handler(RequestValidationError,
                               _on_validation_error)  # type: ignore[arg-type]
@@ -51,10 +49,6 @@ def _error(status: int, code: str, message: str, field: str | None = None,
 
 
 async def _on_serving_error(request: Request, exc: ServingError) -> JSONResponse:
-    return _error(exc.status, exc.code, exc.message, exc.field, exc.headers)
-
-
-async def _on_write_rejected(request: Request, exc: WriteRejected) -> JSONResponse:
     return _error(exc.status, exc.code, exc.message, exc.field, exc.headers)
 
 

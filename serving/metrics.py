@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingest.http import WriterStats
+from ingest.writer import WriterStats
 from views.stores.base import BatchInfo, Store
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ import pytest
 from ingest.consistency import Applied, decode_token, encode_token
 from ingest.errors import InvalidToken
 from ingest.events import MAX_TEXT, Delete, Follow, Post
-from ingest.http import NOT_ONLY_SPACE
 from ingest.settings import KafkaSettings
 from ingest.snowflake import EPOCH_MS, Snowflake
+from serving.writes import NOT_ONLY_SPACE
 from tests.api_helpers import (
     assert_error,
     bearer,
