@@ -4,7 +4,9 @@
 subparsers and then ``args.func(args)``, which returns the exit code: 0 when every
 event was acknowledged, 1 when some failed or the run was cut short, 2 when it could
 not start (bad arguments, no broker). Settings are built here, at the entry point,
-from flags that fall back to the environment variables of ``KafkaSettings``.
+from flags that fall back to the environment variables of ``KafkaSettings`` in
+``args.environ``: the process's environment, over the run directory's stack's when
+``fanout`` runs the command.
 """
 
 from __future__ import annotations
@@ -12,23 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from ingest import generator, history
 from ingest.errors import BrokerUnavailable, IngestError
 from ingest.events import Event
 from ingest.producer import ChangelogProducer
 from ingest.replay import DryRunProducer, Sink, replay
-from ingest.settings import KafkaSettings
+from ingest.settings import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 
 log = logging.getLogger(__name__)
 
 NO_BROKER = ("no broker to replay into: run `fanout up` first (it starts a local "
-             "Kafka node), or set KAFKA_BOOTSTRAP, or pass --bootstrap HOST:PORT")
+             f"Kafka node), or set {BOOTSTRAP_ENV}, or pass --bootstrap HOST:PORT")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,10 +46,15 @@ def resolve_bootstrap(args: argparse.Namespace) -> str:
     The single hook for finding a broker; raises :class:`BrokerUnavailable` with what
     to do when there is none.
     """
-    bootstrap = args.bootstrap or KafkaSettings().bootstrap
-    if not bootstrap:
+    return _with_broker(args).bootstrap
+
+
+def _with_broker(args: argparse.Namespace) -> KafkaSettings:
+    kafka = KafkaSettings.from_env(args.environ, bootstrap=args.bootstrap,
+                                   topic_prefix=args.topic_prefix)
+    if not kafka.bootstrap:
         raise BrokerUnavailable(NO_BROKER)
-    return bootstrap
+    return kafka
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -107,12 +115,10 @@ REPLAY_OUTAGE_S: Final = 300.0
 def _sink(args: argparse.Namespace) -> Sink:
     if args.dry_run:
         return DryRunProducer()
-    given: dict[str, Any] = {"bootstrap": resolve_bootstrap(args)}
-    if args.topic_prefix is not None:
-        given["topic_prefix"] = args.topic_prefix
+    kafka = _with_broker(args)
     # A replay is a batch job: it waits out a broker restart (`fanout down`/`up`, a
     # crash) of up to REPLAY_OUTAGE_S instead of failing the deliveries in flight.
-    producer = ChangelogProducer(KafkaSettings(**given), backpressure_timeout=REPLAY_OUTAGE_S,
+    producer = ChangelogProducer(kafka, backpressure_timeout=REPLAY_OUTAGE_S,
                                  **{"message.timeout.ms": int(REPLAY_OUTAGE_S * 1000)})
     producer.start()
     return producer
@@ -233,9 +239,9 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
                         "id (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated content")
     p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                   help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)")
+                   help=f"Kafka bootstrap servers (default: ${BOOTSTRAP_ENV})")
     p.add_argument("--topic-prefix", default=None,
-                   help="prefix of the topic names (default: $FANOUT_TOPIC_PREFIX or none)")
+                   help=f"prefix of the topic names (default: ${TOPIC_PREFIX_ENV} or none)")
     p.add_argument("--flush-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="how long to wait for acknowledgements at the end (default: 60)")
     p.add_argument("--max-failures", type=int, default=1_000, metavar="N",
@@ -244,7 +250,7 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="read, validate and encode everything, but send nothing")
     _add_time_window(p)
-    p.set_defaults(func=run_replay)
+    p.set_defaults(func=run_replay, environ=os.environ)
 
 
 def _add_time_window(p: argparse.ArgumentParser) -> None:

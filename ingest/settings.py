@@ -1,39 +1,96 @@
-"""Settings of the changelog side: where the broker is and how topics are laid out.
+"""Settings of the changelog side, and the base every fanout settings class shares.
 
-Built once at a process's entry point (never at import); every field can come from
-the environment variable named in its alias, and CLI flags fall back to these.
+Settings are built once at a process's entry point (never at import), from its flags
+over its environment over the defaults (STYLE §6). Each package's settings module is
+the one home of its environment variable names and shared defaults, as Quix Streams
+keeps its own: a name is declared once, in its field's alias, and a name that other
+code uses too (a child's environment, a message, a ``--help``) is a constant there,
+exported in ``__all__``. This module is that home for the broker and the topics, and
+holds :class:`FanoutSettings`, which the other packages' settings build on (every
+package may import ``ingest``; DESIGN §2).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Self
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ingest.events import TOPICS
 
+__all__ = ("BOOTSTRAP_ENV", "PARTITIONS_ENV", "REPLICATION_ENV", "TOPIC_PREFIX_ENV",
+           "FanoutSettings", "KafkaSettings", "env_alias")
 
-class KafkaSettings(BaseSettings):
-    """Broker address and topic layout (DESIGN §3)."""
+BOOTSTRAP_ENV: Final = "KAFKA_BOOTSTRAP"
+PARTITIONS_ENV: Final = "FANOUT_PARTITIONS"
+REPLICATION_ENV: Final = "FANOUT_REPLICATION"
+TOPIC_PREFIX_ENV: Final = "FANOUT_TOPIC_PREFIX"
+
+
+def env_alias(name: str, field: str) -> AliasChoices:
+    """A field's aliases: its environment variable first, then its own name (for flags)."""
+    return AliasChoices(name, field)
+
+
+class FanoutSettings(BaseSettings):
+    """Frozen settings whose fields each name their variable first in :func:`env_alias`."""
 
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **flags: Any) -> Self:
+        """Flags (by field name; None means not given) over ``environ`` over the defaults.
+
+        ``environ`` is the process's environment, or that over a fallback one (``fanout``
+        points its subcommands at the run directory's stack so); pydantic-settings still
+        reads ``os.environ`` for what neither gives.
+        """
+        given: dict[str, Any] = {name: environ[var] for name, var in cls.env_names().items()
+                                 if var in environ}
+        given.update({name: value for name, value in flags.items() if value is not None})
+        return cls(**given)
+
+    @classmethod
+    def env_names(cls) -> dict[str, str]:
+        """Field name -> its environment variable."""
+        return {name: str(f.validation_alias.choices[0])
+                for name, f in cls.model_fields.items()
+                if isinstance(f.validation_alias, AliasChoices)}
+
+    @classmethod
+    def env_help(cls, field: str) -> str:
+        """``env NAME; default VALUE`` of a field, for a flag's ``--help``."""
+        return f"env {cls.env_names()[field]}; default {_shown(cls.model_fields[field].default)}"
+
+
+def _shown(value: object) -> object:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value in (None, "") else value
+
+
+class KafkaSettings(FanoutSettings):
+    """Broker address and topic layout (DESIGN §3)."""
+
     bootstrap: str = Field(
         default="",
-        validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "bootstrap"),
+        validation_alias=env_alias(BOOTSTRAP_ENV, "bootstrap"),
         description="host:port of a Kafka cluster; empty means the local Kafka node.",
     )
     partitions: int = Field(
         default=4, ge=1, le=1024,
-        validation_alias=AliasChoices("FANOUT_PARTITIONS", "partitions"),
+        validation_alias=env_alias(PARTITIONS_ENV, "partitions"),
         description="Partitions of every topic (equal, so the topics are co-partitioned).",
     )
     replication: int = Field(
         default=1, ge=1,
-        validation_alias=AliasChoices("FANOUT_REPLICATION", "replication"),
+        validation_alias=env_alias(REPLICATION_ENV, "replication"),
     )
     topic_prefix: str = Field(
         default="",
-        validation_alias=AliasChoices("FANOUT_TOPIC_PREFIX", "topic_prefix"),
+        validation_alias=env_alias(TOPIC_PREFIX_ENV, "topic_prefix"),
         description="Prefix of the physical topic names (tests use a unique one each).",
     )
 

@@ -2,42 +2,51 @@
 
 Built once at the process's entry point (``fanout serve``, ``python -m serving``),
 never at import; every field can come from the environment variable named in its
-alias, and CLI flags fall back to these (STYLE §6).
+alias, and CLI flags fall back to these (STYLE §6). The names that other code uses
+are declared here once; the store's and the timeline cap's come from
+:mod:`views.settings`, which the job shares.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, model_validator
 
+from ingest.settings import FanoutSettings
+from ingest.settings import env_alias as _env
 from serving.errors import ConfigError
+from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, TIMELINE_CAP_ENV
+
+__all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
+           "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings")
+
+API_HOST_ENV: Final = "FANOUT_API_HOST"
+API_PORT_ENV: Final = "FANOUT_API_PORT"
+READ_MODE_ENV: Final = "FANOUT_READ_MODE"
+ACCESS_LOG_ENV: Final = "FANOUT_API_ACCESS_LOG"
+AUTH_ENV: Final = "FANOUT_AUTH"
+AUTH_SECRET_ENV: Final = "FANOUT_AUTH_SECRET"  # noqa: S105 - the variable's name
+WORKER_ID_ENV: Final = "FANOUT_WORKER_ID"
 
 #: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
 MIN_SECRET = 16
 
 
-def _env(name: str, field: str) -> AliasChoices:
-    return AliasChoices(name, field)
-
-
-class ServingSettings(BaseSettings):
+class ServingSettings(FanoutSettings):
     """Listen address, store, paging, auth and write limits of the HTTP API (DESIGN §7)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
     host: str = Field(
-        default="127.0.0.1", validation_alias=_env("FANOUT_API_HOST", "host"),
+        default="127.0.0.1", validation_alias=_env(API_HOST_ENV, "host"),
         description="Interface the API binds to.")
     port: int = Field(
-        default=8080, ge=0, le=65535, validation_alias=_env("FANOUT_API_PORT", "port"),
+        default=8080, ge=0, le=65535, validation_alias=_env(API_PORT_ENV, "port"),
         description="TCP port of the API (0: any free port).")
     store_url: str = Field(
-        default="sqlite:///run/fanout.sqlite", validation_alias=_env("FANOUT_STORE", "store_url"),
+        default=DEFAULT_STORE_URL, validation_alias=_env(STORE_ENV, "store_url"),
         description="Store to read: sqlite:///path or cassandra://hosts/ks.")
     timeline_cap: int = Field(
-        default=800, ge=1, validation_alias=_env("FANOUT_TIMELINE_CAP", "timeline_cap"),
+        default=DEFAULT_TIMELINE_CAP, ge=1, validation_alias=_env(TIMELINE_CAP_ENV, "timeline_cap"),
         description="Cached entries per home timeline (the job's N).")
     default_page: int = Field(
         default=20, ge=1, validation_alias=_env("FANOUT_API_DEFAULT_PAGE", "default_page"),
@@ -51,21 +60,21 @@ class ServingSettings(BaseSettings):
         description="How often the in-process cache of celebrities' recent tweets is "
                     "reloaded (its staleness bound); 0 reads them from the store.")
     read_mode: Literal["fanout", "read"] = Field(
-        default="fanout", validation_alias=_env("FANOUT_READ_MODE", "read_mode"),
+        default="fanout", validation_alias=_env(READ_MODE_ENV, "read_mode"),
         description="fanout: the materialized view (cache + celebrity merge); read: "
                     "evaluate the home query at read time from author_tweets and the "
                     "follow graph (the fan-out-on-read baseline for load tests).")
     access_log: bool = Field(
-        default=True, validation_alias=_env("FANOUT_API_ACCESS_LOG", "access_log"),
+        default=True, validation_alias=_env(ACCESS_LOG_ENV, "access_log"),
         description="Log every request (uvicorn's access log); turn off for load tests, "
                     "it adds latency.")
     # -- access control, writes, read-your-writes, limits --------------------------------
     auth: bool = Field(
-        default=True, validation_alias=_env("FANOUT_AUTH", "auth"),
+        default=True, validation_alias=_env(AUTH_ENV, "auth"),
         description="on: writes and home timelines need the user's bearer token; off: "
                     "anyone may act as anyone (demos, read-path load tests).")
     auth_secret: SecretStr | None = Field(
-        default=None, validation_alias=_env("FANOUT_AUTH_SECRET", "auth_secret"),
+        default=None, validation_alias=_env(AUTH_SECRET_ENV, "auth_secret"),
         description=f"HMAC key of the bearer tokens, at least {MIN_SECRET} characters; "
                     "required when auth is on (`fanout up` generates one).")
     token_ttl_s: int = Field(
@@ -95,7 +104,7 @@ class ServingSettings(BaseSettings):
         default=16_384, ge=64, validation_alias=_env("FANOUT_API_MAX_BODY", "max_body_bytes"),
         description="Largest request body; larger answers 413.")
     worker_id: int | None = Field(
-        default=None, ge=0, le=1023, validation_alias=_env("FANOUT_WORKER_ID", "worker_id"),
+        default=None, ge=0, le=1023, validation_alias=_env(WORKER_ID_ENV, "worker_id"),
         description="Snowflake worker id of this API process for tweet ids (random if "
                     "unset; give each API process its own when several take writes).")
 
@@ -103,10 +112,10 @@ class ServingSettings(BaseSettings):
         """The token key, or :class:`ConfigError` saying how to provide one."""
         value = self.auth_secret.get_secret_value() if self.auth_secret else ""
         if len(value) < MIN_SECRET:
-            msg = (f"auth is on but FANOUT_AUTH_SECRET is {'too short' if value else 'unset'}: "
+            msg = (f"auth is on but {AUTH_SECRET_ENV} is {'too short' if value else 'unset'}: "
                    f"set it to a random string of at least {MIN_SECRET} characters (e.g. "
                    "`python -c 'import secrets; print(secrets.token_hex(32))'`), or set "
-                   "FANOUT_AUTH=off to serve without access control")
+                   f"{AUTH_ENV}=off to serve without access control")
             raise ConfigError(msg)
         return value.encode()
 

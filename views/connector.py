@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ingest.settings import KafkaSettings
 from views.errors import SourceError
+from views.settings import KAFKA_SOURCE_ENV
 from views.source import SOURCE_SCHEMA, Row, event_row, rows_to_batch
 
 FORMAT: Final = "kafka"
@@ -84,7 +85,7 @@ def require_connector(spark: SparkSession) -> None:
         msg = ("Spark's Kafka source (org.apache.spark:spark-sql-kafka-0-10_2.13) is not on "
                "this SparkSession's class path: run `fanout jars spark-kafka` (or `make "
                "install`) once with access to Maven Central, then start the job again; or "
-               "set FANOUT_KAFKA_SOURCE=python to read with the project's Python source")
+               f"set {KAFKA_SOURCE_ENV}=python to read with the project's Python source")
         raise ConnectorMissing(msg) from exc
 
 

@@ -1,53 +1,79 @@
-"""Settings of the view job and its store, built once at the job's entry point."""
+"""Settings of the view job and its store, built once at the job's entry point.
+
+The one home of the store's and the join's environment variable names and of the
+defaults the read API and ``infra`` share with the job (the store URL, the timeline
+cap, where a run directory keeps the store and the checkpoint).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
+from ingest.settings import FanoutSettings, env_alias
 from views.join import JoinConfig
 
+__all__ = ("CELEBRITY_THRESHOLD_ENV", "CHECKPOINTS", "CHECKPOINT_DIR_ENV",
+           "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_RUN_DIR", "DEFAULT_STORE_URL",
+           "DEFAULT_TIMELINE_CAP", "KAFKA_SOURCE_ENV", "STORE_ENV", "STORE_FILE",
+           "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
 
-def _env(name: str, field: str) -> AliasChoices:
-    return AliasChoices(name, field)
+STORE_ENV: Final = "FANOUT_STORE"
+TIMELINE_CAP_ENV: Final = "FANOUT_TIMELINE_CAP"
+CELEBRITY_THRESHOLD_ENV: Final = "FANOUT_CELEBRITY_THRESHOLD"
+CHECKPOINT_DIR_ENV: Final = "FANOUT_CHECKPOINT_DIR"
+KAFKA_SOURCE_ENV: Final = "FANOUT_KAFKA_SOURCE"
+
+#: Where a run directory keeps the SQLite store and the Spark checkpoint.
+DEFAULT_RUN_DIR: Final = Path("run")
+STORE_FILE: Final = "fanout.sqlite"
+CHECKPOINTS: Final = "checkpoints"
+DEFAULT_TIMELINE_CAP: Final = 800
+DEFAULT_CELEBRITY_THRESHOLD: Final = 1000
 
 
-class ViewSettings(BaseSettings):
+def sqlite_url(run_dir: Path) -> str:
+    """The URL of the SQLite store kept in ``run_dir``."""
+    return f"sqlite:///{run_dir / STORE_FILE}"
+
+
+DEFAULT_STORE_URL: Final = sqlite_url(DEFAULT_RUN_DIR)
+
+
+class ViewSettings(FanoutSettings):
     """Where the views go and how the join behaves (DESIGN §4–§6)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
-    store_url: str = Field("sqlite:///run/fanout.sqlite",
-                           validation_alias=_env("FANOUT_STORE", "store_url"))
-    timeline_cap: int = Field(800, ge=1, validation_alias=_env("FANOUT_TIMELINE_CAP",
-                                                                 "timeline_cap"))
+    store_url: str = Field(DEFAULT_STORE_URL, validation_alias=env_alias(STORE_ENV, "store_url"))
+    timeline_cap: int = Field(DEFAULT_TIMELINE_CAP, ge=1,
+                              validation_alias=env_alias(TIMELINE_CAP_ENV, "timeline_cap"))
     celebrity_threshold: int = Field(
-        1000, ge=1, validation_alias=_env("FANOUT_CELEBRITY_THRESHOLD", "celebrity_threshold"))
+        DEFAULT_CELEBRITY_THRESHOLD, ge=1,
+        validation_alias=env_alias(CELEBRITY_THRESHOLD_ENV, "celebrity_threshold"))
     demote_ratio: float = Field(0.8, gt=0, le=1,
-                                validation_alias=_env("FANOUT_DEMOTE_RATIO", "demote_ratio"))
-    checkpoint_dir: Path = Field(Path("run/checkpoints"),
-                                 validation_alias=_env("FANOUT_CHECKPOINT_DIR", "checkpoint_dir"))
+                                validation_alias=env_alias("FANOUT_DEMOTE_RATIO", "demote_ratio"))
+    checkpoint_dir: Path = Field(DEFAULT_RUN_DIR / CHECKPOINTS,
+                                 validation_alias=env_alias(CHECKPOINT_DIR_ENV, "checkpoint_dir"))
     trigger_seconds: float = Field(0.5, ge=0,
-                                   validation_alias=_env("FANOUT_TRIGGER_SECONDS",
-                                                         "trigger_seconds"))
+                                   validation_alias=env_alias("FANOUT_TRIGGER_SECONDS",
+                                                              "trigger_seconds"))
     max_records_per_batch: int = Field(
-        50_000, ge=1, validation_alias=_env("FANOUT_MAX_RECORDS_PER_BATCH",
-                                            "max_records_per_batch"))
+        50_000, ge=1, validation_alias=env_alias("FANOUT_MAX_RECORDS_PER_BATCH",
+                                                 "max_records_per_batch"))
     key_buckets: int = Field(
-        64, ge=1, le=1 << 20, validation_alias=_env("FANOUT_KEY_BUCKETS", "key_buckets"),
+        64, ge=1, le=1 << 20, validation_alias=env_alias("FANOUT_KEY_BUCKETS", "key_buckets"),
         description="Hash buckets of authors: the processor's unit of work and of state.")
-    shuffle_partitions: int = Field(2, ge=1, validation_alias=_env("FANOUT_SHUFFLE_PARTITIONS",
-                                                                     "shuffle_partitions"))
+    shuffle_partitions: int = Field(2, ge=1,
+                                    validation_alias=env_alias("FANOUT_SHUFFLE_PARTITIONS",
+                                                               "shuffle_partitions"))
     broker_retry_s: float = Field(
-        120.0, ge=0, validation_alias=_env("FANOUT_BROKER_RETRY_S", "broker_retry_s"),
+        120.0, ge=0, validation_alias=env_alias("FANOUT_BROKER_RETRY_S", "broker_retry_s"),
         description="How long the job retries an unreachable broker (with backoff) "
                     "before it stops with an error.")
 
     kafka_source: Literal["spark", "python"] = Field(
-        "spark", validation_alias=_env("FANOUT_KAFKA_SOURCE", "kafka_source"),
+        "spark", validation_alias=env_alias(KAFKA_SOURCE_ENV, "kafka_source"),
         description="Which Kafka source the job reads with: Spark's own connector "
                     "(spark-sql-kafka-0-10, the default: as fast in the whole pipeline "
                     "and far less of our code) or the project's Python source "
