@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from infra.errors import InfraError
 from infra.launch import up
 from infra.stack import Stack, down
 from infra.verify import lagging, verify
@@ -87,7 +88,7 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
             bar.refresh()
             if time.monotonic() > deadline:
                 msg = f"the view did not catch up within {timeout:.0f}s"
-                raise TimeoutError(msg)
+                raise InfraError(msg)
             time.sleep(0.5)
         bar.n = total
         bar.refresh()

@@ -35,7 +35,8 @@ from tqdm import tqdm
 
 import loadgen
 from infra import loadprep
-from loadgen.errors import LoadgenError, LoadRunError
+from infra.errors import LoadRunError
+from loadgen.errors import LoadgenError
 from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings
 from loadgen.workload import PROFILES, parse_mix, parse_user_range
 
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(args)
         summary = execute(plan, args)
-    except (LoadgenError, OSError) as exc:
+    except (LoadRunError, LoadgenError, OSError) as exc:
         log.error("load run failed: %s", exc)
         return 1
     print(render_text(summary))

@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from infra.errors import LoadRunError
 from infra.process import free_port
 from infra.stack import Stack, down, spawn, stop_pid, wait_for_http
-from loadgen.errors import LoadRunError
 from loadgen.probe import Target
 from loadgen.workload import Workload, dump_tokens
 from views.stores import store_from_url

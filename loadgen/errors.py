@@ -15,7 +15,3 @@ class ProbeError(LoadgenError):
 
 class ReportError(LoadgenError):
     """Recorded results are missing or inconsistent, so no report can be made."""
-
-
-class LoadRunError(LoadgenError):
-    """A load run could not be carried out (bad target, Locust failed, no results)."""

@@ -19,9 +19,10 @@ import httpx
 import msgpack
 import pytest
 
+from infra.errors import LoadRunError
 from loadgen.action import DELETE, FOLLOW, HOME, HOME_NEXT, POST, UNFOLLOW, Planner
 from loadgen.bearer import mint
-from loadgen.errors import LoadRunError, ProbeError, WorkloadError
+from loadgen.errors import ProbeError, WorkloadError
 from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
 from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings, Target
 from loadgen.recording import HIGHEST_US, Recorder, decode, encode, histogram
