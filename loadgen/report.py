@@ -30,6 +30,8 @@ from loadgen.summary import PERCENTILES, label, merged, problems, stats, summari
 SUMMARY: Final = "summary.json"
 HTML: Final = "report.html"
 COMPARE_COLUMNS: Final = ("p50", "p99", "p99.9")
+#: Run-info fields in seconds besides those named ``*_s``: the probe's pace and bounds.
+SECONDS: Final = frozenset({"interval", "deadline", "poll"})
 
 
 @dataclass
@@ -218,8 +220,34 @@ def render_html(summary: dict[str, Any], images: list[Path]) -> str:
 
 
 def _info_html(info: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in info.items())
+    rows = "".join(f"<tr><th>{_e(name)}</th><td>{_e(text)}</td></tr>"
+                   for name, text in map(_field, info.items()))
     return f"<table class='info'>{rows}</table>"
+
+
+def _field(item: tuple[str, Any]) -> tuple[str, str]:
+    """A run-info field as a person reads it: ``("duration_s", 60.0)`` → duration, 60 s."""
+    key, value = item
+    seconds = key.endswith("_s") or key in SECONDS
+    name = key.removesuffix("_s").replace("_", " ")
+    return name, _words(value) + (" s" if seconds and isinstance(value, int | float) else "")
+
+
+def _words(value: Any) -> str:
+    """A value as words, never a Python repr: lists comma-separated, dicts as "key value"."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(map(_words, value))
+    if isinstance(value, dict):
+        return ", ".join(" ".join(_field((str(k), v))) for k, v in value.items())
+    return str(value)
 
 
 def _compare_html(summary: dict[str, Any]) -> str:

@@ -254,7 +254,10 @@ def test_report_writes_summary_html_and_plots_for_two_modes(tmp_path: Path):
     probe.add(_sample("celebrity", None))
     runs = [ModeRun("fanout", _results(3), probe, [(1001.0, 0.5), (1002.0, 0.8)]),
             ModeRun("read", _results(4))]
-    summary = build(runs, {"name": "unit"}, tmp_path)
+    info = {"name": "unit", "modes": ["fanout", "read"], "duration_s": 60.0,
+            "probe": {"interval": 1.0, "deadline": 30.0, "max_pages": 10},
+            "history": {"users": 1000, "seed": 7}}
+    summary = build(runs, info, tmp_path)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["compare"] == json.loads(json.dumps(summary["compare"]))
     for name in ("report.html", "latency-percentiles.png", "over-time-fanout.png",
@@ -262,6 +265,11 @@ def test_report_writes_summary_html_and_plots_for_two_modes(tmp_path: Path):
         assert (tmp_path / name).stat().st_size > 1000, name
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(summary["images"]) == 4
+    for repr_start in ("['", "{'", "[&#x27;", "{&#x27;", "None<"):  # words, not reprs
+        assert repr_start not in html, repr_start
+    assert "<td>fanout, read</td>" in html and "<th>duration</th><td>60 s</td>" in html
+    assert "interval 1 s, deadline 30 s, max pages 10" in html
+    assert "users 1,000, seed 7" in html
     assert [r["mode"] for r in summary["compare"]] == ["fanout", "read"]
     fan = on_disk["modes"]["fanout"]["fanout_latency"]
     assert (fan["normal"]["count"], fan["celebrity"]["count"], fan["celebrity"]["timeouts"]) \
