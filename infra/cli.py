@@ -3,8 +3,10 @@
 Subcommands: ``up``/``down``/``status`` (the local stack), ``broker``/``job``/``serve``
 (one service in the foreground; ``up`` runs these detached), ``generate``/``replay``
 (ingest), ``verify``, ``dead-letters``, ``rebuild`` and ``demo``. Flags fall back to environment
-variables (named in each ``--help``). When ``KAFKA_BOOTSTRAP`` is unset and a stack is
-up in the run directory, commands point at that stack.
+variables (named in each ``--help``). Each command builds its settings here or in the
+module that registers it, from its flags over ``args.environ``: the process's
+environment, over the settings of the stack recorded in the run directory, so that
+commands point at that stack unless told otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from infra import cassandra as cassandra_cli
 from infra import jars as jars_cli
@@ -22,13 +26,20 @@ from infra import load as load_cli
 from infra import rebuild as rebuild_cli
 from infra import stack as stack_mod
 from infra.errors import InfraError
+from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
+from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
+from serving.settings import API_PORT_ENV, ServingSettings
+from views.settings import DEFAULT_RUN_DIR, STORE_ENV, ViewSettings
 from views.stores import schema as schema_cli
 
 log = logging.getLogger("fanout")
 
 #: Libraries whose INFO lines are about themselves, not about fanout.
 _CHATTY_LOGGERS = ("httpx", "httpcore")
+#: Commands that start a stack or a piece of one: they see the process's environment
+#: only, never the settings of a stack already recorded in the run directory.
+_OWN_ENVIRONMENT = frozenset({"up", "broker", "cassandra", "demo", "jars"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     # progress lines of `fanout demo` and `fanout up`. -v brings it back.
     for name in () if args.verbose else _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    run_dir = Path(args.run_dir or os.environ.get("FANOUT_RUN_DIR") or "run")
-    args.run_dir = run_dir
-    if args.command not in ("up", "broker", "cassandra", "demo", "jars"):
-        _point_at_stack(run_dir)
+    args.run_dir = Path(args.run_dir or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
+    args.environ = _environ(args.run_dir, args.command)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
@@ -55,17 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _point_at_stack(run_dir: Path) -> None:
-    """Fill unset env vars from the run directory's stack (env and flags still win).
+def _environ(run_dir: Path, command: str | None) -> Mapping[str, str]:
+    """The environment the command's settings fall back to.
 
-    Whether or not its services run: ``fanout job`` and ``fanout serve`` restarted by
-    hand get the stack's settings, and other commands name the stack's broker and store.
+    The process's environment over the run directory's stack's settings (whether or
+    not its services run): ``fanout job`` and ``fanout serve`` restarted by hand get
+    the stack's settings, and other commands name the stack's broker and store, while
+    env vars and flags still win.
     """
-    stack = stack_mod.Stack.load(run_dir)
-    if stack is None:
-        return
-    for name, value in stack.env().items():
-        os.environ.setdefault(name, value)
+    stack = None if command in _OWN_ENVIRONMENT else stack_mod.Stack.load(run_dir)
+    return os.environ if stack is None else {**stack.env(), **os.environ}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="fanout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", default=None,
-                        help="run directory of the local stack (env FANOUT_RUN_DIR; "
-                             "default: ./run)")
+                        help=f"run directory of the local stack (env {RUN_DIR_ENV}; "
+                             f"default: ./{DEFAULT_RUN_DIR})")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_stack(sub)
@@ -98,16 +106,16 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start whatever of Kafka, the view job and the API is not "
                                   "running in the run directory (resuming from its data)")
     p.add_argument("--port", type=int, default=None,
-                   help="API port (env FANOUT_API_PORT; default: a free port)")
+                   help=f"API port (env {API_PORT_ENV}; default: a free port)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for start")
     p.add_argument("--store", choices=("sqlite", "cassandra"), default=None,
                    help="the store of a new stack: an SQLite file in the run directory "
                         "(default), or a local Cassandra node in RUN_DIR/cassandra (env "
-                        "FANOUT_STORE=cassandra://local; any other FANOUT_STORE URL is used "
+                        f"{STORE_ENV}=cassandra://local; any other {STORE_ENV} URL is used "
                         "as it is)")
     p.add_argument("--cluster", action="store_true",
                    help="run the view job on a Spark standalone master and worker that 'up' "
-                        "starts on loopback (RUN_DIR/spark); FANOUT_SPARK_MASTER=spark://... "
+                        f"starts on loopback (RUN_DIR/spark); {SPARK_MASTER_ENV}=spark://... "
                         "names an existing cluster instead")
     _add_view_flags(p)
     p.set_defaults(func=_cmd_up)
@@ -118,20 +126,22 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_view_flags(p: argparse.ArgumentParser) -> None:
+    env = ViewSettings.env_help
     p.add_argument("--celebrity-threshold", type=int, default=None,
-                   help="followers that make an author a celebrity "
-                        "(env FANOUT_CELEBRITY_THRESHOLD; default 1000)")
+                   help=f"followers that make an author a celebrity ({env('celebrity_threshold')})")
     p.add_argument("--timeline-cap", type=int, default=None,
-                   help="cached entries per home timeline (env FANOUT_TIMELINE_CAP; default 800)")
+                   help=f"cached entries per home timeline ({env('timeline_cap')})")
+
+
+def _view_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`ViewSettings` fields that ``_add_view_flags`` sets (None: not given)."""
+    return {"celebrity_threshold": args.celebrity_threshold, "timeline_cap": args.timeline_cap}
 
 
 def _view_env(args: argparse.Namespace) -> dict[str, str]:
-    env = {}
-    if getattr(args, "celebrity_threshold", None):
-        env["FANOUT_CELEBRITY_THRESHOLD"] = str(args.celebrity_threshold)
-    if getattr(args, "timeline_cap", None):
-        env["FANOUT_TIMELINE_CAP"] = str(args.timeline_cap)
-    return env
+    """The view flags given, as the environment of the stack's job."""
+    names = ViewSettings.env_names()
+    return {names[field]: str(value) for field, value in _view_flags(args).items() if value}
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -208,18 +218,17 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 def _cmd_job(args: argparse.Namespace) -> int:
     from infra.spark import build_session
-    from ingest.settings import KafkaSettings
     from views.job import run
-    from views.settings import ViewSettings
 
-    os.environ.update(_view_env(args))
-    kafka, view = KafkaSettings(), ViewSettings()
+    kafka = KafkaSettings.from_env(args.environ)
+    view = ViewSettings.from_env(args.environ, **_view_flags(args))
     if not kafka.bootstrap:
-        log.error("KAFKA_BOOTSTRAP is not set and no stack is in %s: run 'fanout up' first",
-                  args.run_dir)
+        log.error("%s is not set and no stack is in %s: run 'fanout up' first",
+                  BOOTSTRAP_ENV, args.run_dir)
         return 2
     with stack_mod.job_lock(view.checkpoint_dir):
-        spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions)
+        spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions,
+                              master=args.environ.get(SPARK_MASTER_ENV))
         ready = args.ready_file
         return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
                    on_started=(lambda: ready.write_text("started")) if ready else None)
@@ -227,9 +236,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from serving.app import serve
-    from serving.settings import ServingSettings
 
-    serve(ServingSettings())
+    serve(ServingSettings.from_env(args.environ), KafkaSettings.from_env(args.environ))
     return 0
 
 
@@ -247,13 +255,11 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from infra.verify import verify
-    from ingest.settings import KafkaSettings
-    from views.settings import ViewSettings
     from views.stores import store_from_url
 
-    kafka, view = KafkaSettings(), ViewSettings()
+    kafka, view = KafkaSettings.from_env(args.environ), ViewSettings.from_env(args.environ)
     if not kafka.bootstrap:
-        log.error("KAFKA_BOOTSTRAP is not set and no stack is up: run 'fanout up' first")
+        log.error("%s is not set and no stack is up: run 'fanout up' first", BOOTSTRAP_ENV)
         return 2
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
@@ -269,10 +275,9 @@ def _add_dead_letters(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_dead_letters(args: argparse.Namespace) -> int:
-    from views.settings import ViewSettings
     from views.stores import store_from_url
 
-    view = ViewSettings()
+    view = ViewSettings.from_env(args.environ)
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         letters = store.dead_letters(args.limit)
     for d in letters:

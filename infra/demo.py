@@ -9,7 +9,6 @@ the result of ``verify``, and stops everything — also when a step fails.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +25,8 @@ from ingest.history import iter_events
 from ingest.producer import ChangelogProducer
 from ingest.replay import replay
 from ingest.settings import KafkaSettings
+from serving.settings import AUTH_ENV
+from views.settings import CELEBRITY_THRESHOLD_ENV
 from views.stores import store_from_url
 from views.stores.base import Store
 
@@ -37,8 +38,7 @@ def demo(args: argparse.Namespace) -> int:
     shutil.rmtree(run_dir, ignore_errors=True)
     clock = _Clock()
     # Auth off: the demo reads timelines over HTTP without minting tokens.
-    env = {"FANOUT_CELEBRITY_THRESHOLD": str(args.celebrity_threshold), "FANOUT_AUTH": "off"}
-    os.environ.update(env)
+    env = {CELEBRITY_THRESHOLD_ENV: str(args.celebrity_threshold), AUTH_ENV: "off"}
     stack = clock.step("start broker, view job and API", lambda: up(run_dir, extra_env=env))
     try:
         return _run(args, stack, run_dir, clock)

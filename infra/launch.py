@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from infra.broker import KafkaBroker
 from infra.process import free_port, port_free
 from infra.rebuild import stale_views
+from infra.settings import API_URL_ENV, RUN_DIR_ENV, SPARK_MASTER_ENV, run_dir_views
 from infra.stack import (
     AUTH_SECRET_FILE,
     MARKER,
@@ -35,10 +37,10 @@ from infra.stack import (
     wait_for_file,
     wait_for_http,
 )
-from ingest.settings import KafkaSettings
+from ingest.settings import PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 from ingest.topics import create_topics
-from serving.settings import ServingSettings
-from views.settings import ViewSettings
+from serving.settings import API_HOST_ENV, API_PORT_ENV, AUTH_SECRET_ENV, ServingSettings
+from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,8 @@ CASSANDRA_KEYSPACE: Final = "fanout"
 #: Environment variables that are part of a stack's settings (recorded at its first
 #: ``up``); these are where its pieces are, or secrets, and are decided by the stack.
 _NOT_SETTINGS: Final = frozenset({
-    "FANOUT_RUN_DIR", "FANOUT_AUTH_SECRET", "FANOUT_API_URL", "FANOUT_API_HOST",
-    "FANOUT_API_PORT", "FANOUT_STORE", "FANOUT_CHECKPOINT_DIR", "FANOUT_TOPIC_PREFIX",
-    "FANOUT_PARTITIONS"})
+    RUN_DIR_ENV, AUTH_SECRET_ENV, API_URL_ENV, API_HOST_ENV, API_PORT_ENV, STORE_ENV,
+    CHECKPOINT_DIR_ENV, TOPIC_PREFIX_ENV, PARTITIONS_ENV})
 
 
 def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None,
@@ -61,14 +62,16 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
     ``store="cassandra"`` (or ``FANOUT_STORE=cassandra://local``) gives a new stack a
     local Cassandra node for its store, keyspace ``fanout``; ``cluster`` a Spark
     standalone master and worker that the job runs on (``FANOUT_SPARK_MASTER`` names
-    an existing one instead).
+    an existing one instead). The stack's settings come from the environment with
+    ``extra_env`` (flags) over it.
     """
     run_dir = run_dir.resolve()
+    environ = {**os.environ, **(extra_env or {})}
     stack = Stack.load(run_dir)
     if stack is None:
-        stack = _new_stack(run_dir, port, extra_env or {}, store, cluster)
+        stack = _new_stack(run_dir, port, environ, store, cluster)
     else:
-        _warn_on_other_settings(stack, extra_env or {})
+        _warn_on_other_settings(stack, environ)
     started: list[str] = []
     try:
         moved = _ensure_broker(stack, started)
@@ -86,42 +89,42 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
     return stack
 
 
-def _new_stack(run_dir: Path, port: int | None, extra_env: dict[str, str],
+def _new_stack(run_dir: Path, port: int | None, environ: Mapping[str, str],
                store: str | None, cluster: bool) -> Stack:
     """The stack a first ``up`` describes, from the environment, flags and the run dir."""
-    kafka, view, api = KafkaSettings(), ViewSettings(), ServingSettings()
+    kafka, api = KafkaSettings.from_env(environ), ServingSettings.from_env(environ)
+    store_url = run_dir_views(run_dir, environ).store_url
     if not api.host.startswith("127.") and api.host != "localhost":
         msg = f"the local stack serves on loopback only, not {api.host}"
         raise StackError(msg)
-    settings = {k: v for k, v in os.environ.items()
+    settings = {k: v for k, v in environ.items()
                 if k.startswith("FANOUT_") and k not in _NOT_SETTINGS}
-    settings.update({k: v for k, v in extra_env.items() if k not in _NOT_SETTINGS})
     local_kafka = not kafka.bootstrap
     if local_kafka:
-        _refuse_stale_views(run_dir, view)
+        _refuse_stale_views(run_dir, store_url)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _auth_secret(run_dir)
-    local_cassandra = store == "cassandra" or view.store_url == LOCAL_CASSANDRA
+    _auth_secret(run_dir, environ)
+    local_cassandra = store == "cassandra" or store_url == LOCAL_CASSANDRA
     if store not in (None, "sqlite", "cassandra"):
-        msg = f"--store is sqlite or cassandra, not {store!r} (FANOUT_STORE takes any URL)"
+        msg = f"--store is sqlite or cassandra, not {store!r} ({STORE_ENV} takes any URL)"
         raise StackError(msg)
     return Stack(run_dir=str(run_dir), bootstrap=kafka.bootstrap,
-                 store_url="" if local_cassandra else _store_url(run_dir, view),
-                 api_url=f"http://{api.host}:{port or _api_port(api)}",
+                 store_url="" if local_cassandra else store_url,
+                 api_url=f"http://{api.host}:{port or _api_port(api, environ)}",
                  topic_prefix=kafka.topic_prefix, partitions=kafka.partitions,
                  settings=settings, local_kafka=local_kafka, local_cassandra=local_cassandra,
                  local_spark=cluster,
-                 spark_master="" if cluster else os.environ.get("FANOUT_SPARK_MASTER", ""))
+                 spark_master="" if cluster else environ.get(SPARK_MASTER_ENV, ""))
 
 
-def _api_port(api: ServingSettings) -> int:
+def _api_port(api: ServingSettings, environ: Mapping[str, str]) -> int:
     """The API port of a new stack: FANOUT_API_PORT when set (and not 0), else a free one."""
-    return api.port if os.environ.get("FANOUT_API_PORT") and api.port else free_port()
+    return api.port if environ.get(API_PORT_ENV) and api.port else free_port()
 
 
-def _warn_on_other_settings(stack: Stack, extra_env: dict[str, str]) -> None:
+def _warn_on_other_settings(stack: Stack, environ: Mapping[str, str]) -> None:
     """A later ``up`` keeps the stack's settings; say so when asked for others."""
-    asked = {k: v for k, v in {**os.environ, **extra_env}.items()
+    asked = {k: v for k, v in environ.items()
              if k.startswith("FANOUT_") and k not in _NOT_SETTINGS}
     differ = sorted(k for k, v in asked.items() if stack.settings.get(k) != v)
     if differ:
@@ -252,11 +255,11 @@ def _died(stack: Stack, name: str) -> str | None:
             f"{Path(stack.run_dir) / 'logs' / log_name}")
 
 
-def _refuse_stale_views(run_dir: Path, view: ViewSettings) -> None:
+def _refuse_stale_views(run_dir: Path, store_url: str) -> None:
     """Views built from a Kafka log that is gone cannot match the new, empty one."""
     if (run_dir / "kafka" / "log" / "meta.properties").exists():
         return
-    stale = stale_views(run_dir / "checkpoints", _store_url(run_dir, view))
+    stale = stale_views(run_dir / CHECKPOINTS, store_url)
     if stale:
         shown = ", ".join(map(str, stale))
         msg = (f"{shown} hold views of a Kafka log that is no longer in {run_dir / 'kafka'}: "
@@ -265,7 +268,7 @@ def _refuse_stale_views(run_dir: Path, view: ViewSettings) -> None:
         raise StackError(msg)
 
 
-def _auth_secret(run_dir: Path) -> None:
+def _auth_secret(run_dir: Path, environ: Mapping[str, str]) -> None:
     """A random token secret in ``<run>/auth.secret`` unless FANOUT_AUTH_SECRET is set.
 
     :meth:`Stack.env` hands the file's secret to the API and to later ``fanout``
@@ -274,7 +277,7 @@ def _auth_secret(run_dir: Path) -> None:
     from an earlier run is removed then.
     """
     path = run_dir / AUTH_SECRET_FILE
-    if os.environ.get("FANOUT_AUTH_SECRET"):
+    if environ.get(AUTH_SECRET_ENV):
         path.unlink(missing_ok=True)
         return
     if path.exists():
@@ -282,10 +285,3 @@ def _auth_secret(run_dir: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(secrets.token_hex(32))
-
-
-def _store_url(run_dir: Path, view: ViewSettings) -> str:
-    """The store of the stack: the configured one, or a SQLite file in the run directory."""
-    if view.store_url == ViewSettings.model_fields["store_url"].default:
-        return f"sqlite:///{run_dir / 'fanout.sqlite'}"
-    return view.store_url

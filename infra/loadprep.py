@@ -30,9 +30,20 @@ import httpx
 
 from infra.errors import LoadRunError
 from infra.process import free_port
+from infra.settings import API_URL_ENV
 from infra.stack import Stack, down, spawn, stop_pid, wait_for_http
 from loadgen.probe import Target
 from loadgen.workload import Workload, dump_tokens
+from serving.settings import (
+    ACCESS_LOG_ENV,
+    API_HOST_ENV,
+    API_PORT_ENV,
+    AUTH_ENV,
+    AUTH_SECRET_ENV,
+    READ_MODE_ENV,
+    WORKER_ID_ENV,
+)
+from views.settings import CELEBRITY_THRESHOLD_ENV, STORE_ENV
 from views.stores import store_from_url
 from views.stores.base import Store
 
@@ -89,14 +100,14 @@ def target(run_dir: Path, *, url: str | None, start: bool, history: History,
             yield started
         return
     stack = Stack.load(run_dir)
-    api = url or (stack.api_url if stack else None) or os.environ.get("FANOUT_API_URL")
+    api = url or (stack.api_url if stack else None) or os.environ.get(API_URL_ENV)
     if not api:
         msg = (f"no API to load: no stack is up in {run_dir}; pass --target URL, or --start "
                "to start one")
         raise LoadRunError(msg)
     check_loopback(api, allow_remote)
     env = stack.env() if stack else {}
-    store = env.get("FANOUT_STORE") or os.environ.get("FANOUT_STORE")
+    store = env.get(STORE_ENV) or os.environ.get(STORE_ENV)
     yield LoadTarget(api.rstrip("/"), store, env)
 
 
@@ -119,9 +130,9 @@ def _started(run_dir: Path, history: History, auth: str, keep: bool,
 
     down(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
-    env = {"FANOUT_CELEBRITY_THRESHOLD": str(history.celebrity_threshold),
-           "FANOUT_API_ACCESS_LOG": "false", "FANOUT_AUTH": auth}
-    log.info("starting a stack in %s (store: %s)", run_dir, store or "FANOUT_STORE or SQLite")
+    env = {CELEBRITY_THRESHOLD_ENV: str(history.celebrity_threshold),
+           ACCESS_LOG_ENV: "false", AUTH_ENV: auth}
+    log.info("starting a stack in %s (store: %s)", run_dir, store or f"{STORE_ENV} or SQLite")
     stack = up(run_dir, extra_env=env, store=store)
     try:
         seeded = seed(stack, history, run_dir / "history")
@@ -217,9 +228,9 @@ def auth_on(api_url: str, user: int) -> bool:
 def _tokens(load: LoadTarget, workload: Workload, targets: list[Target]) -> dict[int, str]:
     from serving.auth import mint
 
-    secret = load.env.get("FANOUT_AUTH_SECRET") or os.environ.get("FANOUT_AUTH_SECRET")
+    secret = load.env.get(AUTH_SECRET_ENV) or os.environ.get(AUTH_SECRET_ENV)
     if not secret:
-        msg = ("the API has auth on, but its secret is unknown: set FANOUT_AUTH_SECRET, or "
+        msg = (f"the API has auth on, but its secret is unknown: set {AUTH_SECRET_ENV}, or "
                "load a stack started by `fanout up` (it keeps the secret in its run dir)")
         raise LoadRunError(msg)
     users = {*workload.readers, *workload.authors}
@@ -253,10 +264,10 @@ def api_for(mode: str, load: LoadTarget, auth: bool, logs: Path) -> Iterator[str
         msg = "the read-mode baseline needs the target's store (run against a fanout stack)"
         raise LoadRunError(msg)
     port = free_port()
-    env = {**load.env, "FANOUT_STORE": load.store_url, "FANOUT_READ_MODE": mode,
-           "FANOUT_API_HOST": "127.0.0.1", "FANOUT_API_PORT": str(port),
-           "FANOUT_API_ACCESS_LOG": "false", "FANOUT_WORKER_ID": READ_API_WORKER_ID,
-           "FANOUT_AUTH": "on" if auth else "off"}
+    env = {**load.env, STORE_ENV: load.store_url, READ_MODE_ENV: mode,
+           API_HOST_ENV: "127.0.0.1", API_PORT_ENV: str(port),
+           ACCESS_LOG_ENV: "false", WORKER_ID_ENV: READ_API_WORKER_ID,
+           AUTH_ENV: "on" if auth else "off"}
     process = spawn(logs, "serve", [], env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from infra.settings import run_dir_views
 from infra.stack import Stack, StackError, alive
+from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV, STORE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +32,14 @@ log = logging.getLogger(__name__)
 _SQLITE_COMPANIONS = ("-wal", "-shm")
 
 
-def view_paths(run_dir: Path) -> tuple[Path, Path | None, str]:
+def view_paths(run_dir: Path, environ: Mapping[str, str]) -> tuple[Path, Path | None, str]:
     """(checkpoint directory, SQLite store file or None, store URL) of ``run_dir``.
 
     The environment wins (``FANOUT_CHECKPOINT_DIR``, ``FANOUT_STORE``); otherwise the
     places ``fanout up`` uses inside the run directory.
     """
-    checkpoint = Path(os.environ.get("FANOUT_CHECKPOINT_DIR") or run_dir / "checkpoints")
-    url = os.environ.get("FANOUT_STORE") or f"sqlite:///{run_dir / 'fanout.sqlite'}"
-    return checkpoint, _sqlite_path(url), url
+    view = run_dir_views(run_dir, environ)
+    return view.checkpoint_dir, _sqlite_path(view.store_url), view.store_url
 
 
 def stale_views(checkpoint: Path, store_url: str) -> list[Path]:
@@ -54,11 +55,15 @@ def _sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
-def rebuild(run_dir: Path, *, force: bool = False, now: float | None = None) -> list[str]:
-    """Move (or with ``force`` delete) the checkpoint and the store; say what was done."""
-    checkpoint, store, url = view_paths(run_dir)
+def rebuild(run_dir: Path, environ: Mapping[str, str], *, force: bool = False,
+            now: float | None = None) -> list[str]:
+    """Move (or with ``force`` delete) the checkpoint and the store; say what was done.
+
+    ``environ`` names them (else they are the run directory's): see :func:`view_paths`.
+    """
+    checkpoint, store, url = view_paths(run_dir, environ)
     if store is None:
-        msg = (f"the store {url.split('@')[-1]} is not a SQLite file: point FANOUT_STORE at "
+        msg = (f"the store {url.split('@')[-1]} is not a SQLite file: point {STORE_ENV} at "
                "a fresh keyspace (`fanout schema apply`) and move the checkpoint "
                f"{checkpoint} aside yourself")
         raise StackError(msg)
@@ -110,9 +115,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``fanout rebuild`` to the ``fanout`` command."""
     p = sub.add_parser(
         "rebuild", help="set the views aside so the next job rebuilds them from the topics",
-        description="With the view job stopped, move the checkpoint (env "
-                    "FANOUT_CHECKPOINT_DIR; default RUN_DIR/checkpoints) and the SQLite "
-                    "store (env FANOUT_STORE; default RUN_DIR/fanout.sqlite) aside, so "
+        description=f"With the view job stopped, move the checkpoint (env "
+                    f"{CHECKPOINT_DIR_ENV}; default RUN_DIR/{CHECKPOINTS}) and the SQLite "
+                    f"store (env {STORE_ENV}; default RUN_DIR/{STORE_FILE}) aside, so "
                     "that the next `fanout job`/`fanout up` rebuilds the views from "
                     "whatever the topics hold. Use it when the job stops because the "
                     "topics end before its checkpoint (topics recreated, a Kafka "
@@ -123,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
-    done = rebuild(Path(args.run_dir), force=args.force)
+    done = rebuild(Path(args.run_dir), args.environ, force=args.force)
     for line in done:
         print(line)
     if not done:

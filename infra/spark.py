@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
+from infra.settings import SPARK_MASTER_ENV
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     checkpoint location of queries that do not name one.
     """
     require_java()
-    master = (master or os.environ.get("FANOUT_SPARK_MASTER") or os.environ.get("SPARK_MASTER")
+    master = (master or os.environ.get(SPARK_MASTER_ENV) or os.environ.get("SPARK_MASTER")
               or DEFAULT_MASTER)
     _prepare_environment(master)
     builder = SparkSession.builder.appName(app_name).master(master)

@@ -29,6 +29,10 @@ from pathlib import Path
 import httpx
 
 from infra.errors import InfraError
+from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
+from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV
+from serving.settings import API_HOST_ENV, API_PORT_ENV, AUTH_SECRET_ENV
+from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +100,16 @@ class Stack:
     def env(self) -> dict[str, str]:
         """The environment that points a fanout command at this stack."""
         host, port = self.api_url.removeprefix("http://").rsplit(":", 1)
-        env = {**self.settings, "KAFKA_BOOTSTRAP": self.bootstrap,
-               "FANOUT_STORE": self.store_url, "FANOUT_TOPIC_PREFIX": self.topic_prefix,
-               "FANOUT_PARTITIONS": str(self.partitions), "FANOUT_API_URL": self.api_url,
-               "FANOUT_API_HOST": host, "FANOUT_API_PORT": port,
-               "FANOUT_CHECKPOINT_DIR": str(Path(self.run_dir) / "checkpoints")}
+        env = {**self.settings, BOOTSTRAP_ENV: self.bootstrap,
+               STORE_ENV: self.store_url, TOPIC_PREFIX_ENV: self.topic_prefix,
+               PARTITIONS_ENV: str(self.partitions), API_URL_ENV: self.api_url,
+               API_HOST_ENV: host, API_PORT_ENV: port,
+               CHECKPOINT_DIR_ENV: str(Path(self.run_dir) / CHECKPOINTS)}
         if self.spark_master:
-            env["FANOUT_SPARK_MASTER"] = self.spark_master
+            env[SPARK_MASTER_ENV] = self.spark_master
         secret = Path(self.run_dir, AUTH_SECRET_FILE)
         if secret.exists():
-            env["FANOUT_AUTH_SECRET"] = secret.read_text().strip()
+            env[AUTH_SECRET_ENV] = secret.read_text().strip()
         return env
 
 
@@ -120,7 +124,7 @@ def spawn(run_dir: Path, service: str, args: list[str],
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     inherited = {k: v for k, v in os.environ.items()
-                 if not k.startswith("FANOUT_") and k != "KAFKA_BOOTSTRAP"}
+                 if not k.startswith("FANOUT_") and k != BOOTSTRAP_ENV}
     with (logs / f"{service}.log").open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
@@ -187,7 +191,7 @@ def job_lock(checkpoint_dir: Path) -> Iterator[None]:
             lock.seek(0)
             holder = lock.read().strip() or "unknown"
             msg = (f"another view job (pid {holder}) runs on the checkpoint {checkpoint_dir}: "
-                   "stop it first, or give this one its own FANOUT_CHECKPOINT_DIR")
+                   f"stop it first, or give this one its own {CHECKPOINT_DIR_ENV}")
             raise StackError(msg) from None
         lock.truncate(0)
         lock.write(str(os.getpid()))

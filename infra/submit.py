@@ -20,27 +20,26 @@ import logging
 import socket
 import sys
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+
+from ingest.settings import BOOTSTRAP_ENV, FanoutSettings, env_alias
 
 log = logging.getLogger("fanout.submit")
 
 
-class SubmitSettings(BaseSettings):
+class SubmitSettings(FanoutSettings):
     """Where the driver listens and what it tells executors to call it."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
     master: str = Field(
-        default="", validation_alias=AliasChoices("SPARK_MASTER", "master"),
+        default="", validation_alias=env_alias("SPARK_MASTER", "master"),
         description="The cluster's master URL, as given to spark-submit --master.")
     driver_host: str = Field(
         default_factory=socket.gethostname,
-        validation_alias=AliasChoices("FANOUT_DRIVER_HOST", "driver_host"),
+        validation_alias=env_alias("FANOUT_DRIVER_HOST", "driver_host"),
         description="Name or address executors use to reach the driver (default: hostname).")
     driver_bind: str = Field(
         default="0.0.0.0",  # noqa: S104 - executors on other hosts must reach the driver
-        validation_alias=AliasChoices("FANOUT_DRIVER_BIND", "driver_bind"),
+        validation_alias=env_alias("FANOUT_DRIVER_BIND", "driver_bind"),
         description="Interface the driver binds to.")
 
     def spark_conf(self) -> dict[str, str]:
@@ -62,8 +61,8 @@ def main() -> int:
     submit = SubmitSettings()
     kafka, view = KafkaSettings(), ViewSettings()  # type: ignore[call-arg]
     if not kafka.bootstrap or not submit.master:
-        log.error("KAFKA_BOOTSTRAP and SPARK_MASTER must both be set (SPARK_MASTER equal to "
-                  "spark-submit's --master, e.g. spark://spark-master:7077)")
+        log.error("%s and SPARK_MASTER must both be set (SPARK_MASTER equal to "
+                  "spark-submit's --master, e.g. spark://spark-master:7077)", BOOTSTRAP_ENV)
         return 2
     spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions,
                           master=submit.master, extra_conf=submit.spark_conf())

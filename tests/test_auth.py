@@ -202,7 +202,7 @@ def test_fanout_token_prints_a_verifiable_token(tmp_path: Path, monkeypatch: pyt
 def test_up_generates_a_private_secret_that_the_stack_env_carries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("FANOUT_AUTH_SECRET", raising=False)
-    _auth_secret(tmp_path)
+    _auth_secret(tmp_path, os.environ)
     path = tmp_path / AUTH_SECRET_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     stack = Stack(run_dir=str(tmp_path), bootstrap="b:1", store_url="sqlite:///x",
@@ -210,10 +210,10 @@ def test_up_generates_a_private_secret_that_the_stack_env_carries(
     secret = stack.env()["FANOUT_AUTH_SECRET"]
     assert len(secret) == 64 and secret == path.read_text()
     assert ServingSettings(auth_secret=secret).secret() == secret.encode()
-    _auth_secret(tmp_path)
+    _auth_secret(tmp_path, os.environ)
     assert path.read_text() == secret  # one per run directory: tokens outlive down/up
     monkeypatch.setenv("FANOUT_AUTH_SECRET", SECRET)
-    _auth_secret(tmp_path)  # the environment's wins; no stale file left behind
+    _auth_secret(tmp_path, os.environ)  # the environment's wins; no stale file left behind
     assert not path.exists() and "FANOUT_AUTH_SECRET" not in stack.env()
     assert os.environ["FANOUT_AUTH_SECRET"] == SECRET
 

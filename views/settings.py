@@ -16,9 +16,9 @@ from ingest.settings import FanoutSettings, env_alias
 from views.join import JoinConfig
 
 __all__ = ("CELEBRITY_THRESHOLD_ENV", "CHECKPOINTS", "CHECKPOINT_DIR_ENV",
-           "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_RUN_DIR", "DEFAULT_STORE_URL",
-           "DEFAULT_TIMELINE_CAP", "KAFKA_SOURCE_ENV", "STORE_ENV", "STORE_FILE",
-           "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
+           "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_CHECKPOINT_DIR", "DEFAULT_RUN_DIR",
+           "DEFAULT_STORE_URL", "DEFAULT_TIMELINE_CAP", "KAFKA_SOURCE_ENV", "STORE_ENV",
+           "STORE_FILE", "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
 
 STORE_ENV: Final = "FANOUT_STORE"
 TIMELINE_CAP_ENV: Final = "FANOUT_TIMELINE_CAP"
@@ -40,6 +40,7 @@ def sqlite_url(run_dir: Path) -> str:
 
 
 DEFAULT_STORE_URL: Final = sqlite_url(DEFAULT_RUN_DIR)
+DEFAULT_CHECKPOINT_DIR: Final = DEFAULT_RUN_DIR / CHECKPOINTS
 
 
 class ViewSettings(FanoutSettings):
@@ -53,7 +54,7 @@ class ViewSettings(FanoutSettings):
         validation_alias=env_alias(CELEBRITY_THRESHOLD_ENV, "celebrity_threshold"))
     demote_ratio: float = Field(0.8, gt=0, le=1,
                                 validation_alias=env_alias("FANOUT_DEMOTE_RATIO", "demote_ratio"))
-    checkpoint_dir: Path = Field(DEFAULT_RUN_DIR / CHECKPOINTS,
+    checkpoint_dir: Path = Field(DEFAULT_CHECKPOINT_DIR,
                                  validation_alias=env_alias(CHECKPOINT_DIR_ENV, "checkpoint_dir"))
     trigger_seconds: float = Field(0.5, ge=0,
                                    validation_alias=env_alias("FANOUT_TRIGGER_SECONDS",

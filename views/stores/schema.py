@@ -180,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _store_url(args: argparse.Namespace) -> str:
     from views.settings import ViewSettings
 
-    return str(args.store or ViewSettings().store_url)  # type: ignore[call-arg]
+    return str(args.store or ViewSettings.from_env(args.environ).store_url)
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
