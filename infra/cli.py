@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"run directory of the local stack (env {RUN_DIR_ENV}; "
                              f"default: ./{DEFAULT_RUN_DIR})")
     parser.add_argument("-v", "--verbose", action="store_true")
+    # main() replaces it with the stack's fallback; callers of _parser() get the process's.
+    parser.set_defaults(environ=os.environ)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_stack(sub)
     _add_services(sub)
