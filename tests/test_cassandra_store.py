@@ -320,6 +320,22 @@ def test_writes_to_one_partition_go_as_one_batch() -> None:
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
 
 
+def test_lookups_read_many_keys_per_request() -> None:
+    keys = list(range(cql.IN_MAX + 1))
+    queries = {"meta_get": keys, "home_all": [7, 8], "tweet_state": []}
+    ops = cql.lookup_ops(queries)
+    assert ops == [("meta_get_in", (keys[:cql.IN_MAX],)), ("meta_get_in", ([cql.IN_MAX],)),
+                   ("home_all", (7,)), ("home_all", (8,))]
+    results = [[(3, -1, -1, 2)], [], [(5, 6, 7), (4, 6, 9)], []]
+    found = cql.lookup_rows(queries, results)
+    assert found["meta_get"][3] == [(-1, -1, 2)] and found["meta_get"][cql.IN_MAX] == []
+    assert found["home_all"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []} and found["tweet_state"] == {}
+    for one, many in cql.LOOKUP_IN.items():  # the same columns, the key first
+        columns, text = cql.STATEMENTS[one].split(" FROM ")[0], cql.STATEMENTS[many]
+        key = text.split("WHERE ")[1].split(" IN")[0]
+        assert text.startswith(columns.replace("SELECT ", f"SELECT {key}, "))
+
+
 def _bound_columns(text: str) -> list[str]:
     """The column each bind marker of a statement sets or selects on."""
     if text.startswith("INSERT"):

@@ -272,10 +272,8 @@ class CassandraStore(Store):
         self._run(cql.trim_ops(cuts, ts) + cql.meta_ops(meta, ts))
 
     def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, reads.Rows]]:
-        """Single-key reads of the writer, all in one bounded concurrent run."""
-        results = iter(self._run([(name, (k,)) for name, keys in queries.items()
-                                  for k in keys]))
-        return {name: {k: next(results) for k in keys} for name, keys in queries.items()}
+        """Single-key reads of the writer, in one bounded run (``IN`` reads where possible)."""
+        return cql.lookup_rows(queries, self._run(cql.lookup_ops(queries)))
 
     def _finish(self, plan: WritePlan, batch_id: int, ts: int, seconds: float) -> None:
         now_ms = int(time.time() * 1000)

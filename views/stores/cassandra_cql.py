@@ -116,6 +116,12 @@ STATEMENTS: Final[dict[str, str]] = {
     "clock_get": "SELECT write_ts, last_batch FROM writer_clock WHERE id = 0",
     "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",
     "last_batch_set": "UPDATE writer_clock USING TIMESTAMP ? SET last_batch = ? WHERE id = 0",
+    # -- the writer's lookups, many partitions per request (see LOOKUP_IN) -------------
+    "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size "
+                   "FROM timeline_meta WHERE user_id IN ?",
+    "user_time_in": "SELECT user_id, created_at FROM users WHERE user_id IN ?",
+    "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id FROM tweets "
+                      "WHERE tweet_id IN ?",
     # -- full scans (operators and verify only) ----------------------------------------
     "followers_all": "SELECT DISTINCT follower_id FROM follows",
     "home_users_all": "SELECT DISTINCT user_id FROM home_timeline",
@@ -147,6 +153,46 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
 BATCH_MAX: Final = 256
+
+
+#: Single-row lookups the writer makes for many keys at once, and the statement that
+#: reads up to :data:`IN_MAX` of them per request (the key first in each row). One
+#: request for a hundred partitions costs the node and the driver a fraction of a
+#: hundred requests; on a cluster the coordinator gathers the replicas' answers.
+LOOKUP_IN: Final = {"meta_get": "meta_get_in", "user_time": "user_time_in",
+                    "tweet_state": "tweet_state_in"}
+IN_MAX: Final = 100
+
+
+def lookup_ops(queries: Mapping[str, Sequence[int]]) -> list[Op]:
+    """The requests for single-key lookups: chunks of ``IN`` reads where there is one."""
+    ops: list[Op] = []
+    for name, keys in queries.items():
+        many = LOOKUP_IN.get(name)
+        if many is None:
+            ops.extend((name, (k,)) for k in keys)
+        else:
+            ops.extend((many, (list(keys[i:i + IN_MAX]),))
+                       for i in range(0, len(keys), IN_MAX))
+    return ops
+
+
+def lookup_rows(queries: Mapping[str, Sequence[int]],
+                results: Iterable[list[tuple[Any, ...]]]) -> dict[str, dict[int, list[Any]]]:
+    """Each query's rows by key, from the results of :func:`lookup_ops`, in order."""
+    found: dict[str, dict[int, list[Any]]] = {}
+    it = iter(results)
+    for name, keys in queries.items():
+        by_key: dict[int, list[Any]] = {k: [] for k in keys}
+        if name not in LOOKUP_IN:
+            for k in keys:
+                by_key[k] = list(next(it))
+        else:
+            for _ in range(0, len(keys), IN_MAX):
+                for row in next(it):
+                    by_key[row[0]].append(tuple(row[1:]))
+        found[name] = by_key
+    return found
 
 
 def units(ops: Sequence[Op]) -> list[list[int]]:
