@@ -1,0 +1,139 @@
+"""The rows the job carries keep their schemas: checkpoints of existing users store them.
+
+The literals below are the schemas as they were written out by hand before they were
+derived from one declaration per row (issue 15, point 2); they must never change
+without a migration note.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from views.delta import DELTA_DDL
+from views.executor_sink import _ROUTED_SCHEMA, _TALLY_SCHEMA, ROUTED_DDL, TALLY_DDL
+from views.source import ARROW_SCHEMA, SOURCE_DDL, SOURCE_SCHEMA
+
+OLD_SOURCE_DDL = (
+    "topic STRING NOT NULL, `partition` INT NOT NULL, offset BIGINT NOT NULL, "
+    "kind INT NOT NULL, key BIGINT NOT NULL, created_at BIGINT NOT NULL, "
+    "tweet_id BIGINT NOT NULL, other_id BIGINT NOT NULL, "
+    "text STRING, name STRING, error STRING, raw BINARY"
+)
+OLD_SOURCE_SCHEMA = StructType([
+    StructField("topic", StringType(), nullable=False),
+    StructField("partition", IntegerType(), nullable=False),
+    StructField("offset", LongType(), nullable=False),
+    StructField("kind", IntegerType(), nullable=False),
+    StructField("key", LongType(), nullable=False),
+    StructField("created_at", LongType(), nullable=False),
+    StructField("tweet_id", LongType(), nullable=False),
+    StructField("other_id", LongType(), nullable=False),
+    StructField("text", StringType(), nullable=True),
+    StructField("name", StringType(), nullable=True),
+    StructField("error", StringType(), nullable=True),
+    StructField("raw", BinaryType(), nullable=True),
+])
+OLD_ARROW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("kind", pa.int32(), nullable=False),
+    pa.field("key", pa.int64(), nullable=False),
+    pa.field("created_at", pa.int64(), nullable=False),
+    pa.field("tweet_id", pa.int64(), nullable=False),
+    pa.field("other_id", pa.int64(), nullable=False),
+    pa.field("text", pa.string()),
+    pa.field("name", pa.string()),
+    pa.field("error", pa.string()),
+    pa.field("raw", pa.binary()),
+])
+
+OLD_DELTA_DDL = (
+    "kind int not null, user_id long not null, tweet_id long not null, "
+    "author_id long not null, created_at long not null, flag int not null, "
+    "text string, name string, topic string, partition int not null, "
+    "offset long not null, raw binary"
+)
+OLD_ROUTED_DDL = OLD_DELTA_DDL + ", route long not null"
+OLD_TALLY_DDL = ("topic string, partition int not null, offset long not null, "
+                 "max_event_time long not null, rows long not null, adds long not null, "
+                 "removes long not null, dead long not null")
+OLD_DELTA_SCHEMA = StructType([
+    StructField("kind", IntegerType(), nullable=False),
+    StructField("user_id", LongType(), nullable=False),
+    StructField("tweet_id", LongType(), nullable=False),
+    StructField("author_id", LongType(), nullable=False),
+    StructField("created_at", LongType(), nullable=False),
+    StructField("flag", IntegerType(), nullable=False),
+    StructField("text", StringType(), nullable=True),
+    StructField("name", StringType(), nullable=True),
+    StructField("topic", StringType(), nullable=True),
+    StructField("partition", IntegerType(), nullable=False),
+    StructField("offset", LongType(), nullable=False),
+    StructField("raw", BinaryType(), nullable=True),
+])
+OLD_ROUTED_SCHEMA = StructType([*OLD_DELTA_SCHEMA.fields,
+                                StructField("route", LongType(), nullable=False)])
+OLD_TALLY_SCHEMA = StructType([
+    StructField("topic", StringType(), nullable=True),
+    StructField("partition", IntegerType(), nullable=False),
+    StructField("offset", LongType(), nullable=False),
+    StructField("max_event_time", LongType(), nullable=False),
+    StructField("rows", LongType(), nullable=False),
+    StructField("adds", LongType(), nullable=False),
+    StructField("removes", LongType(), nullable=False),
+    StructField("dead", LongType(), nullable=False),
+])
+OLD_ROUTED_ARROW = pa.schema([
+    pa.field("kind", pa.int32(), False), pa.field("user_id", pa.int64(), False),
+    pa.field("tweet_id", pa.int64(), False), pa.field("author_id", pa.int64(), False),
+    pa.field("created_at", pa.int64(), False), pa.field("flag", pa.int32(), False),
+    pa.field("text", pa.string()), pa.field("name", pa.string()),
+    pa.field("topic", pa.string()), pa.field("partition", pa.int32(), False),
+    pa.field("offset", pa.int64(), False), pa.field("raw", pa.binary()),
+    pa.field("route", pa.int64(), False),
+])
+OLD_TALLY_ARROW = pa.schema([
+    pa.field("topic", pa.string()), pa.field("partition", pa.int32(), False),
+    pa.field("offset", pa.int64(), False), pa.field("max_event_time", pa.int64(), False),
+    pa.field("rows", pa.int64(), False), pa.field("adds", pa.int64(), False),
+    pa.field("removes", pa.int64(), False), pa.field("dead", pa.int64(), False),
+])
+
+
+def test_source_schemas_are_unchanged() -> None:
+    assert SOURCE_SCHEMA.json() == OLD_SOURCE_SCHEMA.json()
+    assert ARROW_SCHEMA.serialize() == OLD_ARROW_SCHEMA.serialize()
+
+
+def test_executor_sink_arrow_schemas_are_unchanged() -> None:
+    assert _ROUTED_SCHEMA.serialize() == OLD_ROUTED_ARROW.serialize()
+    assert _TALLY_SCHEMA.serialize() == OLD_TALLY_ARROW.serialize()
+    # What Spark hands mapInArrow for the DDL the sink declares.
+    assert to_arrow_schema(OLD_ROUTED_SCHEMA).serialize() == OLD_ROUTED_ARROW.serialize()
+    assert to_arrow_schema(OLD_TALLY_SCHEMA).serialize() == OLD_TALLY_ARROW.serialize()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("ddl", "old_ddl", "schema"), [
+    (SOURCE_DDL, OLD_SOURCE_DDL, OLD_SOURCE_SCHEMA),
+    (DELTA_DDL, OLD_DELTA_DDL, OLD_DELTA_SCHEMA),
+    (ROUTED_DDL, OLD_ROUTED_DDL, OLD_ROUTED_SCHEMA),
+    (TALLY_DDL, OLD_TALLY_DDL, OLD_TALLY_SCHEMA),
+], ids=["source", "delta", "routed", "tally"])
+def test_ddls_mean_what_they_meant(spark: Any, ddl: str, old_ddl: str,
+                                   schema: StructType) -> None:
+    assert spark.createDataFrame([], old_ddl).schema.json() == schema.json()
+    assert spark.createDataFrame([], ddl).schema.json() == schema.json()
