@@ -13,7 +13,7 @@ from infra.jars import SPARK_KAFKA, artifact_id, cached, classpath
 from ingest.events import MAX_ID, Post, encode
 from ingest.settings import KafkaSettings
 from views import connector, job
-from views.kinds import Kind
+from views.row import Kind
 from views.settings import ViewSettings
 from views.source import ARROW_SCHEMA, FORMAT
 

@@ -7,7 +7,7 @@ without a migration note.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pyarrow as pa
 import pytest
@@ -21,9 +21,32 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from views.delta import DELTA_DDL
+from ingest.events import (
+    MAX_ID,
+    TOPIC_RANK,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    UserUpsert,
+    encode,
+)
+from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta
 from views.executor_sink import _ROUTED_SCHEMA, _TALLY_SCHEMA, ROUTED_DDL, TALLY_DDL
-from views.source import ARROW_SCHEMA, SOURCE_DDL, SOURCE_SCHEMA
+from views.join import Change
+from views.row import (
+    BIGINT,
+    BINARY,
+    EVENT_COLUMNS,
+    INT,
+    NO_EVENT,
+    SOURCE_COLUMNS,
+    STRING,
+    Row,
+    event_fields,
+    to_event,
+)
+from views.source import ARROW_SCHEMA, SOURCE_DDL, SOURCE_SCHEMA, event_row
 
 OLD_SOURCE_DDL = (
     "topic STRING NOT NULL, `partition` INT NOT NULL, offset BIGINT NOT NULL, "
@@ -137,3 +160,52 @@ def test_ddls_mean_what_they_meant(spark: Any, ddl: str, old_ddl: str,
                                    schema: StructType) -> None:
     assert spark.createDataFrame([], old_ddl).schema.json() == schema.json()
     assert spark.createDataFrame([], ddl).schema.json() == schema.json()
+
+
+# --- the declaration and the mappings ----------------------------------------------------
+
+_EVENTS: list[Event] = [
+    Post(tweet_id=MAX_ID, author_id=7, created_at=1_700_000_000_123, text="hi"),
+    Delete(tweet_id=3, author_id=7, created_at=9),
+    Follow(follower_id=MAX_ID, followee_id=7, created_at=9),
+    Follow(follower_id=2, followee_id=7, created_at=9, active=False),
+    UserUpsert(user_id=7, handle="ada", name="Ada L", created_at=9),
+]
+
+
+def test_row_type_matches_the_columns() -> None:
+    python = {STRING: str, INT: int, BIGINT: int, BINARY: bytes}
+    assert len(get_args(Row)) == len(SOURCE_COLUMNS)
+    for column, hint in zip(SOURCE_COLUMNS, get_args(Row), strict=True):
+        want = python[column.type] | None if column.nullable else python[column.type]
+        assert hint == want, column
+
+
+def test_delta_columns_are_deltas_fields() -> None:
+    assert tuple(c.name for c in DELTA_COLUMNS) == Delta._fields
+
+
+@pytest.mark.parametrize("event", _EVENTS, ids=lambda e: type(e).__name__)
+def test_event_fields_and_to_event_are_inverse(event: Event) -> None:
+    fields = event_fields(event)
+    assert len(fields) == len(EVENT_COLUMNS)
+    assert fields[1] == event.key
+    assert to_event(*fields) == event
+
+
+@pytest.mark.parametrize("event", _EVENTS, ids=lambda e: type(e).__name__)
+def test_change_of_an_event_is_its_rows_event_columns(event: Event) -> None:
+    key, value = encode(event)
+    row = dict(zip((c.name for c in SOURCE_COLUMNS), event_row(event.topic, 0, 4, key, value),
+                   strict=True))
+    change = Change.of(event, 4)
+    assert change.rank == TOPIC_RANK[event.topic]
+    assert change._replace(rank=0) == Change(**{f: 0 if f == "rank" else row[f]
+                                                for f in Change._fields})
+
+
+def test_event_fields_refuses_an_unknown_event() -> None:
+    with pytest.raises(TypeError, match="no row layout"):
+        event_fields(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="carries no event"):
+        to_event(*NO_EVENT)

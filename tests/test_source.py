@@ -35,7 +35,7 @@ from ingest.events import (
 from ingest.settings import KafkaSettings
 from views.errors import OffsetsPastEnd
 from views.kafka_offsets import KafkaReadError
-from views.kinds import Kind
+from views.row import Kind
 from views.source import (
     ARROW_SCHEMA,
     FORMAT,

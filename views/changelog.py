@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ingest.events import Event
 from ingest.settings import KafkaSettings
 from views.kafka_offsets import EndOffsets
-from views.kinds import Kind, to_event
+from views.row import EVENT_COLUMNS, Kind, to_event
 from views.source import KafkaRange, SourceOptions, read_range
 
 
@@ -46,11 +46,9 @@ def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0) -> Changelo
 
 
 def _collect(columns: dict[str, list], out: Changelog) -> None:
-    for kind, key, at, tweet, other, text, name, error in zip(
-            columns["kind"], columns["key"], columns["created_at"], columns["tweet_id"],
-            columns["other_id"], columns["text"], columns["name"], columns["error"],
-            strict=True):
-        if kind == Kind.INVALID:
+    rows = zip(*(columns[name] for name in EVENT_COLUMNS), strict=True)
+    for fields, error in zip(rows, columns["error"], strict=True):
+        if fields[0] == Kind.INVALID:
             out.invalid[(error or "invalid").split(":")[0]] += 1
         else:
-            out.events.append(to_event(kind, key, at, tweet, other, text, name))
+            out.events.append(to_event(*fields))

@@ -29,8 +29,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ingest.settings import KafkaSettings
 from views.errors import SourceError
+from views.row import Row
 from views.settings import KAFKA_SOURCE_ENV
-from views.source import SOURCE_SCHEMA, Row, event_row, rows_to_batch
+from views.source import SOURCE_SCHEMA, event_row, rows_to_batch
 
 FORMAT: Final = "kafka"
 #: The connector's class; a session without its jars cannot load it.
@@ -43,6 +44,8 @@ _LOSS: Final = re.compile(r"\[(KAFKA_DATA_LOSS\.[A-Z_]+|[A-Z_]*(?:LOST_TOPIC_PAR
 _LOSS_TEXT: Final = re.compile(r"Some data may have been lost because they are not available "
                                r"in Kafka any more")
 _REASON: Final = re.compile(r"Reason: ([^\n]+)")
+#: The columns of Spark's Kafka rows that :func:`decode_batches` reads, in its order.
+_KAFKA_COLUMNS: Final = ("topic", "partition", "offset", "key", "value")
 
 #: The Kafka client's own timeout: the broker did not answer within the API timeout.
 _TIMEOUT: Final = re.compile(r"org\.apache\.kafka\.common\.errors\.TimeoutException:?[^\n]*")
@@ -70,7 +73,7 @@ def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_ba
            .option("failOnDataLoss", "true")
            .option("kafka.default.api.timeout.ms", timeout_ms)
            .load()
-           .select("topic", "partition", "offset", "key", "value"))
+           .select(*_KAFKA_COLUMNS))
     return raw.mapInArrow(decode_batches(kafka.topic_prefix), SOURCE_SCHEMA)
 
 
@@ -97,7 +100,7 @@ def decode_batches(topic_prefix: str) -> Callable[[Iterable[pa.RecordBatch]],
         for batch in batches:
             rows: list[Row] = []
             for topic, partition, offset, key, value in zip(
-                    *(batch.column(i).to_pylist() for i in range(5)), strict=True):
+                    *(batch.column(c).to_pylist() for c in _KAFKA_COLUMNS), strict=True):
                 name = logical.get(topic)
                 if name is None:
                     name = logical[topic] = topic.removeprefix(topic_prefix)

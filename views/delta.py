@@ -43,6 +43,8 @@ from collections.abc import Collection, Iterator, Mapping
 from enum import IntEnum
 from typing import NamedTuple
 
+from views.row import columns_of, ddl
+
 Key = tuple[int, int]
 """A timeline position: (created_at, tweet_id); larger is newer."""
 
@@ -88,12 +90,9 @@ class Delta(NamedTuple):
 
 
 DELTA_FIELDS = Delta._fields
-DELTA_DDL = (
-    "kind int not null, user_id long not null, tweet_id long not null, "
-    "author_id long not null, created_at long not null, flag int not null, "
-    "text string, name string, topic string, partition int not null, "
-    "offset long not null, raw binary"
-)
+#: The delta row's columns, from :class:`Delta`'s fields, and Spark's schema of them.
+DELTA_COLUMNS = columns_of(Delta, int32=("kind", "flag", "partition"))
+DELTA_DDL = ddl(DELTA_COLUMNS)
 
 
 def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]],

@@ -56,8 +56,9 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from views.delta import DELTA_DDL, Delta, DeltaKind
+from views.delta import DELTA_COLUMNS, Delta, DeltaKind
 from views.errors import StoreError
+from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow
 from views.stores import cassandra_cql as cql
 from views.stores.base import BatchStats, Store, WritePlan
@@ -68,12 +69,15 @@ from views.stores.cassandra_tasks import TaskWriter, writer
 log = logging.getLogger(__name__)
 
 #: Stage 1's output: deltas one user each (``user_id``), and the shuffle key.
-ROUTED_DDL: Final = DELTA_DDL + ", route long not null"
+_ROUTED_COLUMNS: Final = (*DELTA_COLUMNS, Column("route", BIGINT))
+ROUTED_DDL: Final = ddl(_ROUTED_COLUMNS)
 #: Stage 2's output, collected to the driver: a tally row per task (``topic`` null),
 #: and per Kafka partition the highest offset and event time the task saw.
-TALLY_DDL: Final = ("topic string, partition int not null, offset long not null, "
-                    "max_event_time long not null, rows long not null, adds long not null, "
-                    "removes long not null, dead long not null")
+_TALLY_COLUMNS: Final = (
+    Column("topic", STRING, nullable=True), Column("partition", INT),
+    *(Column(n, BIGINT) for n in ("offset", "max_event_time", "rows", "adds", "removes",
+                                  "dead")))
+TALLY_DDL: Final = ddl(_TALLY_COLUMNS)
 #: Not a :class:`DeltaKind`: stage 1's counts (rows in ``offset``, dead letters in
 #: ``partition``), riding to stage 2 in a routed row.
 TALLY: Final = 0
@@ -83,18 +87,8 @@ _TWEET_SIDE: Final = frozenset({DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNF
 #: Kinds routed to stage 1 by tweet id (the rest by their user or author).
 _BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
                     DeltaKind.TL_ADD, DeltaKind.FANOUT)
-_LONG: Final = ("user_id", "tweet_id", "author_id", "created_at", "offset", "route")
-_ROUTED_SCHEMA: Final = pa.schema(
-    [pa.field("kind", pa.int32(), False)]
-    + [pa.field(n, pa.int64(), False) for n in _LONG[:4]]
-    + [pa.field("flag", pa.int32(), False), pa.field("text", pa.string()),
-       pa.field("name", pa.string()), pa.field("topic", pa.string()),
-       pa.field("partition", pa.int32(), False), pa.field("offset", pa.int64(), False),
-       pa.field("raw", pa.binary()), pa.field("route", pa.int64(), False)])
-_TALLY_SCHEMA: Final = pa.schema(
-    [pa.field("topic", pa.string()), pa.field("partition", pa.int32(), False)]
-    + [pa.field(n, pa.int64(), False)
-       for n in ("offset", "max_event_time", "rows", "adds", "removes", "dead")])
+_ROUTED_SCHEMA: Final = arrow_schema(_ROUTED_COLUMNS)
+_TALLY_SCHEMA: Final = arrow_schema(_TALLY_COLUMNS)
 
 
 # -- stage 1: by tweet ------------------------------------------------------------------------
@@ -103,8 +97,9 @@ class _Routed:
     """Stage 1's output rows, gathered column-wise (fan-out rows arrive as arrays)."""
 
     def __init__(self) -> None:
-        self.numeric: dict[str, list[Any]] = {n: [] for n in
-                                              ("kind", "flag", "partition", *_LONG)}
+        # Every non-null column; the nullable ones come only with keyed rows.
+        self.numeric: dict[str, list[Any]] = {c.name: [] for c in _ROUTED_COLUMNS
+                                              if not c.nullable}
         self.keyed: list[Delta] = []  # rows with strings: profiles, offsets, tallies
 
     def rows(self, kind: int, users: Any, *, tweet: Any = 0, author: Any = 0,

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NamedTuple
 
-from ingest.events import TOPIC_RANK, Delete, Event, Follow, Post
+from ingest.events import TOPIC_RANK, Event
 from views.delta import Delta, DeltaKind, Key, pack
-from views.kinds import Kind
+from views.row import Kind, event_fields
 
 NO_KEY: Key = (-1, -1)
 
@@ -99,7 +99,9 @@ class Change(NamedTuple):
     """One event, flattened, with its place in the log; sorts in apply order.
 
     Flat tuples rather than the ingest event objects: the processor builds one per
-    record, and that construction cost showed in profiles.
+    record, and that construction cost showed in profiles. Every field but ``rank``
+    is the source row's column of the same name (:mod:`views.row`), which is how the
+    processor reads them.
     """
 
     created_at: int
@@ -113,16 +115,10 @@ class Change(NamedTuple):
 
     @classmethod
     def of(cls, event: Event, offset: int = 0) -> Change:
-        """The change of an ingest event (``other_id`` is a follow's follower)."""
-        rank = TOPIC_RANK[event.topic]
-        if isinstance(event, Post):
-            return cls(event.created_at, rank, offset, Kind.POST, event.tweet_id, 0, event.text)
-        if isinstance(event, Delete):
-            return cls(event.created_at, rank, offset, Kind.DELETE, event.tweet_id)
-        if isinstance(event, Follow):
-            kind = Kind.FOLLOW if event.active else Kind.UNFOLLOW
-            return cls(event.created_at, rank, offset, kind, 0, event.follower_id)
-        return cls(event.created_at, rank, offset, Kind.USER, 0, 0, event.handle, event.name)
+        """The change of an ingest event: the event columns of its source row."""
+        kind, _key, created_at, tweet_id, other_id, text, name = event_fields(event)
+        return cls(created_at, TOPIC_RANK[event.topic], offset, kind, tweet_id, other_id,
+                   text, name)
 
 
 _ORDER = itemgetter(0, 1, 2)

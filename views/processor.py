@@ -31,12 +31,11 @@ from ingest.events import TOPIC_RANK
 from views.codec import decode_bucket, decode_state, encode_bucket, encode_state
 from views.delta import DELTA_FIELDS, Delta, DeltaKind
 from views.join import Change, JoinConfig, apply_batch
-from views.kinds import Kind
+from views.row import Kind
 
 log = logging.getLogger(__name__)
 
 STATE_SCHEMA = StructType([StructField("authors", BinaryType(), False)])
-_CHANGE_COLUMNS = ("created_at", "offset", "kind", "tweet_id", "other_id", "text", "name")
 
 
 def read_rows(frames: Iterator[pd.DataFrame]) -> tuple[dict[int, list[Change]], list[Delta]]:
@@ -51,12 +50,9 @@ def read_rows(frames: Iterator[pd.DataFrame]) -> tuple[dict[int, list[Change]], 
             dead += _dead_letters(frame[invalid])
             frame = frame[~invalid]
         ranks = frame["topic"].map(TOPIC_RANK).tolist()
-        rows = zip(*(frame[c].tolist() for c in _CHANGE_COLUMNS), strict=True)
-        for key, change in zip(frame["key"].tolist(), map(Change._make, (
-                (at, rank, off, kind, tweet, other, text, name)
-                for rank, (at, off, kind, tweet, other, text, name) in zip(ranks, rows,
-                                                                          strict=True))),
-                               strict=True):
+        columns = [ranks if name == "rank" else frame[name].tolist() for name in Change._fields]
+        for key, change in zip(frame["key"].tolist(),
+                               map(Change._make, zip(*columns, strict=True)), strict=True):
             changes.setdefault(key, []).append(change)
     offsets = [Delta(DeltaKind.OFFSET, created_at=at, topic=t, partition=p, offset=o)
                for (t, p), (o, at) in marks.items()]

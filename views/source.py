@@ -9,10 +9,10 @@ live in Spark's checkpoint as ``{"<physical topic>:<partition>": next_offset}``,
 serialized with sorted keys because Spark compares offsets as JSON text.
 
 Every record becomes exactly one row of :data:`SOURCE_SCHEMA` through the pure
-function :func:`event_row`: a valid event gets its :class:`~views.kinds.Kind` and
+function :func:`event_row`: a valid event gets its :class:`~views.row.Kind` and
 fields, anything else (a tombstone, bad JSON, a wrong key, a contract violation) a
 ``Kind.INVALID`` row with the reason and the raw bytes, for the dead-letter table.
-Integer columns are non-nullable so that ids near 2^63 never pass through float64.
+The row's columns, and the schemas here, come from :mod:`views.row`.
 
 ``read()`` yields Arrow batches whose schema is exactly Spark's Arrow schema of
 :data:`SOURCE_SCHEMA` (Spark rejects any other). The end of each partition is Kafka's
@@ -43,21 +43,22 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StructType
 
 from ingest.errors import InvalidEvent
-from ingest.events import Delete, Event, Follow, Post, UserUpsert, decode
+from ingest.events import decode
 from ingest.settings import KafkaSettings
 from views.errors import OffsetsPastEnd
 from views.kafka_offsets import TP, EndOffsets, KafkaReadError, consumer_config, retrying
-from views.kinds import Kind
+from views.row import (
+    NO_EVENT,
+    SOURCE_COLUMNS,
+    Row,
+    arrow_schema,
+    ddl,
+    event_fields,
+    struct_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,45 +66,10 @@ FORMAT: Final = "fanout-kafka"
 #: Raw bytes kept for a dead letter; longer values are cut here.
 MAX_RAW: Final = 64 * 1024
 
-SOURCE_DDL: Final = (
-    "topic STRING NOT NULL, `partition` INT NOT NULL, offset BIGINT NOT NULL, "
-    "kind INT NOT NULL, key BIGINT NOT NULL, created_at BIGINT NOT NULL, "
-    "tweet_id BIGINT NOT NULL, other_id BIGINT NOT NULL, "
-    "text STRING, name STRING, error STRING, raw BINARY"
-)
-SOURCE_SCHEMA: Final = StructType([
-    StructField("topic", StringType(), nullable=False),
-    StructField("partition", IntegerType(), nullable=False),
-    StructField("offset", LongType(), nullable=False),
-    StructField("kind", IntegerType(), nullable=False),
-    StructField("key", LongType(), nullable=False),
-    StructField("created_at", LongType(), nullable=False),
-    StructField("tweet_id", LongType(), nullable=False),
-    StructField("other_id", LongType(), nullable=False),
-    StructField("text", StringType(), nullable=True),
-    StructField("name", StringType(), nullable=True),
-    StructField("error", StringType(), nullable=True),
-    StructField("raw", BinaryType(), nullable=True),
-])
+SOURCE_DDL: Final = ddl(SOURCE_COLUMNS)
+SOURCE_SCHEMA: Final = struct_type(SOURCE_COLUMNS)
 #: Spark's Arrow schema of SOURCE_SCHEMA, which read() batches must match exactly.
-ARROW_SCHEMA: Final = pa.schema([
-    pa.field("topic", pa.string(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("kind", pa.int32(), nullable=False),
-    pa.field("key", pa.int64(), nullable=False),
-    pa.field("created_at", pa.int64(), nullable=False),
-    pa.field("tweet_id", pa.int64(), nullable=False),
-    pa.field("other_id", pa.int64(), nullable=False),
-    pa.field("text", pa.string()),
-    pa.field("name", pa.string()),
-    pa.field("error", pa.string()),
-    pa.field("raw", pa.binary()),
-])
-
-#: One source row, in SOURCE_SCHEMA order.
-Row = tuple[str, int, int, int, int, int, int, int, str | None, str | None, str | None,
-            bytes | None]
+ARROW_SCHEMA: Final = arrow_schema(SOURCE_COLUMNS)
 
 _T = TypeVar("_T")
 
@@ -124,34 +90,13 @@ def event_row(topic: str, partition: int, offset: int, key: bytes | None,
     except Exception as exc:  # a record must never stop the job, whatever it holds
         return _invalid_row(topic, partition, offset, value,
                             f"undecodable record ({type(exc).__name__}: {exc})")
-    return (topic, partition, offset, *_event_fields(event))
-
-
-def _event_fields(event: Event) -> tuple[int, int, int, int, int, str | None, str | None,
-                                         None, None]:
-    """(kind, key, created_at, tweet_id, other_id, text, name, error, raw)."""
-    if isinstance(event, Post):
-        return (Kind.POST, event.author_id, event.created_at, event.tweet_id, 0,
-                event.text, None, None, None)
-    if isinstance(event, Delete):
-        return (Kind.DELETE, event.author_id, event.created_at, event.tweet_id, 0,
-                None, None, None, None)
-    if isinstance(event, Follow):
-        kind = Kind.FOLLOW if event.active else Kind.UNFOLLOW
-        return (kind, event.followee_id, event.created_at, 0, event.follower_id,
-                None, None, None, None)
-    if isinstance(event, UserUpsert):
-        return (Kind.USER, event.user_id, event.created_at, 0, 0,
-                event.handle, event.name, None, None)
-    msg = f"no row layout for event {event!r}"
-    raise TypeError(msg)
+    return (topic, partition, offset, *event_fields(event), None, None)
 
 
 def _invalid_row(topic: str, partition: int, offset: int, value: bytes | None,
                  reason: str) -> Row:
     raw = None if value is None else bytes(value[:MAX_RAW])
-    return (topic, partition, offset, Kind.INVALID, 0, 0, 0, 0, None, None,
-            reason or "invalid record", raw)
+    return (topic, partition, offset, *NO_EVENT, reason or "invalid record", raw)
 
 
 def rows_to_batch(rows: list[Row]) -> pa.RecordBatch:
