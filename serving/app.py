@@ -21,9 +21,8 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +30,7 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from ingest.consistency import MAX_TOKEN
 from ingest.settings import KafkaSettings
@@ -38,24 +38,27 @@ from ingest.snowflake import Snowflake
 from ingest.writer import SharedProducer
 from serving.auth import Auth
 from serving.celebrities import CelebrityCache
-from serving.cursor import decode_cursor, encode_cursor
+from serving.cursor import decode_cursor
 from serving.errors import ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
 from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
+from serving.pagecache import Cached, PageCache, StoreVersion, etag_of, matches
 from serving.query import only_query
+from serving.render import entry_dict, iso_millis, live_rows, page_body
 from serving.settings import ServingSettings
 from serving.timeline import PageFn, author_page, home_page, read_time_page
 from serving.writes import write_router
 from views.delta import Key
 from views.stores import store_from_url
-from views.stores.base import Entry, Store, TweetRow, UserRow
+from views.stores.base import Entry, Store
+from views.stores.sqlite import SQLiteStore
+
+__all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
 logger = logging.getLogger(__name__)
-
-_EPOCH = datetime(1970, 1, 1)  # naive UTC, rendered with a "Z" suffix
 
 
 # -- response bodies (also the OpenAPI schema) ---------------------------------------
@@ -178,9 +181,11 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
             logger.info("serving from %s (auth %s)", app.state.store_label,
                         "on" if settings.auth else "OFF")
         app.state.celebrities = _celebrity_cache(settings, app.state.store)
+        app.state.version = StoreVersion(app.state.store)
         try:
             yield
         finally:
+            app.state.version.close()
             if app.state.celebrities is not None:
                 app.state.celebrities.stop()
             writer.close()
@@ -216,8 +221,14 @@ def _redact(url: str) -> str:
 # -- timelines -----------------------------------------------------------------------
 
 
+_CACHE_CONTROL = "private, no-cache"  # a client may keep a page, but must revalidate
+_NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not modified: If-None-Match named this page's current ETag."}}
+
+
 def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness) -> APIRouter:
     fan_out = settings.read_mode == "fanout"  # else fan-out on read: every home is a query
+    pages = _Pages(PageCache(settings.page_cache_mb << 20), freshness)
     router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS,
                        dependencies=[Depends(only_query({"limit", "cursor", "after"}))])
     user_id_t = Annotated[str, Path(
@@ -235,13 +246,16 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
                     "applied that write; the page then says whether it had (consistent).")]
     caller_t = Annotated[int | None, Depends(auth.caller)]
 
-    @router.get("/home", summary="Home timeline, newest first", response_model_exclude_unset=True,
-                responses=_AUTH_ERRORS)
-    def home(request: Request, user_id: user_id_t, caller: caller_t, limit: limit_t = None,
-             cursor: cursor_t = None, after: after_t = None) -> TimelinePage:
+    @router.get("/home", summary="Home timeline, newest first", response_model=TimelinePage,
+                response_model_exclude_unset=True, responses={**_AUTH_ERRORS, **_NOT_MODIFIED})
+    async def home(request: Request, user_id: user_id_t, caller: caller_t,
+                   limit: limit_t = None, cursor: cursor_t = None,
+                   after: after_t = None) -> Response:
         """Tweets of everyone the user follows (fan-out cache merged with celebrities).
 
-        With auth on, only the user's own bearer token may read it.
+        With auth on, only the user's own bearer token may read it. Pages without
+        ``after`` carry an ``ETag``; ``If-None-Match`` with it answers 304 while the
+        page is unchanged.
         """
         user = parse_id(user_id, "user_id")
         if caller is not None and caller != user:
@@ -249,16 +263,17 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
             raise Forbidden(msg, field="user_id")
         read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
         cache = getattr(request.app.state, "celebrities", None)
-        return read.page(_home_fn(fan_out, cache, after), freshness)
+        return await pages.answer(request, read, _home_fn(fan_out, cache, after), "home", cache)
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
-                response_model_exclude_unset=True)
-    def tweets(request: Request, user_id: user_id_t, limit: limit_t = None,
-               cursor: cursor_t = None, after: after_t = None) -> TimelinePage:
-        """The user's own live tweets (public)."""
+                response_model=TimelinePage, response_model_exclude_unset=True,
+                responses=_NOT_MODIFIED)
+    async def tweets(request: Request, user_id: user_id_t, limit: limit_t = None,
+                     cursor: cursor_t = None, after: after_t = None) -> Response:
+        """The user's own live tweets (public); ETag and 304 as for the home timeline."""
         user = parse_id(user_id, "user_id")
         read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
-        return read.page(author_page, freshness)
+        return await pages.answer(request, read, author_page, "tweets", None)
 
     return router
 
@@ -281,15 +296,56 @@ class _Read:
         self.store, self.user, self.limit, self.after = store, user, limit, after
         self.below = _below(cursor)
 
-    def page(self, page_fn: PageFn, freshness: Freshness) -> TimelinePage:
-        consistent = freshness.wait(self.store, self.after) if self.after is not None else None
+    def body(self, page_fn: PageFn, freshness: Freshness | None) -> bytes:
+        """The page as JSON (waiting for ``after`` first, if given)."""
+        consistent = None
+        if self.after is not None and freshness is not None:
+            consistent = freshness.wait(self.store, self.after)
         page = page_fn(self.store, self.user, self.below, self.limit)
-        out = TimelinePage(
-            user_id=str(self.user), entries=hydrate(self.store, page.entries),
-            next_cursor=encode_cursor(page.next_key) if page.next_key is not None else None)
-        if consistent is not None:
-            out.consistent = consistent
-        return out
+        entries = [entry_dict(t, u) for t, u in live_rows(self.store, page.entries)]
+        return page_body(self.user, entries, page.next_key, consistent)
+
+
+class _Pages:
+    """Answers page requests from the page cache or by rendering (:mod:`serving.pagecache`).
+
+    SQLite reads take microseconds in this process, so they run on the event loop (a
+    worker thread would cost more than the read); a network store's reads and every
+    ``?after=`` wait run on worker threads.
+    """
+
+    def __init__(self, cache: PageCache, freshness: Freshness) -> None:
+        self.cache, self.freshness = cache, freshness
+
+    async def answer(self, request: Request, read: _Read, page_fn: PageFn, kind: str,
+                     celebrities: CelebrityCache | None) -> Response:
+        if read.after is not None:  # read-your-writes: never from the cache, no ETag
+            body = await run_in_threadpool(read.body, page_fn, self.freshness)
+            return Response(body, media_type="application/json")
+        version: StoreVersion = request.app.state.version
+        args = (read, page_fn, (kind, read.user, read.below, read.limit), version, celebrities)
+        if isinstance(read.store, SQLiteStore):
+            page = self._page(*args)
+        else:
+            page = await run_in_threadpool(self._page, *args)
+        headers = {"ETag": page.etag, "Cache-Control": _CACHE_CONTROL}
+        if matches(request.headers.get("if-none-match"), page.etag):
+            return Response(status_code=304, headers=headers)
+        return Response(page.body, media_type="application/json", headers=headers)
+
+    def _page(self, read: _Read, page_fn: PageFn, key: Hashable, version: StoreVersion,
+              celebrities: CelebrityCache | None) -> Cached:
+        def now() -> Hashable:
+            return version(), celebrities.generation if celebrities is not None else 0
+
+        before = now()
+        page = self.cache.get(key, before)
+        if page is None:
+            body = read.body(page_fn, None)
+            page = Cached(body, etag_of(body), before)
+            if now() == before:  # nothing committed while rendering: the page is `before`'s
+                self.cache.put(key, page)
+        return page
 
 
 def _author_of(request: Request, tweet_id: int) -> int | None:
@@ -305,26 +361,12 @@ def _below(cursor: str | None) -> Key | None:
 
 
 def hydrate(store: Store, entries: list[Entry]) -> list[TimelineEntry]:
-    """Entries with text and author, in two bulk reads; tweets deleted meanwhile are dropped."""
-    if not entries:
-        return []
-    found = store.tweets([e.tweet_id for e in entries])
-    live = [t for e in entries if (t := found.get(e.tweet_id)) is not None and not t.deleted]
-    users = store.users(list(dict.fromkeys(t.author_id for t in live))) if live else {}
-    return [_entry(t, users.get(t.author_id)) for t in live]
+    """Entries with text and author, in two bulk reads; tweets deleted meanwhile are dropped.
 
-
-def _entry(tweet: TweetRow, user: UserRow | None) -> TimelineEntry:
-    author = Author(id=str(tweet.author_id), handle=user.handle if user else None,
-                    name=user.name if user else None)
-    return TimelineEntry(tweet_id=str(tweet.tweet_id), created_at=tweet.created_at,
-                         created_at_iso=iso_millis(tweet.created_at), text=tweet.text,
-                         author=author)
-
-
-def iso_millis(ms: int) -> str:
-    """Epoch milliseconds as ISO 8601 UTC with milliseconds and a ``Z``."""
-    return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds") + "Z"
+    The models of the schema, for callers outside the hot path (the routes serialize
+    :func:`serving.render.entry_dict` directly).
+    """
+    return [TimelineEntry.model_validate(entry_dict(t, u)) for t, u in live_rows(store, entries)]
 
 
 # -- health and metrics ----------------------------------------------------------------

@@ -117,8 +117,11 @@ class Auth:
         self.on = settings.auth
         self._secret = settings.secret() if settings.auth else b""
 
-    def caller(self, credentials: Credentials) -> int | None:
-        """Dependency: the verified caller's id (401 without one); None when auth is off."""
+    async def caller(self, credentials: Credentials) -> int | None:
+        """Dependency: the verified caller's id (401 without one); None when auth is off.
+
+        Async although it does no I/O: FastAPI runs a sync dependency on a worker thread.
+        """
         if not self.on:
             return None
         return self._verified(credentials)

@@ -66,6 +66,8 @@ class CelebrityCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.refreshed_at = 0.0
+        #: Bumped whenever what a page may take from here changes (serving.pagecache).
+        self.generation = 0
 
     def start(self) -> CelebrityCache:
         try:
@@ -94,6 +96,7 @@ class CelebrityCache:
         merged = _Merged.of(lists)
         with self._lock:
             self._lists, self._merged = lists, merged
+            self.generation += 1
         self.refreshed_at = time.monotonic()
 
     def _load(self, authors: Sequence[int]) -> dict[int, _Recent]:
@@ -129,6 +132,7 @@ class CelebrityCache:
             loaded = self._load(missing)
             with self._lock:
                 self._lists = known = {**self._lists, **loaded}
+                self.generation += 1
         return [known[c] for c in celebrities]
 
 

@@ -6,18 +6,21 @@ get a default it did not ask for; routes that take no query parameters refuse an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Awaitable, Callable, Set
 
 from fastapi import Request
 
 from serving.errors import BadRequest
 
 
-def only_query(allowed: Set[str] = frozenset()) -> Callable[[Request], None]:
-    """A dependency refusing query parameters outside ``allowed`` (typos, mostly)."""
+def only_query(allowed: Set[str] = frozenset()) -> Callable[[Request], Awaitable[None]]:
+    """A dependency refusing query parameters outside ``allowed`` (typos, mostly).
+
+    Async although it does no I/O: FastAPI runs a sync dependency on a worker thread.
+    """
     takes = ", ".join(sorted(allowed)) or "none"
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:
         unknown = sorted(set(request.query_params) - allowed)
         if unknown:
             name = unknown[0][:40]

@@ -59,6 +59,10 @@ class ServingSettings(FanoutSettings):
                                                  "celebrity_refresh_s"),
         description="How often the in-process cache of celebrities' recent tweets is "
                     "reloaded (its staleness bound); 0 reads them from the store.")
+    page_cache_mb: int = Field(
+        default=64, ge=0, validation_alias=_env("FANOUT_API_PAGE_CACHE_MB", "page_cache_mb"),
+        description="Rendered pages each API process keeps (MiB), re-validated against the "
+                    "store on every read (serving.pagecache); 0 renders every read.")
     read_mode: Literal["fanout", "read"] = Field(
         default="fanout", validation_alias=_env(READ_MODE_ENV, "read_mode"),
         description="fanout: the materialized view (cache + celebrity merge); read: "
