@@ -39,7 +39,13 @@ from infra.stack import (
 )
 from ingest.settings import PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 from ingest.topics import create_topics
-from serving.settings import API_HOST_ENV, API_PORT_ENV, AUTH_SECRET_ENV, ServingSettings
+from serving.settings import (
+    API_HOST_ENV,
+    API_PORT_ENV,
+    API_WORKERS_ENV,
+    AUTH_SECRET_ENV,
+    ServingSettings,
+)
 from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
@@ -238,7 +244,9 @@ def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
         new = port or free_port(host)
         log.warning("the API's port %s is taken: it moves to %d", old, new)
         stack.api_url = f"http://{host}:{new}"
-    process = spawn(run_dir, "serve", [], stack.env())
+    env = stack.env()
+    env.setdefault(API_WORKERS_ENV, str(os.cpu_count() or 1))  # one API process per core
+    process = spawn(run_dir, "serve", [], env)
     stack.pids["api"], stack.markers["api"] = process.pid, MARKER
     started.append("api")
     wait_for_http(f"{stack.api_url}/healthz", process, timeout=60,

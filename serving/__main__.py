@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
                              f"({env('store_url')})")
     parser.add_argument("--max-page", dest="max_page", type=int,
                         help=f"largest page a request may ask for ({env('max_page')})")
+    parser.add_argument("--workers", type=int,
+                        help=f"API processes sharing the port, 0: one per core ({env('workers')})")
     parser.add_argument("--access-log", dest="access_log", action=argparse.BooleanOptionalAction,
                         help=f"log every request ({env('access_log')})")
     parser.add_argument("--auth", dest="auth", action=argparse.BooleanOptionalAction,

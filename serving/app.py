@@ -21,6 +21,8 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 
 import functools
 import logging
+import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -50,6 +52,7 @@ from serving.query import only_query
 from serving.render import entry_dict, iso_millis, live_rows, page_body
 from serving.settings import ServingSettings
 from serving.timeline import PageFn, author_page, home_page, read_time_page
+from serving.workers import run as run_workers
 from serving.writes import write_router
 from views.delta import Key
 from views.stores import store_from_url
@@ -159,14 +162,31 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
 
     Exits with status 2 and one clear log line when the settings cannot work (auth on
     without a secret), before binding the port.
+    With ``settings.workers`` > 1 (0: one per core), that many processes serve the
+    port (:mod:`serving.workers`).
     """
+    kafka = kafka or KafkaSettings()
     try:
-        app = create_app(settings, kafka=kafka or KafkaSettings())
+        app = create_app(settings, kafka=kafka)
     except ConfigError as exc:
         logger.error("cannot start the API: %s", exc.message)
         raise SystemExit(2) from None
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                access_log=settings.access_log)
+    workers = settings.workers or os.cpu_count() or 1
+    if workers == 1:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+                    access_log=settings.access_log)
+        return
+    first_id = settings.worker_id if settings.worker_id is not None else secrets.randbelow(1024)
+
+    def config(index: int) -> uvicorn.Config:
+        # Each process mints tweet ids with its own Snowflake worker id.
+        own = settings.model_copy(update={"worker_id": (first_id + index) % 1024})
+        return uvicorn.Config(create_app(own, kafka=kafka), log_level="info",
+                              access_log=settings.access_log)
+
+    status = run_workers(config, settings.host, settings.port, workers)
+    if status:
+        raise SystemExit(status)
 
 
 def _lifespan(settings: ServingSettings, injected: Store | None,

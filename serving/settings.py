@@ -18,7 +18,7 @@ from ingest.settings import env_alias as _env
 from serving.errors import ConfigError
 from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, TIMELINE_CAP_ENV
 
-__all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
+__all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "API_WORKERS_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
            "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings")
 
 API_HOST_ENV: Final = "FANOUT_API_HOST"
@@ -28,6 +28,7 @@ ACCESS_LOG_ENV: Final = "FANOUT_API_ACCESS_LOG"
 AUTH_ENV: Final = "FANOUT_AUTH"
 AUTH_SECRET_ENV: Final = "FANOUT_AUTH_SECRET"  # noqa: S105 - the variable's name
 WORKER_ID_ENV: Final = "FANOUT_WORKER_ID"
+API_WORKERS_ENV: Final = "FANOUT_API_WORKERS"
 
 #: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
 MIN_SECRET = 16
@@ -59,6 +60,10 @@ class ServingSettings(FanoutSettings):
                                                  "celebrity_refresh_s"),
         description="How often the in-process cache of celebrities' recent tweets is "
                     "reloaded (its staleness bound); 0 reads them from the store.")
+    workers: int = Field(
+        default=1, ge=0, le=256, validation_alias=_env(API_WORKERS_ENV, "workers"),
+        description="API processes sharing the port (SO_REUSEPORT); 0: one per core "
+                    "(`fanout up` starts one per core unless this is set).")
     page_cache_mb: int = Field(
         default=64, ge=0, validation_alias=_env("FANOUT_API_PAGE_CACHE_MB", "page_cache_mb"),
         description="Rendered pages each API process keeps (MiB), re-validated against the "
