@@ -49,10 +49,9 @@ from pipeline import ROOT, percentile, save
 
 sys.path.insert(0, str(ROOT))
 
-from views.delta import Delta, DeltaKind  # noqa: E402
 from views.stores import cassandra_cql as cql  # noqa: E402
 from views.stores import cassandra_rows as rows_mod  # noqa: E402
-from views.stores.base import WritePlan  # noqa: E402
+from views.stores.base import ProfileRow, TweetRow, WritePlan  # noqa: E402
 from views.stores.cassandra import CassandraStore  # noqa: E402
 from views.stores.cassandra_config import parse_url  # noqa: E402
 from views.stores.cassandra_tasks import TaskWriter  # noqa: E402
@@ -115,16 +114,16 @@ def _plan(rng: random.Random, args: argparse.Namespace, next_id: list[int], base
         tweet, author = next_id[0], rng.randint(1, args.users)
         created = base + tweet
         if with_tweets:
-            plan.tweets[tweet] = Delta(DeltaKind.TWEET, tweet_id=tweet, author_id=author,
-                                       created_at=created, text=f"tweet {tweet} " + "x" * 80)
+            plan.tweets[tweet] = TweetRow(tweet, author, created, f"tweet {tweet} " + "x" * 80,
+                                          False)
         plan.adds += [(u, created, tweet, author)
                       for u in rng.sample(range(1, args.users + 1), args.fanout)]
     return plan
 
 
 def _profiles(args: argparse.Namespace) -> WritePlan:
-    return WritePlan(users={u: Delta(DeltaKind.USER, user_id=u, created_at=1, text=f"u{u}",
-                                     name=f"User {u}") for u in range(1, args.users + 1)})
+    return WritePlan(users={u: ProfileRow(u, f"u{u}", f"User {u}", 1)
+                            for u in range(1, args.users + 1)})
 
 
 def _client(args: argparse.Namespace) -> int:

@@ -200,8 +200,8 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
             app.state.store_label = _redact(settings.store_url)
             logger.info("serving from %s (auth %s)", app.state.store_label,
                         "on" if settings.auth else "OFF")
-        app.state.celebrities = _celebrity_cache(settings, app.state.store)
         app.state.version = StoreVersion(app.state.store)
+        app.state.celebrities = _celebrity_cache(settings, app.state.store, app.state.version)
         try:
             yield
         finally:
@@ -215,11 +215,12 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
     return lifespan
 
 
-def _celebrity_cache(settings: ServingSettings, store: Store) -> CelebrityCache | None:
+def _celebrity_cache(settings: ServingSettings, store: Store,
+                     version: StoreVersion) -> CelebrityCache | None:
     """The in-process cache of celebrities' tweets (none in fan-out-on-read mode)."""
     if settings.read_mode != "fanout" or settings.celebrity_refresh_s <= 0:
         return None
-    return CelebrityCache(store, depth=settings.timeline_cap,
+    return CelebrityCache(store, depth=settings.timeline_cap, version=version,
                           refresh_s=settings.celebrity_refresh_s).start()
 
 

@@ -5,11 +5,22 @@ asks the store once for the user's celebrity list and takes each celebrity's
 tweets from here, so store round trips per request do not grow with the number of
 celebrities followed.
 
-**Staleness.** A background refresh reloads every celebrity's newest ``depth``
-tweets in one query every ``refresh_s`` seconds; a read sees a celebrity's tweets as
-of at most ``refresh_s`` + one refresh ago. A celebrity the cache does not know yet
-(just promoted) is loaded on first use, synchronously. Reads that must see a given
-write use ``?after=`` (the API then bypasses this cache).
+**Staleness.** A background refresh runs every ``refresh_s`` seconds; a read sees a
+celebrity's tweets as of at most ``refresh_s`` + one refresh ago. A celebrity the
+cache does not know yet (just promoted) is loaded on first use, synchronously. Reads
+that must see a given write use ``?after=`` (the API then bypasses this cache).
+
+**Incremental refresh.** Reloading every celebrity's ``depth`` tweets twice a second
+costs about a core on a large graph, so a refresh does only what changed. When the
+store's ``version`` (:class:`serving.pagecache.StoreVersion`) has not moved, it does
+nothing. Otherwise it reads the celebrity list, loads new celebrities whole, drops
+demoted ones, and reads each held celebrity's newest ``window`` tweets: those above
+the newest held one are added, held ones inside the window that are gone (deleted)
+are dropped, and a celebrity with ``window`` new tweets or more is reloaded whole.
+A delete of an older held tweet (or a tweet arriving late, older than the window) is
+caught by the full reload every ``full_every_s``; until then a deleted entry can make
+a page one entry short after hydration drops it (it is never shown, and cursors
+neither skip nor repeat).
 
 **Depth.** Only the newest ``depth`` tweets of a celebrity are held. Each list knows
 whether it is the celebrity's complete history; a page that would reach below the
@@ -29,7 +40,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from views.delta import Key
@@ -55,11 +66,16 @@ class CelebrityCache:
     """See the module docstring. Thread-safe; start() runs the refresher."""
 
     def __init__(self, store: Store, depth: int = 800, refresh_s: float = 0.5,
-                 walk_from: int = WALK_FROM) -> None:
+                 walk_from: int = WALK_FROM, *, version: Callable[[], Hashable] | None = None,
+                 window: int = 16, full_every_s: float = 60.0) -> None:
         self.store = store
         self.walk_from = walk_from
         self.depth = depth
         self.refresh_s = refresh_s
+        self.version, self.window, self.full_every_s = version, window, full_every_s
+        self._seen: Hashable = None
+        self._full_at = 0.0
+        self.stats = {"full": 0, "incremental": 0, "skipped": 0}
         self._lists: dict[int, _Recent] = {}
         self._merged: _Merged = _Merged.of({})
         self._lock = threading.Lock()
@@ -90,14 +106,43 @@ class CelebrityCache:
             except Exception:  # keep serving the last lists; the next refresh retries
                 log.exception("celebrity cache refresh failed")
 
-    def refresh(self) -> None:
-        """Reload every current celebrity's newest tweets (one store query)."""
-        lists = self._load(self.store.celebrities())
+    def refresh(self, *, full: bool = False) -> None:
+        """Bring the lists up to date: incrementally, or whole when due or asked."""
+        now = time.monotonic()
+        version = self.version() if self.version is not None else None
+        full = full or self.version is None or now - self._full_at >= self.full_every_s
+        if not full and version == self._seen:
+            self.stats["skipped"] += 1
+            self.refreshed_at = now
+            return
+        if full:
+            lists = self._load(self.store.celebrities())
+            self._full_at = now
+        else:
+            lists = self._catch_up(self.store.celebrities())
+        self.stats["full" if full else "incremental"] += 1
         merged = _Merged.of(lists)
         with self._lock:
             self._lists, self._merged = lists, merged
             self.generation += 1
-        self.refreshed_at = time.monotonic()
+        self._seen = version
+        self.refreshed_at = now
+
+    def _catch_up(self, authors: list[int]) -> dict[int, _Recent]:
+        held = self._lists
+        reload = [a for a in authors if a not in held]
+        out: dict[int, _Recent] = {}
+        for author in authors:
+            if author not in held:
+                continue
+            top = self.store.author_tweets([author], None, self.window)
+            caught = _caught_up(held[author], top, self.window, self.depth)
+            if caught is None:
+                reload.append(author)
+            else:
+                out[author] = caught
+        out.update(self._load(reload) if reload else {})
+        return out
 
     def _load(self, authors: Sequence[int]) -> dict[int, _Recent]:
         rows = self.store.recent_by_author(authors, self.depth + 1) if authors else {}
@@ -160,6 +205,26 @@ class _Merged:
                 if len(out) == limit:
                     break
         return out
+
+
+def _caught_up(old: _Recent, newest: list[Entry], window: int, depth: int) -> _Recent | None:
+    """``old`` with ``newest`` (the author's newest ``window`` live tweets, newest first).
+
+    Inside the window the store's answer replaces what was held (new tweets added,
+    deleted ones gone); below it the held entries stay. None when the window may not
+    reach down to what was held (``window`` tweets, all newer): reload whole.
+    """
+    if len(newest) < window:  # the window holds every live tweet of the author
+        entries, complete = list(reversed(newest)), True
+    else:
+        oldest_seen = newest[-1].key
+        if not old.keys or oldest_seen > old.keys[-1]:
+            return None
+        entries = [e for e in old.entries if e.key < oldest_seen] + list(reversed(newest))
+        complete = old.complete
+    if len(entries) > depth:
+        entries, complete = entries[-depth:], False
+    return _Recent(entries, [e.key for e in entries], complete)
 
 
 def _take(entries: Iterable[Entry], limit: int) -> Iterable[Entry]:

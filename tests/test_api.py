@@ -33,7 +33,7 @@ from serving.settings import ServingSettings
 from serving.timeline import home_page
 from tests.cassandra_helpers import fresh_keyspace
 from tests.test_join import Harness
-from views.delta import Delta, DeltaKind, Key
+from views.delta import Delta, Key
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.reference import Reference
@@ -88,8 +88,7 @@ class Filled:
         rng.shuffle(arrivals)  # out of order, as the changelogs may deliver
         for i in range(0, len(arrivals), 37):
             harness.run(arrivals[i:i + 37])
-        harness.store.apply([Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=41,
-                                   created_at=T0)])
+        harness.store.apply([Delta.source_offset("tweets", 1, 41, T0)])
         self.store = harness.store
 
     def readers(self) -> list[int]:

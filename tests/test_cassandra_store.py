@@ -28,7 +28,7 @@ from cassandra.query import tuple_factory
 
 from infra.cli import _parser
 from tests.cassandra_helpers import fresh_keyspace, keyspace_url, new_keyspace_name
-from views.delta import Delta, DeltaKind, pack
+from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import cassandra_cql as cql
 from views.stores import store_from_url
@@ -200,12 +200,12 @@ def _check_markers(ops: list[cql.Op]) -> None:
 
 
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
-    plan = _plan(Delta(DeltaKind.TWEET, 0, 10, 1, 5, 0, "hi"),
-                 Delta(DeltaKind.TWEET, 0, 11, 1, 0, 1),          # time from the table
-                 Delta(DeltaKind.TWEET, 0, 12, 1, 0, 1),          # never posted
-                 Delta(DeltaKind.TWEET, 0, 13, 1, 7, 0, "late"),  # its author deleted it
-                 Delta(DeltaKind.TWEET, 0, 14, 1, 8, 0, "mine"),  # a forged delete before
-                 Delta(DeltaKind.TWEET, 0, 15, 3, 0, 1))          # a forged delete now
+    plan = _plan(Delta.tweet(10, 1, 5, "hi"),
+                 Delta.tweet_deleted(11, 1),       # time from the table
+                 Delta.tweet_deleted(12, 1),       # never posted
+                 Delta.tweet(13, 1, 7, "late"),    # its author deleted it
+                 Delta.tweet(14, 1, 8, "mine"),    # a forged delete before
+                 Delta.tweet_deleted(15, 3))       # a forged delete now
     states = {11: cql.TweetState(4, False, 1), 13: cql.TweetState(None, True, 1),
               14: cql.TweetState(None, True, 3), 15: cql.TweetState(6, False, 1)}
     ops = cql.tweet_ops(plan, states, 100)
@@ -219,10 +219,10 @@ def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
 
 
 def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
-    plan = _plan(Delta(DeltaKind.TL_DEL, 2, 10, 1, 0), Delta(DeltaKind.TL_DEL, 2, 11, 1, 0),
-                 Delta(DeltaKind.TL_DEL, 2, 12, 1, 9), Delta(DeltaKind.TL_DEL, 3, 13, 1, 0),
-                 Delta(DeltaKind.TL_DEL, 3, 16, 5, 0),  # another author's tweet 16
-                 Delta(DeltaKind.TWEET, 0, 11, 1, 6, 1))
+    plan = _plan(Delta.timeline_remove(2, 10, 1), Delta.timeline_remove(2, 11, 1),
+                 Delta.timeline_remove(2, 12, 1, 9), Delta.timeline_remove(3, 13, 1),
+                 Delta.timeline_remove(3, 16, 5),  # another author's tweet 16
+                 Delta.tweet_deleted(11, 1, 6))
     assert cql.lookup_ids(plan) == [10, 11, 13, 16]
     states = {10: cql.TweetState(0, False, 1), 13: cql.TweetState(None, True, 1),
               16: cql.TweetState(3, False, 1)}
@@ -244,9 +244,9 @@ def test_wipes_delete_the_authors_rows_found() -> None:
 
 def test_graph_and_profile_ops() -> None:
     plan = _plan(*pack(1, {}, edges={2: (True, 5), 3: (False, 6)}),
-                 *pack(9, {}, starred={2: True}), Delta(DeltaKind.CELEB, 0, 0, 9, 0, 0),
-                 Delta(DeltaKind.USER, 4, 0, 0, 5, 0, "h", "n"),
-                 Delta(DeltaKind.USER, 5, 0, 0, 2, 0, "old", "o"))
+                 *pack(9, {}, starred={2: True}), Delta.celebrity(9, False),
+                 Delta.profile(4, 5, "h", "n"),
+                 Delta.profile(5, 2, "old", "o"))
     ops = cql.graph_ops(plan, 8) + cql.user_ops(plan.users, {4: 5, 5: 3}, 8)
     _check_markers(ops)
     assert ops == [("follow_on", (2, 1, 5, 8)), ("follow_off", (8, 3, 1)),
@@ -255,8 +255,8 @@ def test_graph_and_profile_ops() -> None:
 
 
 def test_adds_at_or_below_the_horizon_are_dropped() -> None:
-    plan = _plan(Delta(DeltaKind.TL_ADD, 2, 10, 1, 5), Delta(DeltaKind.TL_ADD, 2, 11, 1, 3),
-                 Delta(DeltaKind.TL_ADD, 3, 12, 1, 1), Delta(DeltaKind.TL_ADD, 3, 12, 1, 1),
+    plan = _plan(Delta.timeline_add(2, 10, 1, 5), Delta.timeline_add(2, 11, 1, 3),
+                 Delta.timeline_add(3, 12, 1, 1), Delta.timeline_add(3, 12, 1, 1),
                  *pack(0, {}, horizons={2: (3, 11)}))
     meta = {u: cql.Meta() for u in cql.meta_users(plan)}
     kept = cql.kept_adds(plan, meta)
@@ -282,9 +282,9 @@ def test_trimming_is_amortized_by_the_size_estimate() -> None:
 
 
 def test_bookkeeping_ops() -> None:
-    plan = _plan(Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=41),
-                 Delta(DeltaKind.OFFSET, topic="tweets", partition=1, offset=40),
-                 Delta(DeltaKind.DEAD, text="bad", topic="users", partition=0, offset=3, raw=b"x"))
+    plan = _plan(Delta.source_offset("tweets", 1, 41),
+                 Delta.source_offset("tweets", 1, 40),
+                 Delta.dead_letter("users", 0, 3, "bad", b"x"))
     ops = cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, 99) + cql.BatchRecord(
         12_345, 1000, "d", 99, 3, 0.5, 7).ops() + [cql.clock_op(1000)]
     _check_markers(ops)
@@ -449,10 +449,10 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
     store.open()
     u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11
     try:
-        store.apply([Delta(DeltaKind.TWEET, 0, t1, a, 5, 0, "a"),
-                     Delta(DeltaKind.TL_ADD, u, t1, a, 5), Delta(DeltaKind.TL_ADD, u, t2, a, 6),
+        store.apply([Delta.tweet(t1, a, 5, "a"),
+                     Delta.timeline_add(u, t1, a, 5), Delta.timeline_add(u, t2, a, 6),
                      *pack(a, {}, wipes=[w]),
-                     Delta(DeltaKind.OFFSET, topic="phases", partition=0, offset=4)], 7)
+                     Delta.source_offset("phases", 0, 4)], 7)
         names = [name for name, _ in store.executed]
         first = {n: names.index(n) for n in reversed(names)}
         last = {n: i for i, n in enumerate(names)}
@@ -482,9 +482,9 @@ def test_async_reads_equal_sync_reads(keyspace: str) -> None:
     store._session.default_fetch_size = 2  # small pages, so the bridge pages too
     a, u = 2 * 10**9 + 1, 2 * 10**9 + 2
     try:
-        store.apply([Delta(DeltaKind.TWEET, 0, t, a, t, 0, f"t{t}") for t in range(10, 15)]
-                    + [Delta(DeltaKind.TL_ADD, u, t, a, t) for t in range(10, 15)]
-                    + [Delta(DeltaKind.USER, a, 0, 0, 1, 0, "h", "n"),
+        store.apply([Delta.tweet(t, a, t, f"t{t}") for t in range(10, 15)]
+                    + [Delta.timeline_add(u, t, a, t) for t in range(10, 15)]
+                    + [Delta.profile(a, 1, "h", "n"),
                        *pack(a, {}, edges={u: (True, 1)})])
 
         async def both() -> None:
@@ -565,6 +565,6 @@ def test_the_bridge_ignores_a_result_after_cancellation() -> None:
 
 
 def test_big_ids_fit_the_bound_types() -> None:
-    plan = _plan(Delta(DeltaKind.TL_ADD, BIG, BIG - 1, BIG - 2, 2**62))
+    plan = _plan(Delta.timeline_add(BIG, BIG - 1, BIG - 2, 2**62))
     _check_markers(cql.add_ops(plan.adds, 1))
     assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1

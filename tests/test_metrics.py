@@ -20,17 +20,16 @@ from prometheus_client.samples import Sample
 from serving.app import create_app
 from tests.api_helpers import bearer, open_store, serve, settings, unreachable_kafka
 from tests.test_api import running
-from views.delta import Delta, DeltaKind
+from views.delta import Delta
 from views.stores.sqlite import SQLiteStore
 
 HOME = "/v1/users/{user_id}/home"
 
 
 def _batch(store: SQLiteStore, batch_id: int, event_time: int, dead: int = 0) -> None:
-    deltas = [Delta(DeltaKind.OFFSET, topic="tweets", partition=0, offset=batch_id * 10,
-                    created_at=event_time)]
-    deltas += [Delta(DeltaKind.DEAD, topic="tweets", partition=1, offset=batch_id * 100 + i,
-                     text="bad", raw=b"{") for i in range(dead)]
+    deltas = [Delta.source_offset("tweets", 0, batch_id * 10, event_time)]
+    deltas += [Delta.dead_letter("tweets", 1, batch_id * 100 + i, "bad", b"{")
+               for i in range(dead)]
     store.apply(deltas, batch_id=batch_id)
 
 
@@ -40,7 +39,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteStore]:
     now_ms = int(time.time() * 1000)
     for batch_id in range(3):
         _batch(store, batch_id, now_ms - 60_000 + batch_id * 1000, dead=2)
-    store.apply([Delta(DeltaKind.CELEB, author_id=5, flag=1)])
+    store.apply([Delta.celebrity(5, True)])
     yield store
     store.close()
 

@@ -38,7 +38,7 @@ from serving.app import create_app
 from serving.settings import ServingSettings
 from tests.api_helpers import bearer, open_store, settings
 from tests.test_api import running
-from views.delta import Delta, DeltaKind
+from views.delta import Delta
 from views.stores.sqlite import SQLiteStore
 
 MAX_EXAMPLES = 200
@@ -58,14 +58,11 @@ def _operations() -> list[tuple[str, str]]:
 def _fill(store: SQLiteStore) -> None:
     """A few users, tweets and timelines, so reads have something to hydrate."""
     t0 = 1_700_000_000_000
-    deltas = [Delta(DeltaKind.USER, user_id=u, created_at=t0, text=f"u{u}", name=f"U {u}")
-              for u in (1, 2, FALLBACK_USER)]
+    deltas = [Delta.profile(u, t0, f"u{u}", f"U {u}") for u in (1, 2, FALLBACK_USER)]
     for i in range(30):
         author, tweet = 1 + i % 2, 1000 + i
-        deltas += [Delta(DeltaKind.TWEET, tweet_id=tweet, author_id=author, created_at=t0 + i,
-                         text=f"tweet {i}"),
-                   Delta(DeltaKind.TL_ADD, user_id=FALLBACK_USER, tweet_id=tweet,
-                         author_id=author, created_at=t0 + i)]
+        deltas += [Delta.tweet(tweet, author, t0 + i, f"tweet {i}"),
+                   Delta.timeline_add(FALLBACK_USER, tweet, author, t0 + i)]
     store.apply(deltas)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ingest.events import Follow, Post
 from serving.timeline import home_top
-from views.delta import DELTA_FIELDS, Delta, DeltaKind
+from views.delta import DELTA_FIELDS, Delta
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.local import LocalJoin
@@ -119,9 +119,8 @@ def test_a_failed_store_write_stops_the_query_and_keeps_the_batch(tmp_path):
 
 
 def test_delta_kinds_survive_the_spool(tmp_path):
-    deltas = [Delta(DeltaKind.DEAD, text="bad", topic="tweets", partition=1, offset=7,
-                    raw=b"\x00\xff"), Delta(DeltaKind.OFFSET, created_at=5, topic="tweets",
-                                            partition=1, offset=7)]
+    deltas = [Delta.dead_letter("tweets", 1, 7, "bad", b"\x00\xff"),
+              Delta.source_offset("tweets", 1, 7, 5)]
     store = _store(tmp_path, "d")
     sink = SpoolingSink(store, tmp_path / "spool")
     sink._spool(Frame(deltas).toArrow(), 0)

@@ -28,7 +28,7 @@ from ingest.events import Delete, Event, Follow, Post, UserUpsert
 from serving.timeline import home_top, read_time_page
 from tests.cassandra_helpers import fresh_keyspace
 from tests.test_join import ALL_USERS, BIG, Harness, events
-from views.delta import Delta, DeltaKind, Key, pack
+from views.delta import Delta, Key, pack
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.stores.base import Entry, Store
@@ -132,19 +132,19 @@ def space() -> Space:
 
 
 def post(tweet: int, author: int, at: int, text: str = "x") -> Delta:
-    return Delta(DeltaKind.TWEET, 0, tweet, author, at, 0, text)
+    return Delta.tweet(tweet, author, at, text)
 
 
 def gone(tweet: int, author: int, at: int = 0) -> Delta:
-    return Delta(DeltaKind.TWEET, 0, tweet, author, at, 1)
+    return Delta.tweet_deleted(tweet, author, at)
 
 
 def add(user: int, tweet: int, author: int, at: int) -> Delta:
-    return Delta(DeltaKind.TL_ADD, user, tweet, author, at)
+    return Delta.timeline_add(user, tweet, author, at)
 
 
 def rm(user: int, tweet: int, author: int, at: int = 0) -> Delta:
-    return Delta(DeltaKind.TL_DEL, user, tweet, author, at)
+    return Delta.timeline_remove(user, tweet, author, at)
 
 
 def wipe(user: int, author: int) -> Delta:
@@ -168,20 +168,19 @@ def edge(user: int, celeb: int, on: bool = True) -> Delta:
 
 
 def celeb(author: int, on: bool = True) -> Delta:
-    return Delta(DeltaKind.CELEB, 0, 0, author, 0, int(on))
+    return Delta.celebrity(author, on)
 
 
 def profile(user: int, handle: str, name: str, at: int) -> Delta:
-    return Delta(DeltaKind.USER, user, 0, 0, at, 0, handle, name)
+    return Delta.profile(user, at, handle, name)
 
 
 def offset(topic: str, partition: int, off: int, at: int = 0) -> Delta:
-    return Delta(DeltaKind.OFFSET, created_at=at, topic=topic, partition=partition, offset=off)
+    return Delta.source_offset(topic, partition, off, at)
 
 
 def dead(topic: str, partition: int, off: int, reason: str, raw: bytes) -> Delta:
-    return Delta(DeltaKind.DEAD, text=reason, topic=topic, partition=partition, offset=off,
-                 raw=raw)
+    return Delta.dead_letter(topic, partition, off, reason, raw)
 
 
 def ids(entries: list[Entry]) -> list[int]:

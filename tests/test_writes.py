@@ -31,7 +31,7 @@ from tests.api_helpers import (
     settings,
     unreachable_kafka,
 )
-from views.delta import Delta, DeltaKind
+from views.delta import Delta
 from views.stores.sqlite import SQLiteStore
 
 ME, OTHER = 42, 2**63 - 1
@@ -63,8 +63,8 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
 
 def _applied(store: SQLiteStore, token: str) -> None:
     where = decode_token(token)
-    store.apply([Delta(DeltaKind.OFFSET, topic=where.topic, partition=where.partition,
-                       offset=where.offset, created_at=T0)], batch_id=1)
+    store.apply([Delta.source_offset(where.topic, where.partition, where.offset, T0)],
+                batch_id=1)
 
 
 # -- records in the changelog -------------------------------------------------------------
@@ -111,8 +111,7 @@ def test_delete_follow_unfollow_land_as_records(client: httpx.Client,
 @pytest.mark.broker
 def test_delete_of_a_known_tweet_of_another_author_is_403(client: httpx.Client,
                                                          store: SQLiteStore):
-    store.apply([Delta(DeltaKind.TWEET, tweet_id=77, author_id=OTHER, created_at=T0, text="x"),
-                 Delta(DeltaKind.TWEET, tweet_id=78, author_id=ME, created_at=T0, text="y")])
+    store.apply([Delta.tweet(77, OTHER, T0, "x"), Delta.tweet(78, ME, T0, "y")])
     body = assert_error(client.delete("/v1/tweets/77", headers=bearer(ME)), 403)
     assert body["error"] == "forbidden"
     assert client.delete("/v1/tweets/78", headers=bearer(ME)).status_code == 202

@@ -39,7 +39,7 @@ timeline is exact; reads that go below it evaluate the query at read time.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -73,7 +73,11 @@ class DeltaKind(IntEnum):
 
 
 class Delta(NamedTuple):
-    """One change to one table row; unused fields are 0 / None."""
+    """One change to one table row; unused fields are 0 / None.
+
+    Build deltas with the named constructors below, one per kind: they are the one
+    place that knows which fields a kind uses (the module docstring's table).
+    """
 
     kind: int
     user_id: int = 0
@@ -87,6 +91,102 @@ class Delta(NamedTuple):
     partition: int = 0
     offset: int = 0
     raw: bytes | None = None
+
+    # -- tables ----------------------------------------------------------------------
+    @classmethod
+    def tweet(cls, tweet_id: int, author_id: int, created_at: int, text: str | None) -> Delta:
+        """TWEET: a posted tweet, for hydration and ``author_tweets``."""
+        return cls(DeltaKind.TWEET, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at, text=text)
+
+    @classmethod
+    def tweet_deleted(cls, tweet_id: int, author_id: int, created_at: int = 0) -> Delta:
+        """TWEET with the deleted flag; ``created_at`` 0 when the join no longer knows it."""
+        return cls(DeltaKind.TWEET, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at, flag=1)
+
+    @classmethod
+    def follows(cls, followee_id: int, active: bool, pairs: Sequence[int]) -> Delta:
+        """FOLLOW: edges to ``followee_id``, ``pairs`` flat (follower, created_at) pairs."""
+        return cls(DeltaKind.FOLLOW, author_id=followee_id, flag=int(active),
+                   raw=_longs(pairs))
+
+    @classmethod
+    def celebrity_edges(cls, celebrity_id: int, on: bool, users: Sequence[int]) -> Delta:
+        """CELEB_EDGE: ``users``' edges to the celebrity, on or off."""
+        return cls(DeltaKind.CELEB_EDGE, author_id=celebrity_id, flag=int(on),
+                   raw=_longs(users))
+
+    @classmethod
+    def celebrity(cls, author_id: int, on: bool) -> Delta:
+        """CELEB: the author is on the celebrity path, or back on fan-out."""
+        return cls(DeltaKind.CELEB, author_id=author_id, flag=int(on))
+
+    @classmethod
+    def profile(cls, user_id: int, created_at: int, handle: str | None,
+                name: str | None) -> Delta:
+        """USER: a user's profile as of ``created_at``."""
+        return cls(DeltaKind.USER, user_id=user_id, created_at=created_at, text=handle,
+                   name=name)
+
+    # -- home timelines --------------------------------------------------------------
+    @classmethod
+    def timeline_add(cls, user_id: int, tweet_id: int, author_id: int,
+                     created_at: int) -> Delta:
+        """TL_ADD: one tweet into one user's timeline."""
+        return cls(DeltaKind.TL_ADD, user_id=user_id, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at)
+
+    @classmethod
+    def timeline_remove(cls, user_id: int, tweet_id: int, author_id: int,
+                        created_at: int = 0) -> Delta:
+        """TL_DEL: one tweet out of one user's timeline (``created_at`` 0: not known)."""
+        return cls(DeltaKind.TL_DEL, user_id=user_id, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at)
+
+    @classmethod
+    def fanout(cls, tweet_id: int, author_id: int, created_at: int,
+               users: Sequence[int]) -> Delta:
+        """FANOUT: one tweet into the timelines of ``users``."""
+        return cls(DeltaKind.FANOUT, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at, raw=_longs(users))
+
+    @classmethod
+    def unfanout(cls, tweet_id: int, author_id: int, created_at: int,
+                 users: Sequence[int]) -> Delta:
+        """UNFANOUT: one tweet out of the timelines of ``users``."""
+        return cls(DeltaKind.UNFANOUT, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at, raw=_longs(users))
+
+    @classmethod
+    def backfill(cls, user_id: int, author_id: int, pairs: Sequence[int]) -> Delta:
+        """BACKFILL: the author's tweets, flat (created_at, tweet_id) pairs, into a timeline."""
+        return cls(DeltaKind.BACKFILL, user_id=user_id, author_id=author_id, raw=_longs(pairs))
+
+    @classmethod
+    def timeline_wipe(cls, author_id: int, users: Sequence[int]) -> Delta:
+        """TL_WIPE: every tweet of the author out of the timelines of ``users``."""
+        return cls(DeltaKind.TL_WIPE, author_id=author_id, raw=_longs(users))
+
+    @classmethod
+    def horizon(cls, key: Key, users: Sequence[int]) -> Delta:
+        """HORIZON: raise each of ``users``' horizons to ``key``."""
+        return cls(DeltaKind.HORIZON, tweet_id=key[1], created_at=key[0], raw=_longs(users))
+
+    # -- bookkeeping -----------------------------------------------------------------
+    @classmethod
+    def source_offset(cls, topic: str, partition: int, offset: int,
+                      event_time: int = 0) -> Delta:
+        """OFFSET: the highest offset of a partition seen in the batch, and its event time."""
+        return cls(DeltaKind.OFFSET, created_at=event_time, topic=topic, partition=partition,
+                   offset=offset)
+
+    @classmethod
+    def dead_letter(cls, topic: str, partition: int, offset: int, reason: str,
+                    raw: bytes | None) -> Delta:
+        """DEAD: a record that failed validation, with the reason and its value bytes."""
+        return cls(DeltaKind.DEAD, text=reason, topic=topic, partition=partition,
+                   offset=offset, raw=raw)
 
 
 DELTA_FIELDS = Delta._fields
@@ -109,19 +209,18 @@ def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]],
     """
     out = _pack_timeline(author, home)
     if wipes:
-        out.append(Delta(DeltaKind.TL_WIPE, 0, 0, author, raw=_longs(sorted(wipes))))
-    for flag in (1, 0):
+        out.append(Delta.timeline_wipe(author, sorted(wipes)))
+    for flag in (True, False):
         pairs = [v for u, (on, at) in (edges or {}).items() if on == flag for v in (u, at)]
         if pairs:
-            out.append(Delta(DeltaKind.FOLLOW, 0, 0, author, 0, flag, raw=_longs(pairs)))
+            out.append(Delta.follows(author, flag, pairs))
         users = [u for u, on in (starred or {}).items() if on == flag]
         if users:
-            out.append(Delta(DeltaKind.CELEB_EDGE, 0, 0, author, 0, flag, raw=_longs(users)))
+            out.append(Delta.celebrity_edges(author, flag, users))
     by_key: dict[Key, list[int]] = {}
     for user, key in (horizons or {}).items():
         by_key.setdefault(key, []).append(user)
-    out += [Delta(DeltaKind.HORIZON, 0, t, 0, c, raw=_longs(users))
-            for (c, t), users in by_key.items()]
+    out += [Delta.horizon(key, users) for key, users in by_key.items()]
     return out
 
 
@@ -135,20 +234,19 @@ def _pack_timeline(author: int, home: Mapping[tuple[int, int], tuple[bool, int]]
     singles: dict[int, list[int]] = {}
     for tweet, (created_at, users) in adds.items():
         if len(users) > 1:
-            out.append(Delta(DeltaKind.FANOUT, 0, tweet, author, created_at, raw=_longs(users)))
+            out.append(Delta.fanout(tweet, author, created_at, users))
         else:
             singles.setdefault(users[0], []).extend((created_at, tweet))
     for user, pairs in singles.items():
         if len(pairs) > 2:
-            out.append(Delta(DeltaKind.BACKFILL, user, 0, author, raw=_longs(pairs)))
+            out.append(Delta.backfill(user, author, pairs))
         else:
-            out.append(Delta(DeltaKind.TL_ADD, user, pairs[1], author, pairs[0]))
+            out.append(Delta.timeline_add(user, pairs[1], author, pairs[0]))
     for tweet, (created_at, users) in removes.items():
         if len(users) > 1:
-            out.append(Delta(DeltaKind.UNFANOUT, 0, tweet, author, created_at,
-                             raw=_longs(users)))
+            out.append(Delta.unfanout(tweet, author, created_at, users))
         else:
-            out.append(Delta(DeltaKind.TL_DEL, users[0], tweet, author, created_at))
+            out.append(Delta.timeline_remove(users[0], tweet, author, created_at))
     return out
 
 
@@ -181,5 +279,5 @@ def timeline_removes(d: Delta) -> Iterator[tuple[int, int, int, int]]:
             yield (user, d.tweet_id, d.created_at, d.author_id)
 
 
-def _longs(values: list[int]) -> bytes:
+def _longs(values: Sequence[int]) -> bytes:
     return array("q", values).tobytes()

@@ -61,7 +61,7 @@ from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow
 from views.stores import cassandra_cql as cql
-from views.stores.base import BatchStats, Store, WritePlan
+from views.stores.base import BatchStats, FollowRow, ProfileRow, Store, WritePlan
 from views.stores.cassandra import CassandraStore
 from views.stores.cassandra_config import CassandraConfig
 from views.stores.cassandra_tasks import TaskWriter, writer
@@ -203,11 +203,11 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
         elif kind == DeltaKind.HORIZON:
             plan.horizons[user] = max(plan.horizons.get(user, (at, tweet)), (at, tweet))
         elif kind == DeltaKind.FOLLOW:
-            plan.follows[(user, author)] = Delta(DeltaKind.FOLLOW, user, 0, author, at, flag)
+            plan.follows[(user, author)] = FollowRow(user, author, at, bool(flag))
         elif kind == DeltaKind.CELEB_EDGE:
-            plan.celeb_edges[(user, author)] = flag
+            plan.celeb_edges[(user, author)] = bool(flag)
         elif kind == DeltaKind.CELEB:
-            plan.celebs[author] = flag
+            plan.celebs[author] = bool(flag)
         elif kind == TALLY:
             rows, dead = rows + off, dead + part
     for d in deltas_from_arrow(table.take(keyed)):
@@ -218,7 +218,7 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
         else:  # the newest profile wins, whatever order the shuffle delivered them in
             old = plan.users.get(d.user_id)
             if old is None or d.created_at >= old.created_at:
-                plan.users[d.user_id] = d
+                plan.users[d.user_id] = ProfileRow.of(d)
     return plan, rows, dead
 
 

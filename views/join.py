@@ -37,7 +37,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from ingest.events import TOPIC_RANK, Event
-from views.delta import Delta, DeltaKind, Key, pack
+from views.delta import Delta, Key, pack
 from views.row import Kind, event_fields
 
 NO_KEY: Key = (-1, -1)
@@ -201,7 +201,7 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
 def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out) -> None:
     if post.tweet_id in state.tombstones or post.tweet_id in state.tweets:
         return
-    out.emit(Delta(DeltaKind.TWEET, 0, post.tweet_id, key, post.created_at, 0, post.text))
+    out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text))
     _keep(state, post.tweet_id, post.created_at, cfg.cap)
     if not state.celebrity:
         for follower in state.active_followers():
@@ -223,7 +223,7 @@ def _delete(state: AuthorState, key: int, delete: Change, out: _Out) -> None:
     state.tombstones.add(delete.tweet_id)
     # 0 = the tweet's time is not known here (evicted, or the post is yet to come).
     created_at = state.tweets.pop(delete.tweet_id, 0)
-    out.emit(Delta(DeltaKind.TWEET, 0, delete.tweet_id, key, created_at, 1))
+    out.emit(Delta.tweet_deleted(delete.tweet_id, key, created_at))
     if not state.celebrity:
         # The tweet may sit in any follower's cache, kept or not kept here.
         for follower in state.active_followers():
@@ -264,7 +264,7 @@ def _profile(state: AuthorState, key: int, user: Change, out: _Out) -> None:
     if user.created_at < state.profile_at:
         return
     state.profile_at = user.created_at
-    out.emit(Delta(DeltaKind.USER, key, 0, 0, user.created_at, 0, user.text, user.name))
+    out.emit(Delta.profile(key, user.created_at, user.text, user.name))
 
 
 def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> None:
@@ -282,4 +282,4 @@ def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> No
             _backfill(state, follower, out)
     else:
         return
-    out.emit(Delta(DeltaKind.CELEB, 0, 0, key, 0, int(state.celebrity)))
+    out.emit(Delta.celebrity(key, state.celebrity))

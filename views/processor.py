@@ -29,7 +29,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from ingest.events import TOPIC_RANK
 from views.codec import decode_bucket, decode_state, encode_bucket, encode_state
-from views.delta import DELTA_FIELDS, Delta, DeltaKind
+from views.delta import DELTA_FIELDS, Delta
 from views.join import Change, JoinConfig, apply_batch
 from views.row import Kind
 
@@ -54,8 +54,7 @@ def read_rows(frames: Iterator[pd.DataFrame]) -> tuple[dict[int, list[Change]], 
         for key, change in zip(frame["key"].tolist(),
                                map(Change._make, zip(*columns, strict=True)), strict=True):
             changes.setdefault(key, []).append(change)
-    offsets = [Delta(DeltaKind.OFFSET, created_at=at, topic=t, partition=p, offset=o)
-               for (t, p), (o, at) in marks.items()]
+    offsets = [Delta.source_offset(t, p, o, at) for (t, p), (o, at) in marks.items()]
     return changes, dead + offsets
 
 
@@ -69,7 +68,7 @@ def _mark(frame: pd.DataFrame, marks: dict[tuple[str, int], tuple[int, int]]) ->
 
 
 def _dead_letters(frame: pd.DataFrame) -> list[Delta]:
-    return [Delta(DeltaKind.DEAD, text=err, topic=topic, partition=part, offset=off, raw=raw)
+    return [Delta.dead_letter(topic, part, off, err, raw)
             for topic, part, off, err, raw in zip(
                 frame["topic"].tolist(), frame["partition"].tolist(), frame["offset"].tolist(),
                 frame["error"].tolist(), frame["raw"].tolist(), strict=True)]

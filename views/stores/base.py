@@ -44,7 +44,7 @@ class Entry(NamedTuple):
 
 
 class TweetRow(NamedTuple):
-    """A tweet for hydration."""
+    """A tweet: what hydration reads, and what a write plan writes."""
 
     tweet_id: int
     author_id: int
@@ -59,6 +59,39 @@ class UserRow(NamedTuple):
     user_id: int
     handle: str
     name: str
+
+
+class ProfileRow(NamedTuple):
+    """A profile to write: the newest ``created_at`` wins in the store."""
+
+    user_id: int
+    handle: str
+    name: str
+    created_at: int
+
+    @classmethod
+    def of(cls, d: Delta) -> ProfileRow:
+        """The profile a USER delta carries."""
+        return cls(d.user_id, d.text or "", d.name or "", d.created_at)
+
+
+class FollowRow(NamedTuple):
+    """A follow edge to write: ``active`` upserts it, else deletes it."""
+
+    follower_id: int
+    followee_id: int
+    created_at: int
+    active: bool
+
+
+class DeadRow(NamedTuple):
+    """A dead letter to write (the store stamps when it saw it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    raw: bytes | None
 
 
 class DeadLetter(NamedTuple):
@@ -84,13 +117,17 @@ class BatchInfo(NamedTuple):
 
 @dataclass
 class WritePlan:
-    """One micro-batch's deltas, netted and in apply order (see :meth:`Store.plan`)."""
+    """One micro-batch's deltas as typed rows, netted and in apply order (:meth:`Store.plan`)."""
 
-    tweets: dict[int, Delta] = field(default_factory=dict)
-    follows: dict[tuple[int, int], Delta] = field(default_factory=dict)
-    celeb_edges: dict[tuple[int, int], int] = field(default_factory=dict)
-    celebs: dict[int, int] = field(default_factory=dict)
-    users: dict[int, Delta] = field(default_factory=dict)
+    #: tweet_id → the tweet to write (``deleted``: hide it; ``created_at`` 0: not known)
+    tweets: dict[int, TweetRow] = field(default_factory=dict)
+    #: (follower, followee) → the edge
+    follows: dict[tuple[int, int], FollowRow] = field(default_factory=dict)
+    #: (user, celebrity) → edge on
+    celeb_edges: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: author → on the celebrity path
+    celebs: dict[int, bool] = field(default_factory=dict)
+    users: dict[int, ProfileRow] = field(default_factory=dict)
     wipes: set[tuple[int, int]] = field(default_factory=set)
     #: (user, tweet, created_at or 0 if unknown, author)
     removes: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -99,7 +136,7 @@ class WritePlan:
     horizons: dict[int, Key] = field(default_factory=dict)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     max_event_time: int = 0
-    dead: list[Delta] = field(default_factory=list)
+    dead: list[DeadRow] = field(default_factory=list)
 
     def rows(self) -> int:
         parts: tuple[Sized, ...] = (self.tweets, self.follows, self.celeb_edges, self.celebs,
@@ -240,12 +277,14 @@ class Store(abc.ABC):
 
 
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:
+    row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag))
     old = plan.tweets.get(d.tweet_id)
     if old is not None:
         # A post and its delete in one batch: deleted wins, keep what is known.
-        d = d._replace(flag=max(old.flag, d.flag), created_at=d.created_at or old.created_at,
-                       text=old.text if old.text is not None else d.text)
-    plan.tweets[d.tweet_id] = d
+        row = row._replace(deleted=old.deleted or row.deleted,
+                           created_at=row.created_at or old.created_at,
+                           text=row.text if old.deleted else old.text)
+    plan.tweets[d.tweet_id] = row
 
 
 def _fold_remove(plan: WritePlan, d: Delta) -> None:
@@ -276,13 +315,17 @@ def _fold_wipe(plan: WritePlan, d: Delta) -> None:
 def _fold_follow(plan: WritePlan, d: Delta) -> None:
     pairs = unpack_longs(d.raw or b"")
     for follower, created_at in zip(pairs[::2], pairs[1::2], strict=True):
-        plan.follows[(follower, d.author_id)] = Delta(
-            DeltaKind.FOLLOW, follower, 0, d.author_id, created_at, d.flag)
+        plan.follows[(follower, d.author_id)] = FollowRow(follower, d.author_id, created_at,
+                                                          bool(d.flag))
 
 
 def _fold_celeb_edge(plan: WritePlan, d: Delta) -> None:
     for user in unpack_longs(d.raw or b""):
-        plan.celeb_edges[(user, d.author_id)] = d.flag
+        plan.celeb_edges[(user, d.author_id)] = bool(d.flag)
+
+
+def _fold_dead(plan: WritePlan, d: Delta) -> None:
+    plan.dead.append(DeadRow(d.topic or "", d.partition, d.offset, d.text or "", d.raw))
 
 
 _FOLD = {
@@ -296,8 +339,8 @@ _FOLD = {
     DeltaKind.TWEET: _fold_tweet,
     DeltaKind.FOLLOW: _fold_follow,
     DeltaKind.CELEB_EDGE: _fold_celeb_edge,
-    DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, d.flag),
-    DeltaKind.USER: lambda p, d: p.users.__setitem__(d.user_id, d),
+    DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, bool(d.flag)),
+    DeltaKind.USER: lambda p, d: p.users.__setitem__(d.user_id, ProfileRow.of(d)),
     DeltaKind.OFFSET: _fold_offset,
-    DeltaKind.DEAD: lambda p, d: p.dead.append(d),
+    DeltaKind.DEAD: _fold_dead,
 }

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from views.delta import Delta, Key
-from views.stores.base import WritePlan
+from views.delta import Key
+from views.stores.base import DeadRow, ProfileRow, WritePlan
 
 Op = tuple[str, tuple[Any, ...]]
 """A statement name of :data:`STATEMENTS` and the values to bind to it."""
@@ -271,7 +271,7 @@ def lookup_ids(plan: WritePlan) -> list[int]:
 def tweet_times(plan: WritePlan, states: Mapping[int, TweetState]) -> dict[int, int]:
     """tweet_id → created_at from the plan, else from the ``tweets`` table."""
     times = {t: s.created_at for t, s in states.items() if s.created_at is not None}
-    times.update({t: d.created_at for t, d in plan.tweets.items() if d.created_at})
+    times.update({t: row.created_at for t, row in plan.tweets.items() if row.created_at})
     return times
 
 
@@ -294,44 +294,46 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
     """
     times = tweet_times(plan, states)
     ops: list[Op] = []
-    for tweet, d in sorted(plan.tweets.items()):
+    for tweet, row in sorted(plan.tweets.items()):
         stored = states.get(tweet)
-        owner = stored.author_id if stored is not None else d.author_id
-        if not d.flag:
-            if stored is None or not stored.deleted or owner != d.author_id:
-                ops.append(("tweet_live", (tweet, d.author_id, d.created_at, d.text or "", ts)))
-                ops.append(("author_add", (d.author_id, d.created_at, tweet, ts)))
-        elif owner != d.author_id:
+        author = row.author_id
+        owner = stored.author_id if stored is not None else author
+        if not row.deleted:
+            if stored is None or not stored.deleted or owner != author:
+                ops.append(("tweet_live", (tweet, author, row.created_at, row.text, ts)))
+                ops.append(("author_add", (author, row.created_at, tweet, ts)))
+        elif owner != author:
             continue  # someone else's tweet
         elif tweet in times:
-            ops.append(("tweet_gone_at", (ts, d.author_id, times[tweet], tweet)))
-            ops.append(("author_del", (ts, d.author_id, times[tweet], tweet)))
+            ops.append(("tweet_gone_at", (ts, author, times[tweet], tweet)))
+            ops.append(("author_del", (ts, author, times[tweet], tweet)))
         else:  # never posted here: nothing to remove from author_tweets
-            ops.append(("tweet_gone", (ts, d.author_id, tweet)))
+            ops.append(("tweet_gone", (ts, author, tweet)))
     return ops
 
 
 def graph_ops(plan: WritePlan, ts: int) -> list[Op]:
     """Follow edges, celebrity edges and the celebrity set: last write wins."""
     ops: list[Op] = []
-    for (follower, followee), d in sorted(plan.follows.items()):
-        ops.append(("follow_on", (follower, followee, d.created_at, ts)) if d.flag
+    for (follower, followee), edge in sorted(plan.follows.items()):
+        ops.append(("follow_on", (follower, followee, edge.created_at, ts)) if edge.active
                    else ("follow_off", (ts, follower, followee)))
-    for (user, celeb), flag in sorted(plan.celeb_edges.items()):
-        ops.append(("celeb_edge_on", (user, celeb, ts)) if flag
+    for (user, celeb), on in sorted(plan.celeb_edges.items()):
+        ops.append(("celeb_edge_on", (user, celeb, ts)) if on
                    else ("celeb_edge_off", (ts, user, celeb)))
-    for author, flag in sorted(plan.celebs.items()):
-        ops.append(("celeb_on", (author, ts)) if flag else ("celeb_off", (ts, author)))
+    for author, on in sorted(plan.celebs.items()):
+        ops.append(("celeb_on", (author, ts)) if on else ("celeb_off", (ts, author)))
     return ops
 
 
-def user_ops(users: Mapping[int, Delta], stored: Mapping[int, int | None], ts: int) -> list[Op]:
+def user_ops(users: Mapping[int, ProfileRow], stored: Mapping[int, int | None],
+             ts: int) -> list[Op]:
     """Profiles newer than (or as new as) the stored one, as SQLite's guarded upsert."""
     ops: list[Op] = []
-    for user, d in sorted(users.items()):
+    for user, p in sorted(users.items()):
         old = stored.get(user)
-        if old is None or d.created_at >= old:
-            ops.append(("user_set", (user, d.text or "", d.name or "", d.created_at, ts)))
+        if old is None or p.created_at >= old:
+            ops.append(("user_set", (user, p.handle, p.name, p.created_at, ts)))
     return ops
 
 
@@ -446,10 +448,10 @@ def offset_ops(offsets: Mapping[tuple[str, int], int]) -> list[Op]:
             for (topic, part), off in sorted(offsets.items()) if off >= 0]
 
 
-def dead_ops(dead: Iterable[Delta], now_ms: int) -> list[Op]:
+def dead_ops(dead: Iterable[DeadRow], now_ms: int) -> list[Op]:
     """Dead letters, kept as first seen (conditional inserts)."""
-    return [("dead_add", (d.topic or "", d.partition, d.offset, d.text or "", d.raw or b"",
-                          now_ms)) for d in dead]
+    return [("dead_add", (d.topic, d.partition, d.offset, d.reason, d.raw or b"", now_ms))
+            for d in dead]
 
 
 @dataclass(frozen=True)

@@ -118,45 +118,46 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _write_tables(db: sqlite3.Connection, plan: WritePlan) -> None:
-        live = [d for d in plan.tweets.values() if not d.flag]
-        gone = [d for d in plan.tweets.values() if d.flag]
+        live = [t for t in plan.tweets.values() if not t.deleted]
+        gone = [t for t in plan.tweets.values() if t.deleted]
         # A tweet id belongs to whoever posted it: a delete under another author's
         # id (a forged or mistaken delete) neither hides it nor keeps it hidden.
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, ?, 0) ON CONFLICT (tweet_id) DO UPDATE SET "
             "author_id = excluded.author_id, created_at = excluded.created_at, "
             "text = excluded.text, deleted = 0 WHERE tweets.author_id != excluded.author_id",
-            [(d.tweet_id, d.author_id, d.created_at, d.text or "") for d in live])
+            [(t.tweet_id, t.author_id, t.created_at, t.text) for t in live])
         # A tweet deleted in an earlier batch stays deleted: no live row for it here either.
         db.executemany(
             "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE NOT EXISTS "
             "(SELECT 1 FROM tweets WHERE tweet_id = ? AND deleted = 1)",
-            [(d.author_id, d.created_at, d.tweet_id, d.tweet_id) for d in live])
+            [(t.author_id, t.created_at, t.tweet_id, t.tweet_id) for t in live])
         db.executemany(
             "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
-            [(d.author_id, d.tweet_id) for d in gone])
+            [(t.author_id, t.tweet_id) for t in gone])
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, '', 1) ON CONFLICT (tweet_id) "
             "DO UPDATE SET deleted = 1, text = '' WHERE tweets.author_id = excluded.author_id",
-            [(d.tweet_id, d.author_id, d.created_at) for d in gone])
-        on = [(f, a, d.created_at) for (f, a), d in plan.follows.items() if d.flag]
-        off = [(f, a) for (f, a), d in plan.follows.items() if not d.flag]
+            [(t.tweet_id, t.author_id, t.created_at) for t in gone])
+        edges = plan.follows.values()
+        on = [(e.follower_id, e.followee_id, e.created_at) for e in edges if e.active]
+        off = [(e.follower_id, e.followee_id) for e in edges if not e.active]
         db.executemany("INSERT OR REPLACE INTO follows VALUES (?, ?, ?)", on)
         db.executemany("DELETE FROM follows WHERE follower_id = ? AND followee_id = ?", off)
-        edges = plan.celeb_edges.items()
+        stars = plan.celeb_edges.items()
         db.executemany("INSERT OR IGNORE INTO celebrity_follows VALUES (?, ?)",
-                       [pair for pair, flag in edges if flag])
+                       [pair for pair, on in stars if on])
         db.executemany("DELETE FROM celebrity_follows WHERE user_id = ? AND celebrity_id = ?",
-                       [pair for pair, flag in edges if not flag])
+                       [pair for pair, on in stars if not on])
         db.executemany("INSERT OR IGNORE INTO celebrities VALUES (?)",
-                       [(a,) for a, flag in plan.celebs.items() if flag])
+                       [(a,) for a, on in plan.celebs.items() if on])
         db.executemany("DELETE FROM celebrities WHERE author_id = ?",
-                       [(a,) for a, flag in plan.celebs.items() if not flag])
+                       [(a,) for a, on in plan.celebs.items() if not on])
         db.executemany(
             "INSERT INTO users VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET "
             "handle = excluded.handle, name = excluded.name, created_at = excluded.created_at "
             "WHERE excluded.created_at >= users.created_at",
-            [(d.user_id, d.text or "", d.name or "", d.created_at) for d in plan.users.values()])
+            [(p.user_id, p.handle, p.name, p.created_at) for p in plan.users.values()])
 
     def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
         db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND author_id = ?",
@@ -225,7 +226,7 @@ class SQLiteStore(Store):
         now = int(time.time() * 1000)
         db.executemany(
             "INSERT OR IGNORE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
-            [(d.topic or "", d.partition, d.offset, d.text or "", d.raw, now) for d in plan.dead])
+            [(d.topic, d.partition, d.offset, d.reason, d.raw, now) for d in plan.dead])
         if batch_id >= 0:
             db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?, ?, ?, ?)",
                        (batch_id, now, plan.rows(), seconds, plan.max_event_time))

@@ -1,0 +1,122 @@
+"""The celebrity cache's incremental refresh equals a full reload (serving.celebrities).
+
+A celebrity's held list after ``refresh()`` (incremental: the newest ``window``
+tweets merged into what was held) must equal what a fresh cache loads whole, for
+random histories of posts and deletes, as long as nothing older than the window
+changed (deletes at the top may leave fewer held, never others), and pages read
+through it equal the query; a refresh with the store's version unchanged reads nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.events import Delete, Event, Follow, Post
+from serving.celebrities import CelebrityCache
+from serving.timeline import home_page, home_top
+from tests.test_join import Harness
+from views.join import JoinConfig
+from views.reference import Reference
+
+CELEB = 1
+FOLLOWERS = range(2, 6)
+CONFIG = JoinConfig(cap=50, promote_at=3, demote_below=2)
+
+
+def _celebrity() -> tuple[Harness, list[Event]]:
+    history: list[Event] = [Follow(f, CELEB, 0) for f in FOLLOWERS]
+    history += [Post(100 + i, CELEB, 10 + i, f"old {i}") for i in range(6)]
+    harness = Harness(CONFIG)
+    harness.run(history)
+    assert harness.store.celebrities() == [CELEB]
+    return harness, history
+
+
+class _Version:
+    """A version the test moves by hand, as the sink's commits would."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def __call__(self) -> int:
+        return self.value
+
+
+def _held(cache: CelebrityCache) -> list[int]:
+    return [e.tweet_id for e in cache._lists[CELEB].entries]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["post", "delete"]), st.integers(0, 11)),
+                min_size=1, max_size=12),
+       st.integers(1, 8), st.integers(2, 12))
+def test_incremental_refresh_equals_a_full_reload(ops: list[tuple[str, int]], window: int,
+                                                  depth: int):
+    harness, history = _celebrity()
+    version = _Version()
+    cache = CelebrityCache(harness.store, depth=depth, version=version, window=window)
+    cache.refresh()
+    step = 0
+    for kind, n in ops:
+        step += 1
+        # New tweets are newer than all before them; deletes hit the newest `window`
+        # held (older ones wait for the periodic full reload, by design).
+        if kind == "post":
+            event: Event = Post(200 + step, CELEB, 100 + step, f"new {step}")
+        else:
+            live = sorted(((p.created_at, p.tweet_id) for p in history if isinstance(p, Post)
+                           and not any(isinstance(d, Delete) and d.tweet_id == p.tweet_id
+                                       for d in history)), reverse=True)[:window]
+            if not live:
+                continue
+            event = Delete(live[n % len(live)][1], CELEB, 1000 + step)
+        history.append(event)
+        harness.run([event])
+        version.value += 1
+        cache.refresh()
+        fresh = CelebrityCache(harness.store, depth=depth)
+        fresh.refresh()
+        held, whole = _held(cache), _held(fresh)
+        # Deletes at the top can leave fewer than `depth` held: still the newest ones,
+        # and an incomplete list's floor sends deeper pages to the store.
+        assert whole[len(whole) - len(held):] == held, f"after {event}"
+        if cache._lists[CELEB].complete:
+            assert held == whole
+        _pages_are_the_query(harness, history, cache)
+
+
+def _pages_are_the_query(harness: Harness, history: list[Event], cache: CelebrityCache) -> None:
+    ref = Reference().add(history)
+    with_cache = functools.partial(home_page, celebrities=cache)
+    for user in FOLLOWERS:
+        want = [t for t, _, _, _ in ref.home(user, CONFIG.cap)]
+        got = [e.tweet_id for e in home_top(harness.store, user, CONFIG.cap, page_size=2,
+                                            page_fn=with_cache)]
+        assert got == want
+
+
+def test_unchanged_version_skips_the_refresh():
+    harness, _ = _celebrity()
+    version = _Version()
+    cache = CelebrityCache(harness.store, version=version)
+    cache.refresh()
+    generation = cache.generation
+    harness.run([Post(300, CELEB, 500, "unseen until the version moves")])
+    cache.refresh()
+    assert cache.generation == generation and 300 not in _held(cache)
+    assert cache.stats == {"full": 1, "incremental": 0, "skipped": 1}
+    version.value += 1
+    cache.refresh()
+    assert cache.generation == generation + 1 and _held(cache)[-1] == 300
+    assert cache.stats["incremental"] == 1
+
+
+def test_a_full_reload_comes_every_full_every_s():
+    harness, _ = _celebrity()
+    cache = CelebrityCache(harness.store, version=_Version(), full_every_s=0)
+    cache.refresh()
+    cache.refresh()
+    assert cache.stats == {"full": 2, "incremental": 0, "skipped": 0}
