@@ -76,10 +76,10 @@ class _Recorder(Store):
 
     def __init__(self) -> None:
         super().__init__(800)
-        self.batches: list[list] = []
+        self.recorded: list[list] = []
 
     def apply(self, deltas, batch_id=-1):  # type: ignore[override]
-        self.batches.append(list(deltas))
+        self.recorded.append(list(deltas))
 
     def open(self):  # type: ignore[override]
         return self
@@ -92,6 +92,7 @@ class _Recorder(Store):
 
     cached = horizon = celebrities_followed = followees = author_tweets = _write
     tweets = users = celebrities = applied_offsets = dead_letters = counts = _write
+    home_users = batches = dead_letter_count = _write
 
 
 def bench_join_and_sink(evts: list, batch: int, work: Path) -> dict:
@@ -104,12 +105,12 @@ def bench_join_and_sink(evts: list, batch: int, work: Path) -> dict:
     store = SQLiteStore(work / "sink.sqlite", cap=800).open()
     start = time.perf_counter()
     rows = 0
-    for batch_id, deltas in enumerate(recorder.batches):
+    for batch_id, deltas in enumerate(recorder.recorded):
         rows += store.apply(deltas, batch_id).timeline_adds
     sink_s = time.perf_counter() - start
     return {"join": {"events": len(evts), "seconds": round(join_s, 2),
                      "events_per_s": round(len(evts) / join_s)},
-            "sink": {"timeline_rows": rows, "deltas": sum(map(len, recorder.batches)),
+            "sink": {"timeline_rows": rows, "deltas": sum(map(len, recorder.recorded)),
                      "seconds": round(sink_s, 2), "rows_per_s": round(rows / sink_s)}}
 
 

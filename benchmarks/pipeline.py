@@ -79,10 +79,10 @@ class Pipeline:
         caught = time.perf_counter() - start
         # The store commits before the sink's callback logs the batch: wait for the log,
         # or the figures would miss the batch that finished the catch-up.
-        newest = self.store.recent_batches(1)
-        while newest and not any(b["batch_id"] == newest[0][0] for b in self.batch_log):
+        newest = self.store.batches(1)
+        while newest and not any(b["batch_id"] == newest[0].batch_id for b in self.batch_log):
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"batch {newest[0][0]} was never logged by the sink")
+                raise TimeoutError(f"batch {newest[0].batch_id} was never logged by the sink")
             time.sleep(0.05)
         return caught
 

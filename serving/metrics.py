@@ -104,10 +104,7 @@ class Metrics:
         self._view.celebrities.set(len(store.celebrities()))
         for (topic, partition), offset in store.applied_offsets().items():
             self._view.offsets.labels(topic, str(partition)).set(offset)
-        try:
-            batches = store.batches(_BATCH_WINDOW)
-        except NotImplementedError:
-            return
+        batches = store.batches(_BATCH_WINDOW)
         self._view.show(batches, time.time())
         self._feed(batches)
 

@@ -4,25 +4,21 @@ The store's behaviour is in the contract suite (``test_store_contract.py``); her
 the pure steps it is built from — the URL and its options, the driver objects it
 configures, the plan → statement step, batch timestamps — and, on the session's real
 Cassandra node (``cassandra_hosts`` in ``conftest.py``), each in a fresh keyspace:
-every statement prepared against the schema, the schema step, the order and write
-timestamps of a batch's phases, and async reads across pages. The asyncio bridge's
-error and cancellation paths are checked on ``spec_set`` mocks of the driver's
-``ResponseFuture`` (a real node does not fail or answer late on demand).
+every statement prepared against the schema, the schema step, and the order and
+write timestamps of a batch's phases.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ResponseFuture
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
@@ -43,7 +39,6 @@ from views.stores.cassandra_config import (
     load_balancing,
     parse_url,
 )
-from views.stores.cassandra_rows import bridge
 from views.stores.schema import (
     SchemaError,
     Step,
@@ -475,93 +470,6 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         assert store.horizon(u) == (5, t1)
     finally:
         store.close()
-
-
-def test_async_reads_equal_sync_reads(keyspace: str) -> None:
-    store = CassandraStore.from_url(keyspace).open()
-    store._session.default_fetch_size = 2  # small pages, so the bridge pages too
-    a, u = 2 * 10**9 + 1, 2 * 10**9 + 2
-    try:
-        store.apply([Delta.tweet(t, a, t, f"t{t}") for t in range(10, 15)]
-                    + [Delta.timeline_add(u, t, a, t) for t in range(10, 15)]
-                    + [Delta.profile(a, 1, "h", "n"),
-                       *pack(a, {}, edges={u: (True, 1)})])
-
-        async def both() -> None:
-            assert len(await store.cached_async(u, None, 10)) == 5
-            assert await store.cached_async(u, None, 10) == store.cached(u, None, 10)
-            assert await store.horizon_async(u) == store.horizon(u)
-            assert await store.followees_async(u) == store.followees(u) == [a]
-            assert await store.celebrities_followed_async(u) == []
-            assert await store.author_tweets_async([a], (13, 13), 2) == \
-                store.author_tweets([a], (13, 13), 2)
-            assert await store.tweets_async([10, 11, 99]) == store.tweets([10, 11, 99])
-            assert await store.users_async([a]) == store.users([a])
-
-        asyncio.run(both())
-    finally:
-        store.close()
-
-
-# -- the asyncio bridge on spec'd driver futures -----------------------------------------------
-
-def _future(pages: list[list[tuple]]) -> MagicMock:
-    future = MagicMock(spec_set=ResponseFuture)
-    state = {"page": 0}
-    callbacks: list = []
-
-    def add_callbacks(on_page, on_error) -> None:
-        callbacks.append(on_page)
-        on_page(pages[0])
-
-    def next_page() -> None:
-        state["page"] += 1
-        future.has_more_pages = state["page"] + 1 < len(pages)
-        callbacks[0](pages[state["page"]])
-
-    future.has_more_pages = len(pages) > 1
-    future.add_callbacks.side_effect = add_callbacks
-    future.start_fetching_next_page.side_effect = next_page
-    return future
-
-
-def test_the_bridge_collects_every_page() -> None:
-    async def run() -> list[tuple]:
-        return await bridge(_future([[(1,), (2,)], [(3,)], [(4,)]]), asyncio.get_running_loop())
-
-    assert asyncio.run(run()) == [(1,), (2,), (3,), (4,)]
-
-
-def test_the_bridge_raises_the_drivers_error_as_a_store_error() -> None:
-    future = MagicMock(spec_set=ResponseFuture)
-    future.add_callbacks.side_effect = lambda on_page, on_error: on_error(TimeoutError("slow"))
-
-    async def run() -> None:
-        await bridge(future, asyncio.get_running_loop())
-
-    with pytest.raises(StoreError, match="slow"):
-        asyncio.run(run())
-
-
-def test_the_bridge_ignores_a_result_after_cancellation() -> None:
-    future = MagicMock(spec_set=ResponseFuture)
-    held: list = []
-    future.add_callbacks.side_effect = lambda on_page, on_error: held.append(on_page)
-    future.has_more_pages = False
-
-    errors: list = []
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        loop.set_exception_handler(lambda _loop, context: errors.append(context))
-        waiting = bridge(future, loop)
-        waiting.cancel()
-        held[0]([(1,)])  # the driver answers late
-        await asyncio.sleep(0)
-        assert waiting.cancelled()
-
-    asyncio.run(run())
-    assert errors == []
 
 
 def test_big_ids_fit_the_bound_types() -> None:

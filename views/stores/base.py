@@ -258,10 +258,11 @@ class Store(abc.ABC):
     def counts(self) -> dict[str, int]:
         """Row counts per table (for summaries and metrics)."""
 
+    @abc.abstractmethod
     def home_users(self) -> list[int]:
         """Users with at least one followee (what verify walks)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def batches(self, limit: int = 100) -> list[BatchInfo]:
         """The newest ``limit`` logged micro-batches, newest (highest batch_id) first.
 
@@ -269,11 +270,10 @@ class Store(abc.ABC):
         so view lag is now minus the largest of these. Read on every metrics scrape:
         must cost O(limit), not a table scan.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def dead_letter_count(self) -> int:
         """How many dead letters the store holds; read on every metrics scrape."""
-        raise NotImplementedError
 
 
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:

@@ -49,15 +49,12 @@ while a batch lands may mix rows from before and after it — say a timeline ent
 whose tweet was deleted in that batch. The read path tolerates it: hydration drops
 deleted tweets, and the next read sees the batch whole. :meth:`counts` and
 :meth:`home_users` scan whole tables: exact, but for operators and ``verify``, not
-for request paths. The ``*_async`` methods run the same queries through the driver's
-``execute_async`` and resolve an asyncio future from its callbacks, so an async
-endpoint can await them without blocking the event loop; the sync methods are safe
-from a threadpool (the driver's session is thread-safe).
+for request paths. The read methods are safe from a threadpool (the driver's session
+is thread-safe).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -209,10 +206,6 @@ class CassandraStore(Store):
             msg = f"Cassandra {name} failed: {exc}"
             raise StoreError(msg) from exc
 
-    def _rows_async(self, name: str, params: tuple[Any, ...]) -> asyncio.Future[reads.Rows]:
-        future = self._require().execute_async(self._statements[name], params)
-        return reads.bridge(future, asyncio.get_running_loop())
-
     # -- write side ----------------------------------------------------------------------------
     def _write(self, plan: WritePlan, batch_id: int) -> None:
         start = time.perf_counter()
@@ -293,40 +286,20 @@ class CassandraStore(Store):
             return []
         return reads.entries(self._rows(*reads.cached_query(user, below, limit)))
 
-    async def cached_async(self, user: int, below: Key | None, limit: int) -> list[Entry]:
-        if limit <= 0:
-            return []
-        return reads.entries(await self._rows_async(*reads.cached_query(user, below, limit)))
-
     def horizon(self, user: int) -> Key | None:
         return reads.horizon_key(self._rows("horizon_get", (user,)))
-
-    async def horizon_async(self, user: int) -> Key | None:
-        return reads.horizon_key(await self._rows_async("horizon_get", (user,)))
 
     def celebrities_followed(self, user: int) -> list[int]:
         return reads.column(self._rows("celebs_followed", (user,)))
 
-    async def celebrities_followed_async(self, user: int) -> list[int]:
-        return reads.column(await self._rows_async("celebs_followed", (user,)))
-
     def followees(self, user: int) -> list[int]:
         return reads.column(self._rows("followees", (user,)))
-
-    async def followees_async(self, user: int) -> list[int]:
-        return reads.column(await self._rows_async("followees", (user,)))
 
     def author_tweets(self, authors: Sequence[int], below: Key | None,
                       limit: int) -> list[Entry]:
         ops = reads.author_queries(authors, below, limit)
         pages = self._run(ops, EXEC_PROFILE_DEFAULT)
         return reads.merge_authors([p[0] for _, p in ops], pages, limit)
-
-    async def author_tweets_async(self, authors: Sequence[int], below: Key | None,
-                                  limit: int) -> list[Entry]:
-        ops = reads.author_queries(authors, below, limit)
-        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return reads.merge_authors([p[0] for _, p in ops], list(pages), limit)
 
     def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
         """Each author's newest ``n``: one concurrent run of single-partition reads."""
@@ -341,19 +314,9 @@ class CassandraStore(Store):
         ops = reads.keyed_queries("tweet_get", ids)
         return reads.tweet_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
 
-    async def tweets_async(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        ops = reads.keyed_queries("tweet_get", ids)
-        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return reads.tweet_rows(list(pages))
-
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
         ops = reads.keyed_queries("user_get", ids)
         return reads.user_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
-
-    async def users_async(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        ops = reads.keyed_queries("user_get", ids)
-        pages = await asyncio.gather(*(self._rows_async(n, p) for n, p in ops))
-        return reads.user_rows(list(pages))
 
     def celebrities(self) -> list[int]:
         return sorted(reads.column(self._rows("celebs")))

@@ -1,58 +1,21 @@
-"""Reads of the Cassandra store: queries, row decoding, and the asyncio bridge.
+"""Reads of the Cassandra store: queries and row decoding.
 
 Each read is a statement name with bound values (:mod:`views.stores.cassandra_cql`)
-and a decoder from rows to the contract's types, shared by the store's sync methods
-(which run statements on the calling thread) and its ``*_async`` methods (which run
-them through the driver's ``execute_async`` and await :func:`bridge`). Rows come from
-the ``tuple_factory`` row factory: plain tuples in the selected column order.
+and a decoder from rows to the contract's types, used by the store's read methods.
+Rows come from the ``tuple_factory`` row factory: plain tuples in the selected column
+order.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from views.delta import TOP, Key
-from views.errors import StoreError
 from views.stores import cassandra_cql as cql
 from views.stores.base import Entry, TweetRow, UserRow
 
 Rows = list[tuple[Any, ...]]
-
-
-# -- the asyncio bridge ---------------------------------------------------------------------------
-
-def bridge(future: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Rows]:
-    """An asyncio future resolved by a driver ``ResponseFuture``, all pages collected.
-
-    The driver calls back on its own I/O thread; results cross to the event loop
-    with ``call_soon_threadsafe``, so nothing here blocks the loop.
-    """
-    done: asyncio.Future[Rows] = loop.create_future()
-    rows: Rows = []
-
-    def on_page(page: Rows) -> None:
-        rows.extend(page)
-        if future.has_more_pages:
-            future.start_fetching_next_page()
-        else:
-            loop.call_soon_threadsafe(_settle, done, rows, None)
-
-    def on_error(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(_settle, done, None, exc)
-
-    future.add_callbacks(on_page, on_error)
-    return done
-
-
-def _settle(done: asyncio.Future[Rows], rows: Rows | None, exc: BaseException | None) -> None:
-    if done.done():  # the awaiting task was cancelled
-        return
-    if exc is not None:
-        done.set_exception(StoreError(f"Cassandra read failed: {exc}"))
-    else:
-        done.set_result(rows or [])
 
 
 # -- queries and decoders ------------------------------------------------------------------------

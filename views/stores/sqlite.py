@@ -327,14 +327,10 @@ class SQLiteStore(Store):
             "SELECT follower_id FROM follows UNION SELECT user_id FROM home_timeline "
             "UNION SELECT user_id FROM celebrity_follows ORDER BY 1")
 
-    def recent_batches(self, limit: int = 100) -> list[tuple[int, int, int, float, int]]:
-        """(batch_id, finished_at, rows, seconds, max_event_time), newest first."""
-        return list(self._conn().execute(
-            "SELECT batch_id, finished_at, rows, seconds, max_event_time FROM batches "
-            "ORDER BY batch_id DESC LIMIT ?", (limit,)))
-
     def batches(self, limit: int = 100) -> list[BatchInfo]:
-        return [BatchInfo(*row) for row in self.recent_batches(limit)]
+        return [BatchInfo(*row) for row in self._conn().execute(
+            "SELECT batch_id, finished_at, rows, seconds, max_event_time FROM batches "
+            "ORDER BY batch_id DESC LIMIT ?", (limit,))]
 
     def dead_letter_count(self) -> int:
         # A scan of dead_letters only: bad records are few, unlike timeline rows.
