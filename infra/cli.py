@@ -24,6 +24,7 @@ from infra import cassandra as cassandra_cli
 from infra import jars as jars_cli
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
+from infra import schema as schema_cli
 from infra import stack as stack_mod
 from infra.errors import InfraError
 from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
@@ -31,7 +32,6 @@ from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
 from serving.settings import API_PORT_ENV, ServingSettings
 from views.settings import DEFAULT_RUN_DIR, STORE_ENV, ViewSettings
-from views.stores import schema as schema_cli
 
 log = logging.getLogger("fanout")
 

@@ -1,4 +1,4 @@
-"""The versioned schema step of the stores, and the ``fanout schema`` command.
+"""The versioned schema of the Cassandra store (``fanout schema`` is :mod:`infra.schema`).
 
 Cassandra's tables are created by numbered CQL files, ``views/stores/cql/NNN_name.cql``
 (shipped as package data), applied in order by ``fanout schema apply``: it creates
@@ -11,13 +11,11 @@ many clients at once is how Cassandra schemas diverge — unless the URL says
 ``schema=auto`` (tests, one-machine setups).
 
 An existing keyspace keeps its replication: change it with ALTER KEYSPACE and a
-repair, not here. The SQLite store creates its schema when opened, so ``fanout
-schema apply`` on an ``sqlite://`` URL just opens it.
+repair, not here. The SQLite store creates its schema when opened.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import time
@@ -158,87 +156,6 @@ def _ddl(session: Any, statement: str) -> None:
         msg = (f"the cluster did not agree on the schema after: {statement[:80]}…; check that "
                "every node is up (nodetool describecluster), then run the step again")
         raise SchemaError(msg)
-
-
-# -- the command -------------------------------------------------------------------------------
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``fanout schema apply|status`` to the ``fanout`` command's subparsers."""
-    p = sub.add_parser("schema", help="create or check the store's tables (versioned CQL)")
-    actions = p.add_subparsers(dest="schema_action", metavar="ACTION")
-    for name, func, text in (("apply", _cmd_apply, "apply the missing steps, in order"),
-                             ("status", _cmd_status, "list applied and pending steps")):
-        a = actions.add_parser(name, help=text)
-        a.add_argument("--store", default=None, metavar="URL",
-                       help="store URL (env FANOUT_STORE; default sqlite:///run/fanout.sqlite)")
-        a.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                       help="retry connecting for up to this long (a cluster still starting)")
-        a.set_defaults(func=func)
-    p.set_defaults(func=lambda _args: p.print_help() or 2)
-
-
-def _store_url(args: argparse.Namespace) -> str:
-    from views.settings import ViewSettings
-
-    return str(args.store or ViewSettings.from_env(args.environ).store_url)
-
-
-def _cmd_apply(args: argparse.Namespace) -> int:
-    url = _store_url(args)
-    if not url.startswith("cassandra:"):
-        from views.stores import store_from_url
-
-        store_from_url(url).open().close()
-        print(f"{url}: the SQLite store creates its schema when opened; done")
-        return 0
-    return _with_cluster(url, args.wait, _apply_and_report)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    url = _store_url(args)
-    if not url.startswith("cassandra:"):
-        print(f"{url}: the SQLite store creates its schema when opened")
-        return 0
-    return _with_cluster(url, args.wait, _report_status)
-
-
-def _apply_and_report(session: Any, config: Any) -> int:
-    done = apply_schema(session, config.keyspace, config.replication.cql_map())
-    applied = applied_versions(session, config.keyspace) or {}
-    print(f"keyspace {config.keyspace}: applied {[s.label for s in done] or 'nothing'}; "
-          f"at version {max(applied, default=0)}")
-    return 0
-
-
-def _report_status(session: Any, config: Any) -> int:
-    applied = applied_versions(session, config.keyspace)
-    if applied is None:
-        print(f"keyspace {config.keyspace} does not exist: run `fanout schema apply`")
-        return 1
-    todo = pending(load_steps(), applied)
-    print(f"keyspace {config.keyspace}: applied {sorted(applied)}, "
-          f"pending {[s.label for s in todo] or 'none'}")
-    return 1 if todo else 0
-
-
-def _with_cluster(url: str, wait: float, action: Any) -> int:
-    from cassandra import DriverException
-
-    from views.stores.cassandra_config import parse_url
-
-    try:
-        config = parse_url(url)
-        cluster, session = connect(config, wait)
-    except StoreError as exc:
-        print(f"fanout schema: {exc}")
-        return 2
-    try:
-        return int(action(session, config))
-    except (StoreError, DriverException) as exc:
-        print(f"fanout schema: {exc}")
-        return 1
-    finally:
-        cluster.shutdown()
 
 
 def apply_at(url: str, wait: float = 60.0) -> list[Step]:
