@@ -9,7 +9,7 @@ then runs three phases, each with ``--clients`` client *processes* (this script 
 ``--client``), so that the node and the load generator are separate processes:
 
 - ``sink``: what a user-stage and a tweet-stage task of the executor sink do
-  (:class:`views.stores.cassandra_tasks.TaskWriter`: ``begin``, ``write_tweets``,
+  (:class:`views.stores.cassandra.tasks.TaskWriter`: ``begin``, ``write_tweets``,
   ``write_users``) on synthetic micro-batches of posts fanned out to followers: the
   tweet rows, the ``timeline_meta`` reads and writes, the timeline adds;
 - ``adds``: timeline adds alone, as the sink writes them (``cql.add_ops`` through the
@@ -49,13 +49,13 @@ from pipeline import ROOT, percentile, save
 
 sys.path.insert(0, str(ROOT))
 
-from views.stores import cassandra_cql as cql  # noqa: E402
-from views.stores import cassandra_rows as rows_mod  # noqa: E402
 from views.stores.base import ProfileRow, TweetRow, WritePlan  # noqa: E402
-from views.stores.cassandra import CassandraStore  # noqa: E402
-from views.stores.cassandra_config import parse_url  # noqa: E402
-from views.stores.cassandra_tasks import TaskWriter  # noqa: E402
-from views.stores.schema import apply_at  # noqa: E402
+from views.stores.cassandra import rows as rows_mod  # noqa: E402
+from views.stores.cassandra import statements as cql  # noqa: E402
+from views.stores.cassandra.config import parse_url  # noqa: E402
+from views.stores.cassandra.schema import apply_at  # noqa: E402
+from views.stores.cassandra.store import CassandraStore  # noqa: E402
+from views.stores.cassandra.tasks import TaskWriter  # noqa: E402
 
 PHASES = ("sink", "adds", "reads")
 #: Statements that write (everything else the store prepares is a SELECT).

@@ -43,7 +43,7 @@ from ingest.topics import create_topics  # noqa: E402
 from views.job import job_sink, start_query  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
-from views.stores.schema import apply_at  # noqa: E402
+from views.stores.cassandra.schema import apply_at  # noqa: E402
 
 
 def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:

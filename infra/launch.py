@@ -209,7 +209,7 @@ def _ensure_spark(stack: Stack, started: list[str]) -> bool:
 
 def _apply_schema(url: str) -> None:
     """``fanout schema apply`` on the stack's keyspace (idempotent: the missing steps)."""
-    from views.stores.schema import apply_at
+    from views.stores.cassandra.schema import apply_at
 
     done = apply_at(url)
     if done:

@@ -1,9 +1,11 @@
 """The ``fanout schema apply|status`` command: the store's versioned schema, from a shell.
 
 The steps and how they are applied are the Cassandra store's
-(:mod:`views.stores.schema`); this module only parses the flags, picks the store URL
-(``--store``, else the view settings') and reports. The SQLite store creates its
-schema when opened, so ``fanout schema apply`` on an ``sqlite://`` URL just opens it.
+(:mod:`views.stores.cassandra.schema`); this module only parses the flags, picks the
+store URL (``--store``, else the view settings') and reports. The SQLite store
+creates its schema when opened, so ``fanout schema apply`` on an ``sqlite://`` URL
+just opens it. The Cassandra package (and its driver) is imported only for a
+``cassandra://`` URL: every ``fanout`` command imports this module.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import Any
 from views.errors import StoreError
 from views.settings import ViewSettings
 from views.stores import store_from_url
-from views.stores.schema import applied_versions, apply_schema, connect, load_steps, pending
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +55,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _apply_and_report(session: Any, config: Any) -> int:
+    from views.stores.cassandra.schema import applied_versions, apply_schema
+
     done = apply_schema(session, config.keyspace, config.replication.cql_map())
     applied = applied_versions(session, config.keyspace) or {}
     print(f"keyspace {config.keyspace}: applied {[s.label for s in done] or 'nothing'}; "
@@ -62,6 +65,8 @@ def _apply_and_report(session: Any, config: Any) -> int:
 
 
 def _report_status(session: Any, config: Any) -> int:
+    from views.stores.cassandra.schema import applied_versions, load_steps, pending
+
     applied = applied_versions(session, config.keyspace)
     if applied is None:
         print(f"keyspace {config.keyspace} does not exist: run `fanout schema apply`")
@@ -75,7 +80,8 @@ def _report_status(session: Any, config: Any) -> int:
 def _with_cluster(url: str, wait: float, action: Any) -> int:
     from cassandra import DriverException
 
-    from views.stores.cassandra_config import parse_url
+    from views.stores.cassandra import parse_url
+    from views.stores.cassandra.schema import connect
 
     try:
         config = parse_url(url)

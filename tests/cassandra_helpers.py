@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from views.stores.cassandra_config import parse_url
-from views.stores.schema import apply_schema, connect
+from views.stores.cassandra.config import parse_url
+from views.stores.cassandra.schema import apply_schema, connect
 
 
 def keyspace_url(hosts: str, keyspace: str, options: str = "") -> str:

@@ -21,8 +21,8 @@ from infra.cassandra import (
     node_yaml,
 )
 from infra.jars import CASSANDRA, JarError, classpath
-from views.stores.cassandra_config import parse_url
-from views.stores.schema import connect
+from views.stores.cassandra.config import parse_url
+from views.stores.cassandra.schema import connect
 
 
 def _jars_or_skip() -> None:

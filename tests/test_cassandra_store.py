@@ -26,11 +26,10 @@ from infra.cli import _parser
 from tests.cassandra_helpers import fresh_keyspace, keyspace_url, new_keyspace_name
 from views.delta import Delta, pack
 from views.errors import StoreError
-from views.stores import cassandra_cql as cql
 from views.stores import store_from_url
 from views.stores.base import Entry, Store, WritePlan
-from views.stores.cassandra import CassandraStore
-from views.stores.cassandra_config import (
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra.config import (
     WRITE_PROFILE,
     ConfigError,
     Replication,
@@ -39,7 +38,7 @@ from views.stores.cassandra_config import (
     load_balancing,
     parse_url,
 )
-from views.stores.schema import (
+from views.stores.cassandra.schema import (
     SchemaError,
     Step,
     apply_schema,
@@ -50,6 +49,7 @@ from views.stores.schema import (
     require_current,
     split_cql,
 )
+from views.stores.cassandra.store import CassandraStore
 
 BIG = 2**63 - 1
 

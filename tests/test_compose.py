@@ -21,7 +21,7 @@ from infra.submit import SubmitSettings
 from ingest.settings import KafkaSettings
 from serving.settings import ServingSettings
 from views.settings import ViewSettings
-from views.stores.cassandra_config import parse_url
+from views.stores.cassandra.config import parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "infra" / "compose.yaml"

@@ -31,8 +31,8 @@ from views.executor_sink import ExecutorSink, tweet_stage, user_stage
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.stores.base import BatchStats, Store
-from views.stores.cassandra import CassandraStore
-from views.stores.cassandra_tasks import TaskWriter, close_writers
+from views.stores.cassandra.store import CassandraStore
+from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -170,7 +170,7 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
     writer = TaskWriter(config, CAP)
     writer.open()
     ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
-    caplog.set_level(logging.WARNING, logger="views.stores.cassandra_tasks")
+    caplog.set_level(logging.WARNING, logger="views.stores.cassandra.tasks")
     resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
     try:
         os.kill(pid, signal.SIGSTOP)

@@ -45,9 +45,9 @@ from views.changelog import read_changelog
 from views.job import start_query
 from views.settings import ViewSettings
 from views.stores import store_from_url
-from views.stores.cassandra_config import parse_url
-from views.stores.cassandra_cql import batch_bucket
-from views.stores.schema import connect
+from views.stores.cassandra.config import parse_url
+from views.stores.cassandra.schema import connect
+from views.stores.cassandra.statements import batch_bucket
 from views.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

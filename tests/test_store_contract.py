@@ -32,8 +32,8 @@ from views.delta import Delta, Key, pack
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.stores.base import Entry, Store
-from views.stores.cassandra import CassandraStore
-from views.stores.cassandra_cql import BATCH_BUCKET
+from views.stores.cassandra.statements import BATCH_BUCKET
+from views.stores.cassandra.store import CassandraStore
 from views.stores.sqlite import SQLiteStore
 
 _SPACES = itertools.count(1)

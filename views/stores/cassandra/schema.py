@@ -1,6 +1,6 @@
 """The versioned schema of the Cassandra store (``fanout schema`` is :mod:`infra.schema`).
 
-Cassandra's tables are created by numbered CQL files, ``views/stores/cql/NNN_name.cql``
+Cassandra's tables are created by numbered CQL files, ``views/stores/cassandra/cql/NNN_name.cql``
 (shipped as package data), applied in order by ``fanout schema apply``: it creates
 the keyspace with the replication the store URL asks for, then a ``schema_version``
 table, then every step not recorded there, recording each once its statements have
@@ -60,8 +60,8 @@ class Step:
 
 
 def cql_directory() -> Traversable:
-    """Where the numbered CQL files are (package data of ``views.stores``)."""
-    return resources.files("views.stores").joinpath("cql")
+    """Where the numbered CQL files are (package data of ``views.stores.cassandra``)."""
+    return resources.files("views.stores.cassandra").joinpath("cql")
 
 
 def load_steps(directory: Traversable | Path | None = None) -> list[Step]:
@@ -96,7 +96,7 @@ def keyspace_cql(keyspace: str, replication_map: str) -> str:
 
 
 def _checked(keyspace: str) -> str:
-    from views.stores.cassandra_config import KEYSPACE_RE
+    from views.stores.cassandra.config import KEYSPACE_RE
 
     if not KEYSPACE_RE.fullmatch(keyspace):
         msg = f"invalid keyspace name {keyspace!r}"
@@ -163,7 +163,7 @@ def apply_at(url: str, wait: float = 60.0) -> list[Step]:
 
     Waits up to ``wait`` seconds for a node to answer; returns the steps applied.
     """
-    from views.stores.cassandra_config import parse_url
+    from views.stores.cassandra.config import parse_url
 
     config = parse_url(url)
     cluster, session = connect(config, wait)
@@ -177,7 +177,7 @@ def connect(config: Any, wait: float = 0.0) -> tuple[Any, Any]:
     """(Cluster, Session) for ``config``, retrying for up to ``wait`` seconds."""
     from cassandra.cluster import NoHostAvailable
 
-    from views.stores.cassandra_config import new_cluster
+    from views.stores.cassandra.config import new_cluster
 
     deadline = time.monotonic() + wait
     while True:

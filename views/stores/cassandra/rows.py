@@ -1,6 +1,6 @@
 """Reads of the Cassandra store: queries and row decoding.
 
-Each read is a statement name with bound values (:mod:`views.stores.cassandra_cql`)
+Each read is a statement name with bound values (:mod:`views.stores.cassandra.statements`)
 and a decoder from rows to the contract's types, used by the store's read methods.
 Rows come from the ``tuple_factory`` row factory: plain tuples in the selected column
 order.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from views.delta import TOP, Key
-from views.stores import cassandra_cql as cql
 from views.stores.base import Entry, TweetRow, UserRow
+from views.stores.cassandra import statements as cql
 
 Rows = list[tuple[Any, ...]]
 

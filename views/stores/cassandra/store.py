@@ -1,11 +1,11 @@
 """The production store: Cassandra through cassandra-driver (DESIGN §6).
 
-Tables (``views/stores/cql/``): ``home_timeline`` has one partition per user,
+Tables (``views/stores/cassandra/cql/``): ``home_timeline`` has one partition per user,
 clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per author,
 the same way; the rest are keyed lookups. Statements are prepared once at
 :meth:`open` and routed token-aware to a replica in the local datacenter; the job's
 writes go through ``cassandra.concurrent.execute_concurrent`` with at most
-``concurrency`` statements in flight (see :mod:`views.stores.cassandra_config`).
+``concurrency`` statements in flight (see :mod:`views.stores.cassandra.config`).
 
 **One batch, in phases.** Cassandra has no multi-partition transaction, so
 :meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes
@@ -17,7 +17,7 @@ dead letters, the batch record. Every write is an upsert or delete keyed by its
 primary key with an explicit timestamp, so re-running a batch — after a crash at
 any point — converges to the same rows; offsets are written last, so a reader that
 sees an offset also sees everything the batch wrote. Why timestamps and phases, and
-how ``T`` is chosen: :mod:`views.stores.cassandra_cql`.
+how ``T`` is chosen: :mod:`views.stores.cassandra.statements`.
 
 **Deletes whose time is unknown.** The join sends ``created_at = 0`` when it no longer
 knows a deleted tweet's time, but a timeline row is addressed by
@@ -69,9 +69,6 @@ from cassandra.query import BatchStatement, BatchType
 
 from views.delta import Key
 from views.errors import StoreError
-from views.stores import cassandra_cql as cql
-from views.stores import cassandra_rows as reads
-from views.stores import schema
 from views.stores.base import (
     BatchInfo,
     DeadLetter,
@@ -81,7 +78,10 @@ from views.stores.base import (
     UserRow,
     WritePlan,
 )
-from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig, parse_url
+from views.stores.cassandra import rows as reads
+from views.stores.cassandra import schema
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The executor sink (:mod:`views.executor_sink`) splits a micro-batch into two sta
 each a set of Spark tasks; this module is what each task does to Cassandra, with
 no Spark in it. The phases, timestamps and statements are those of
 :class:`~views.stores.cassandra.CassandraStore` (``T + REMOVE``/``ADD``/``TRIM``,
-:mod:`views.stores.cassandra_cql`); what changes is who runs them:
+:mod:`views.stores.cassandra.statements`); what changes is who runs them:
 
 - :meth:`TaskWriter.write_tweets` — a task that owns a set of *tweets* (the batch
   routed by ``tweet_id``): reads their stored state, writes ``tweets`` and
@@ -43,13 +43,13 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
 
 from views.errors import StoreError
-from views.stores import cassandra as cs
-from views.stores import cassandra_cql as cql
-from views.stores import cassandra_rows as reads
-from views.stores import schema
 from views.stores.base import WritePlan
-from views.stores.cassandra import CassandraStore
-from views.stores.cassandra_config import WRITE_PROFILE, CassandraConfig
+from views.stores.cassandra import rows as reads
+from views.stores.cassandra import schema
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra import store as cs
+from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig
+from views.stores.cassandra.store import CassandraStore
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Every statement fanout sends to Cassandra is in :data:`STATEMENTS`, as fixed tex
 bind markers: values are never formatted into CQL. The functions below turn a
 :class:`~views.stores.base.WritePlan` plus what the writer has read into *ops* —
 ``(statement name, bound values)`` pairs — with no driver and no I/O, so they are
-unit-tested directly; :mod:`views.stores.cassandra` prepares the statements and runs
+unit-tested directly; :mod:`views.stores.cassandra.store` prepares the statements and runs
 the ops.
 
 **Write timestamps.** Each micro-batch gets one client-side timestamp ``T`` (µs);
