@@ -19,11 +19,10 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 # No ``from __future__ import annotations``: FastAPI must resolve the parameter types
 # that _timeline_routes builds at run time (they carry the configured max_page).
 
-import functools
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,7 +31,6 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from ingest.consistency import MAX_TOKEN
 from ingest.settings import KafkaSettings
@@ -40,24 +38,21 @@ from ingest.snowflake import Snowflake
 from ingest.writer import SharedProducer
 from serving.auth import Auth
 from serving.celebrities import CelebrityCache
-from serving.cursor import decode_cursor
 from serving.errors import ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
 from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
-from serving.pagecache import Cached, PageCache, StoreVersion, etag_of, matches
+from serving.pagecache import PageCache, StoreVersion
 from serving.query import only_query
-from serving.render import entry_dict, iso_millis, live_rows, page_body
+from serving.reads import FastReads, Pages, Read
+from serving.render import entry_dict, iso_millis, live_rows
 from serving.settings import ServingSettings
-from serving.timeline import PageFn, author_page, home_page, read_time_page
 from serving.workers import run as run_workers
 from serving.writes import write_router
-from views.delta import Key
 from views.stores import store_from_url
 from views.stores.base import Entry, Store
-from views.stores.sqlite import SQLiteStore
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
@@ -135,7 +130,10 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
                   docs_url="/docs", openapi_url="/openapi.json")
     metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats)
     freshness = Freshness(settings.after_timeout_ms / 1000, settings.after_max_waiters)
-    app.include_router(_timeline_routes(settings, auth, freshness))
+    # fan-out on read (read_mode "read"): every home page is the query, evaluated here
+    pages = Pages(PageCache(settings.page_cache_mb << 20), freshness,
+                  fan_out=settings.read_mode == "fanout")
+    app.include_router(_timeline_routes(settings, auth, pages))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
         retry_after=settings.retry_after_s, author_of=_author_of,
@@ -145,6 +143,8 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     install_error_handlers(app)
     app.add_middleware(ContainErrors, answer=on_unexpected)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(FastReads, pages=pages, state=app.state, max_page=settings.max_page,
+                       default_page=settings.default_page, caller=auth.bearer)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
@@ -242,14 +242,11 @@ def _redact(url: str) -> str:
 # -- timelines -----------------------------------------------------------------------
 
 
-_CACHE_CONTROL = "private, no-cache"  # a client may keep a page, but must revalidate
 _NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
     304: {"description": "Not modified: If-None-Match named this page's current ETag."}}
 
 
-def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness) -> APIRouter:
-    fan_out = settings.read_mode == "fanout"  # else fan-out on read: every home is a query
-    pages = _Pages(PageCache(settings.page_cache_mb << 20), freshness)
+def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> APIRouter:
     router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS,
                        dependencies=[Depends(only_query({"limit", "cursor", "after"}))])
     user_id_t = Annotated[str, Path(
@@ -282,9 +279,9 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
         if caller is not None and caller != user:
             msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
             raise Forbidden(msg, field="user_id")
-        read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
-        cache = getattr(request.app.state, "celebrities", None)
-        return await pages.answer(request, read, _home_fn(fan_out, cache, after), "home", cache)
+        read = Read(_store(request), user, cursor, limit or settings.default_page, after)
+        return _response(*await pages.answer(request.app.state, read, "home",
+                                             request.headers.get("if-none-match")))
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
                 response_model=TimelinePage, response_model_exclude_unset=True,
@@ -293,92 +290,23 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, freshness: Freshness
                      cursor: cursor_t = None, after: after_t = None) -> Response:
         """The user's own live tweets (public); ETag and 304 as for the home timeline."""
         user = parse_id(user_id, "user_id")
-        read = _Read(_store(request), user, cursor, limit or settings.default_page, after)
-        return await pages.answer(request, read, author_page, "tweets", None)
+        read = Read(_store(request), user, cursor, limit or settings.default_page, after)
+        return _response(*await pages.answer(request.app.state, read, "tweets",
+                                             request.headers.get("if-none-match")))
 
     return router
 
 
-def _home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> PageFn:
-    """How a home page is assembled: the fan-out cache merged with celebrities, or not."""
-    if not fan_out:
-        return read_time_page
-    if cache is not None and after is None:
-        # Read-your-writes (?after=) reads celebrities from the store, not the cache.
-        return functools.partial(home_page, celebrities=cache)
-    return home_page
-
-
-class _Read:
-    """One page request: parse everything first, then wait (if asked), then read."""
-
-    def __init__(self, store: Store, user: int, cursor: str | None, limit: int,
-                 after: str | None) -> None:
-        self.store, self.user, self.limit, self.after = store, user, limit, after
-        self.below = _below(cursor)
-
-    def body(self, page_fn: PageFn, freshness: Freshness | None) -> bytes:
-        """The page as JSON (waiting for ``after`` first, if given)."""
-        consistent = None
-        if self.after is not None and freshness is not None:
-            consistent = freshness.wait(self.store, self.after)
-        page = page_fn(self.store, self.user, self.below, self.limit)
-        entries = [entry_dict(t, u) for t, u in live_rows(self.store, page.entries)]
-        return page_body(self.user, entries, page.next_key, consistent)
-
-
-class _Pages:
-    """Answers page requests from the page cache or by rendering (:mod:`serving.pagecache`).
-
-    SQLite reads take microseconds in this process, so they run on the event loop (a
-    worker thread would cost more than the read); a network store's reads and every
-    ``?after=`` wait run on worker threads.
-    """
-
-    def __init__(self, cache: PageCache, freshness: Freshness) -> None:
-        self.cache, self.freshness = cache, freshness
-
-    async def answer(self, request: Request, read: _Read, page_fn: PageFn, kind: str,
-                     celebrities: CelebrityCache | None) -> Response:
-        if read.after is not None:  # read-your-writes: never from the cache, no ETag
-            body = await run_in_threadpool(read.body, page_fn, self.freshness)
-            return Response(body, media_type="application/json")
-        version: StoreVersion = request.app.state.version
-        args = (read, page_fn, (kind, read.user, read.below, read.limit), version, celebrities)
-        if isinstance(read.store, SQLiteStore):
-            page = self._page(*args)
-        else:
-            page = await run_in_threadpool(self._page, *args)
-        headers = {"ETag": page.etag, "Cache-Control": _CACHE_CONTROL}
-        if matches(request.headers.get("if-none-match"), page.etag):
-            return Response(status_code=304, headers=headers)
-        return Response(page.body, media_type="application/json", headers=headers)
-
-    def _page(self, read: _Read, page_fn: PageFn, key: Hashable, version: StoreVersion,
-              celebrities: CelebrityCache | None) -> Cached:
-        def now() -> Hashable:
-            return version(), celebrities.generation if celebrities is not None else 0
-
-        before = now()
-        page = self.cache.get(key, before)
-        if page is None:
-            body = read.body(page_fn, None)
-            page = Cached(body, etag_of(body), before)
-            if now() == before:  # nothing committed while rendering: the page is `before`'s
-                self.cache.put(key, page)
-        return page
+def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
+    response = Response(body, status_code=status)
+    response.raw_headers = [h for h in response.raw_headers if h[0] != b"content-type"] + headers
+    return response
 
 
 def _author_of(request: Request, tweet_id: int) -> int | None:
     """The author the views know for ``tweet_id`` (for the delete route's 403)."""
     row = _store(request).tweets([tweet_id]).get(tweet_id)
     return row.author_id if row is not None else None
-
-
-def _below(cursor: str | None) -> Key | None:
-    if cursor is None:
-        return None
-    return decode_cursor(cursor)
 
 
 def hydrate(store: Store, entries: list[Entry]) -> list[TimelineEntry]:

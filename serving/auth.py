@@ -126,6 +126,20 @@ class Auth:
             return None
         return self._verified(credentials)
 
+    def bearer(self, authorization: str | None) -> int | None:
+        """The caller an ``Authorization`` header proves (None when auth is off).
+
+        For :class:`serving.reads.FastReads`; raises like :meth:`caller` on a missing
+        or bad token, which sends the request on to the route to answer it.
+        """
+        if not self.on:
+            return None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            msg = "missing bearer token"
+            raise Unauthorized(msg)
+        return verify(token, self._secret, time.time())
+
     def acting(self, request: Request, credentials: Credentials) -> int:
         """Dependency: the user a write acts as (see the module docstring)."""
         if self.on:

@@ -59,10 +59,12 @@ class StoreVersion:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        on_disk = isinstance(store, SQLiteStore) and not str(store.path).startswith(
-            (":memory:", "file::memory:"))  # another connection to :memory: is another db
-        self._db = (sqlite3.connect(store.path, check_same_thread=False, isolation_level=None)
-                    if on_disk else None)
+        self._db: sqlite3.Connection | None = None
+        # Another connection to :memory: is another database: those use the offsets.
+        if isinstance(store, SQLiteStore) and not str(store.path).startswith(
+                (":memory:", "file::memory:")):
+            self._db = sqlite3.connect(store.path, check_same_thread=False,
+                                       isolation_level=None)
         self._lock = threading.Lock()
 
     def __call__(self) -> Hashable:
