@@ -25,7 +25,7 @@ from ingest.producer import ChangelogProducer, Position
 from ingest.settings import KafkaSettings
 from ingest.topics import TopicLayoutError
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class WriterStats(NamedTuple):
@@ -94,7 +94,7 @@ class SharedProducer:
             return self._producer
 
     def _failed(self, exc: IngestError) -> None:
-        logger.warning("write not produced: %s", exc)
+        log.warning("write not produced: %s", exc)
         with self._lock:
             self._errors += 1
             self._last_error = str(exc)
@@ -105,7 +105,7 @@ class SharedProducer:
                 return
             self._down_until = time.monotonic() + self._cooldown
         if producer is not None:
-            logger.warning("the producer hit a fatal error (%s); replacing it", exc)
+            log.warning("the producer hit a fatal error (%s); replacing it", exc)
             producer.close(0)
         self._probe.mark_down()
 
@@ -143,6 +143,6 @@ class _Probe:
             # All topics, never a named one: a broker that auto-creates topics would.
             admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            logger.warning("health: broker %s unreachable: %s", self._bootstrap, exc)
+            log.warning("health: broker %s unreachable: %s", self._bootstrap, exc)
             return False
         return True

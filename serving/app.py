@@ -56,7 +56,7 @@ from views.stores.base import Entry, Store
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 # -- response bodies (also the OpenAPI schema) ---------------------------------------
@@ -169,7 +169,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
     try:
         app = create_app(settings, kafka=kafka)
     except ConfigError as exc:
-        logger.error("cannot start the API: %s", exc.message)
+        log.error("cannot start the API: %s", exc.message)
         raise SystemExit(2) from None
     workers = settings.workers or os.cpu_count() or 1
     if workers == 1:
@@ -198,7 +198,7 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
         else:
             app.state.store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
             app.state.store_label = _redact(settings.store_url)
-            logger.info("serving from %s (auth %s)", app.state.store_label,
+            log.info("serving from %s (auth %s)", app.state.store_label,
                         "on" if settings.auth else "OFF")
         app.state.version = StoreVersion(app.state.store)
         app.state.celebrities = _celebrity_cache(settings, app.state.store, app.state.version)
@@ -338,7 +338,7 @@ def _health_routes(writer: SharedProducer) -> APIRouter:
         try:
             offsets = _store(request).applied_offsets()
         except Exception:
-            logger.exception("health check: the store cannot be read")
+            log.exception("health check: the store cannot be read")
             return _degraded(label, broker, "the store cannot be read")
         if broker == "unreachable":
             return _degraded(label, broker, "the broker is unreachable: writes answer 503")

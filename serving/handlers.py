@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from serving.errors import ServingError, Unavailable
 from views.errors import StoreError
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class ErrorBody(BaseModel):
@@ -57,7 +57,7 @@ STORE_RETRY_AFTER_S = 5
 
 
 async def _on_store_error(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("store error on %s %s: %s", request.method, request.url.path, exc)
+    log.error("store error on %s %s: %s", request.method, request.url.path, exc)
     return _error(Unavailable.status, Unavailable.code, "the store cannot be read right now",
                   headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
@@ -87,5 +87,5 @@ async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     """The 500 answer: a fixed message; the exception goes to the log only."""
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _error(500, "internal", "internal server error")

@@ -35,7 +35,7 @@ from serving.handlers import ErrorBody
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.query import only_query
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def _space_class() -> str:
@@ -195,7 +195,7 @@ class _Writes:
         try:
             position = self._get_producer().send_sync(event, self._timeout)
         except IngestError as exc:
-            logger.warning("write of %s %s refused with 503: %s", event.topic, event.op, exc)
+            log.warning("write of %s %s refused with 503: %s", event.topic, event.op, exc)
             msg = f"the changelog cannot take writes right now; retry in {self._retry_after}s"
             raise Unavailable(msg, headers={"Retry-After": str(self._retry_after)}) from None
         return encode_token(event.topic, position.partition, position.offset)
