@@ -5,17 +5,25 @@ or a new tweet committed by another connection (as the sink's are) shows on the
 very next read. ``If-None-Match`` with the current ETag answers 304 with no body,
 and a stale one the new page. The fast path's body is the route's (the OpenAPI
 model validates it), and what it declines — ``?after=``, bad parameters, another
-user's token — the route answers in its own shape.
+user's token — the route answers in its own shape. Several workers share one port
+and stop together.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
+from infra.broker import free_port
 from ingest.events import Delete, Follow, Post, UserUpsert
 from serving.app import TimelinePage, create_app
 from serving.auth import mint
@@ -100,3 +108,38 @@ def test_route_and_fast_path_bodies_are_the_same(world):
     # %33 is "3": the fast path declines percent-escapes, so the route answers this one.
     routed = reader.get(f"/v1/users/{READER}/home?limit=%33")
     assert routed.content == fast.content and routed.headers["etag"] == fast.headers["etag"]
+
+
+def test_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path):
+    """``--workers 2``: both answer on one port; SIGTERM to the parent stops all, status 0."""
+    path = tmp_path / "v.sqlite"
+    SQLiteStore(path).open().close()
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "FANOUT_STORE": f"sqlite:///{path}", "FANOUT_AUTH": "off",
+           "FANOUT_API_PORT": str(port), "FANOUT_API_WORKERS": "2",
+           "PYTHONPATH": str(Path(__file__).parents[1])}
+    parent = subprocess.Popen([sys.executable, "-m", "serving"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        workers: set[int] = set()
+        while len(workers) < 2:
+            assert time.monotonic() < deadline, "two workers did not come up within 60 s"
+            workers = {c.pid for c in psutil.Process(parent.pid).children()}
+            time.sleep(0.2)
+        answered = 0
+        while answered < 5:
+            assert time.monotonic() < deadline, "the workers did not answer within 60 s"
+            try:
+                answered += httpx.get(f"http://127.0.0.1:{port}/v1/users/1/home",
+                                      timeout=5).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.2)
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(30) == 0
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                       for p in workers)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
