@@ -265,7 +265,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return 2
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
-                        seed=args.seed)
+                        seed=args.seed, progress=True)
     print(result.render())
     return 0 if result.ok else 1
 
