@@ -300,13 +300,23 @@ def test_batch_timestamps() -> None:
     assert cql.batch_timestamp(100, 500, None, digest) == 500  # a clock behind the floor
 
 
-def test_writes_to_one_partition_go_as_one_batch() -> None:
+def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
     ops = [("home_add", (1, 5, 50, 9, 7)), ("tweet_state", (50,)), ("home_add", (2, 5, 50, 9, 7)),
            ("home_del", (7, 1, 4, 40)), ("meta_set", (1, -1, -1, 2, 9)), ("dead_add", ("t",)),
            ("celeb_on", (3, 7)), ("celeb_off", (7, 4))]
-    assert cql.units(ops) == [[0, 3], [1], [2], [4], [5], [6, 7]]
+    # A partition's writes together, then small partitions of one table packed (one
+    # replica set: no token map), reads and conditional writes alone.
+    assert cql.units(ops) == [[0, 3, 2], [1], [4], [5], [6, 7]]
+    def parity(user: int | None) -> int | None:  # two replica sets; None: a constant key
+        return None if user is None else user % 2
+
+    assert cql.units(ops, parity) == [[0, 3], [1], [2], [4], [5], [6, 7]]
     many = [("home_add", (1, i, i, 9, 7)) for i in range(cql.BATCH_MAX + 1)]
-    assert [len(g) for g in cql.units(many)] == [cql.BATCH_MAX, 1]
+    many += [("home_add", (u, 1, 1, 9, 7)) for u in range(2, 2 + cql.PACK_MAX + 1)]
+    assert [len(g) for g in cql.units(many)] == [cql.BATCH_MAX, cql.PACK_MAX, 2]
+    packed = cql.units(many, parity)
+    assert sorted(len(g) for g in packed) == [17, 17, cql.BATCH_MAX]  # odd users, even users
+    assert sorted(i for g in packed for i in g) == list(range(len(many)))
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
     keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
             "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket"}

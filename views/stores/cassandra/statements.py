@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -153,6 +153,12 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
 BATCH_MAX: Final = 256
+#: Statements in one batch over several partitions (of one replica set) at most: well
+#: under Cassandra's batch size warning (5 KiB) for timeline rows. Measured here with
+#: one row per partition: 6-17x less client and 6-10x less node CPU per row than a
+#: statement each (``benchmarks/RESULTS.md``). The node logs, at most once a minute,
+#: that an unlogged batch covers several partitions.
+PACK_MAX: Final = 32
 
 
 #: Single-row lookups the writer makes for many keys at once, and the statement that
@@ -195,25 +201,51 @@ def lookup_rows(queries: Mapping[str, Sequence[int]],
     return found
 
 
-def units(ops: Sequence[Op]) -> list[list[int]]:
+def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
+          ) -> list[list[int]]:
     """The ops' indices grouped as they are sent, one request per group.
 
-    :data:`PARTITION_KEY` writes: a group per partition (at most :data:`BATCH_MAX`
-    each, in their order). Everything else (reads, conditional writes): one each.
+    :data:`PARTITION_KEY` writes go in unlogged batches: first a group per partition
+    (at most :data:`BATCH_MAX`, in their order); then partitions of one table whose
+    keys ``replica`` maps to the same replicas (all of them, without ``replica``) are
+    packed together up to :data:`PACK_MAX` statements, so that a batch goes to
+    nodes that own every row of it. Everything else (reads, conditional writes):
+    one request each.
     """
     out: list[list[int]] = []
-    open_groups: dict[tuple[str, Any], list[int]] = {}
+    partitions: dict[tuple[str, Any], list[int]] = {}
     for i, (name, params) in enumerate(ops):
         where = PARTITION_KEY.get(name)
         if where is None:
             out.append([i])
             continue
         key = (where[0], None if where[1] is None else params[where[1]])
-        group = open_groups.get(key)
+        group = partitions.get(key)
         if group is None or len(group) >= BATCH_MAX:
-            group = open_groups[key] = []
+            group = partitions[key] = []
             out.append(group)
         group.append(i)
+    return _packed(out, ops, replica)
+
+
+def _packed(groups: list[list[int]], ops: Sequence[Op],
+            replica: Callable[[Any], Hashable] | None) -> list[list[int]]:
+    """Small groups of one table and replica set merged, up to :data:`PACK_MAX` each."""
+    out: list[list[int]] = []
+    open_packs: dict[tuple[str, Hashable], list[int]] = {}
+    for group in groups:
+        name, params = ops[group[0]]
+        where = PARTITION_KEY.get(name)
+        if where is None or len(group) >= PACK_MAX:
+            out.append(group)
+            continue
+        key = None if where[1] is None else params[where[1]]
+        pack_key = (where[0], None if replica is None else replica(key))
+        pack = open_packs.get(pack_key)
+        if pack is None or len(pack) + len(group) > PACK_MAX:
+            pack = open_packs[pack_key] = []
+            out.append(pack)
+        pack.extend(group)
     return out
 
 

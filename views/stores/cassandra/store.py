@@ -56,11 +56,13 @@ is thread-safe).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import struct
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Final
 
 from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
@@ -104,6 +106,29 @@ def requests(groups: list[list[int]], ops: Sequence[cql.Op],
     return out
 
 
+_BIGINT: Final = struct.Struct(">q")  # a bigint partition key as the routing key's bytes
+
+
+def replica_of(cluster: Any, keyspace: str) -> Callable[[Any], Hashable] | None:
+    """A partition key's replicas, from the driver's token map (None: no token map).
+
+    Every batched table has a bigint partition key (or a constant one); memoized.
+    """
+    token_map = getattr(cluster.metadata, "token_map", None)
+    if token_map is None:
+        return None
+    token_class = token_map.token_class
+
+    @functools.lru_cache(maxsize=65536)
+    def replicas(key: Any) -> Hashable:
+        if not isinstance(key, int):
+            return None
+        token = token_class.from_key(_BIGINT.pack(key))
+        return frozenset(token_map.get_replicas(keyspace, token))
+
+    return replicas
+
+
 def unbatch(groups: list[list[int]], results: list[reads.Rows], n: int) -> list[reads.Rows]:
     """Each op's rows, in the order of the ops, from the results of its group's request."""
     rows: list[reads.Rows] = [[] for _ in range(n)]
@@ -122,6 +147,7 @@ class CassandraStore(Store):
         self._cluster: Any = None
         self._session: Any = None
         self._statements: dict[str, Any] = {}
+        self._replica: Callable[[Any], Hashable] | None = None
         #: Rows a timeline may hold past the cap before it is trimmed (amortizes trims).
         self.trim_slack = max(16, cap // 4) if config.trim_slack is None else config.trim_slack
         self._floor = 0
@@ -152,6 +178,7 @@ class CassandraStore(Store):
             cluster.shutdown()
             raise
         self._cluster, self._session = cluster, session
+        self._replica = replica_of(cluster, keyspace)
         return self
 
     def _connect(self) -> tuple[Any, Any]:
@@ -185,7 +212,7 @@ class CassandraStore(Store):
         if not ops:
             return []
         session = self._require()
-        groups = cql.units(ops)
+        groups = cql.units(ops, self._replica)
         try:
             results = execute_concurrent(session, requests(groups, ops, self._statements),
                                          concurrency=self.config.concurrency,

@@ -89,7 +89,7 @@ class TaskWriter(CassandraStore):
         A failed request (a statement, or one partition's batch) runs again, with backoff.
         """
         session = self._require()
-        groups = cql.units(ops)
+        groups = cql.units(ops, self._replica)
         requests = cs.requests(groups, ops, self._statements)
         results: list[reads.Rows] = [[] for _ in groups]
         pending = list(range(len(groups)))
