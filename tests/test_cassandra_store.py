@@ -477,6 +477,8 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         assert session.execute("SELECT writetime(size) FROM timeline_meta WHERE user_id = %s",
                                (u,)).one()[0] == base + cql.TRIM
         assert store.cached(u, None, 5) == [Entry(6, t2, a)]
+        # Batches are packed by replica set: the driver's token map names this node.
+        assert store._replica is not None and len(store._replica(u)) == 1
         assert store.horizon(u) == (5, t1)
     finally:
         store.close()
