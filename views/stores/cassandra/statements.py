@@ -141,7 +141,7 @@ NOT_IDEMPOTENT: Final = frozenset({"dead_add"})
 #: and which bound value is its partition key (None: a constant key). A batch of one
 #: partition is a single mutation — one request for the driver, one write for each
 #: replica — where statement by statement it is one of each per row: measured here,
-#: ~10x less CPU on both sides for timeline adds (``benchmarks/RESULTS.md``).
+#: 5-25x less CPU on both sides for timeline adds (``benchmarks/bench_cql_batches.py``).
 PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "home_add": ("home_timeline", 0), "home_del": ("home_timeline", 1),
     "home_trim": ("home_timeline", 1), "meta_set": ("timeline_meta", 0),
@@ -155,9 +155,9 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
 BATCH_MAX: Final = 256
 #: Statements in one batch over several partitions (of one replica set) at most: well
 #: under Cassandra's batch size warning (5 KiB) for timeline rows. Measured here with
-#: one row per partition: 6-17x less client and 6-10x less node CPU per row than a
-#: statement each (``benchmarks/RESULTS.md``). The node logs, at most once a minute,
-#: that an unlogged batch covers several partitions.
+#: one row per partition: 4-13x less client and 4-7x less node CPU per row than a
+#: statement each (``benchmarks/bench_cql_batches.py``). The node logs, at most once
+#: a minute, that an unlogged batch covers several partitions.
 PACK_MAX: Final = 32
 
 

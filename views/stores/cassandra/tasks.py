@@ -88,8 +88,12 @@ class TaskWriter(CassandraStore):
 
         A failed request (a statement, or one partition's batch) runs again, with backoff.
         """
+        return self._run_groups(ops, cql.units(ops, self._replica), profile)
+
+    def _run_groups(self, ops: list[cql.Op], groups: list[list[int]],
+                    profile: object = WRITE_PROFILE) -> list[reads.Rows]:
+        """:meth:`_run` with the requests given: groups of op indices, a request each."""
         session = self._require()
-        groups = cql.units(ops, self._replica)
         requests = cs.requests(groups, ops, self._statements)
         results: list[reads.Rows] = [[] for _ in groups]
         pending = list(range(len(groups)))

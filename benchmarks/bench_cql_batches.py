@@ -1,0 +1,101 @@
+"""Timeline adds sent a statement each, or batched as the writer batches them.
+
+    .venv/bin/python benchmarks/bench_cql_batches.py              # ~2 min
+    .venv/bin/python benchmarks/bench_cql_batches.py --rows 20000 --rounds 1
+
+Starts one local Cassandra node (:class:`infra.cassandra.LocalCassandra`), makes a
+keyspace with the schema, and writes ``--rows`` timeline adds through a
+:class:`~views.stores.cassandra.tasks.TaskWriter` in two shapes: 25 rows per user
+(a follow backfill, a busy timeline) and one row per user (a fan-out to many
+followers). Each shape is written two ways, alternating for ``--rounds``: one
+statement per row (``--mode single``: what the writer sent before), and as the
+writer sends them now (:func:`~views.stores.cassandra.statements.units`: a batch per
+partition, small partitions packed per replica set). Reported per way: rows/s, rows
+per client CPU-second (this process) and per Cassandra CPU-second (``utime + stime``
+of the node's JVM). Results go to ``benchmarks/results/cql-batches.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline import ROOT, save
+
+sys.path.insert(0, str(ROOT))
+
+from infra.cassandra import LocalCassandra  # noqa: E402
+from views.stores.cassandra import parse_url  # noqa: E402
+from views.stores.cassandra import statements as cql  # noqa: E402
+from views.stores.cassandra.schema import apply_at  # noqa: E402
+from views.stores.cassandra.tasks import TaskWriter  # noqa: E402
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _adds(rows: int, per_user: int) -> list[cql.Op]:
+    base = random.randint(1, 10**12)
+    return [("home_add", (user, base + i, base + i * 7 + user, 5, 10**15))
+            for user in range(rows // per_user) for i in range(per_user)]
+
+
+def _one(writer: TaskWriter, ops: list[cql.Op], mode: str, node_pid: int) -> dict[str, Any]:
+    own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
+    if mode == "single":  # no PARTITION_KEY statement: each op its own request
+        groups = [[i] for i in range(len(ops))]
+        writer._run_groups(ops, groups)
+    else:
+        writer._run(ops)
+    wall = time.perf_counter() - start
+    own, node = _own_cpu() - own, _cpu(node_pid) - node
+    return {"mode": mode, "rows": len(ops), "wall_s": round(wall, 2),
+            "rows_per_s": round(len(ops) / wall),
+            "rows_per_client_cpu_s": round(len(ops) / max(own, 1e-9)),
+            "rows_per_node_cpu_s": round(len(ops) / max(node, 1e-9))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=30000, help="rows per shape and way")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--heap-mb", type=int, default=512)
+    parser.add_argument("--name", default="cql-batches")
+    args = parser.parse_args()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fanout-cql-") as tmp, \
+            LocalCassandra(Path(tmp) / "node", Path(tmp) / "node.log",
+                           heap_mb=args.heap_mb) as node:
+        url = node.url("bench_batches")
+        apply_at(url)
+        writer = TaskWriter(parse_url(url))
+        writer.open()
+        try:
+            for per_user in (25, 1):
+                for _ in range(args.rounds):
+                    for mode in ("single", "batched"):
+                        run = _one(writer, _adds(args.rows, per_user), mode, node.pid)
+                        run["rows_per_user"] = per_user
+                        print(run, flush=True)
+                        runs.append(run)
+        finally:
+            writer.close()
+    print(save(args.name, {"args": vars(args), "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
