@@ -10,6 +10,7 @@ write timestamps of a batch's phases.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,15 @@ def test_a_cluster_is_built_without_touching_the_network() -> None:
 
 
 # -- statements --------------------------------------------------------------------------------
+
+def test_protocol_negotiation_is_not_a_warning(keyspace: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    cluster, _ = connect(parse_url(keyspace), wait=60)
+    cluster.shutdown()
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and "protocol version" in r.getMessage()]
+
 
 @pytest.fixture(scope="module")
 def keyspace(cassandra_hosts: str) -> Iterator[str]:

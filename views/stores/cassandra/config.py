@@ -33,6 +33,7 @@ cluster has one replica.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,8 +286,29 @@ def cluster_options(config: CassandraConfig) -> dict[str, Any]:
     return options
 
 
+class _Negotiation(logging.Filter):
+    """The driver's protocol negotiation, logged at DEBUG instead of WARNING.
+
+    Offered a newer protocol than a node speaks, the driver steps down one version at a
+    time and warns at each step ("Downgrading core protocol version ..."): two warnings
+    per connection to a Cassandra 5.0 node. Pinning a version would refuse older
+    clusters, so the steps are kept and only demoted.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and str(record.msg).startswith(
+                "Downgrading core protocol version"):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_NEGOTIATION: Final = _Negotiation()
+
+
 def new_cluster(config: CassandraConfig) -> Any:
     """A driver ``Cluster`` for ``config``; it connects only on ``connect()``."""
     from cassandra.cluster import Cluster
 
+    logging.getLogger("cassandra.cluster").addFilter(_NEGOTIATION)  # kept once per logger
     return Cluster(**cluster_options(config))
