@@ -18,9 +18,10 @@ demoted ones, and reads each held celebrity's newest ``window`` tweets: those ab
 the newest held one are added, held ones inside the window that are gone (deleted)
 are dropped, and a celebrity with ``window`` new tweets or more is reloaded whole.
 A delete of an older held tweet (or a tweet arriving late, older than the window) is
-caught by the full reload every ``full_every_s``; until then a deleted entry can make
-a page one entry short after hydration drops it (it is never shown, and cursors
-neither skip nor repeat).
+caught by the full reload every ``full_every_s``. Until then a deleted tweet is never
+shown (hydration drops it), and the API reads a page that hydration found short again
+without this cache (:meth:`serving.reads.Read.body`), so it is not one entry short; a
+late tweet older than the window stays missing until the full reload.
 
 **Depth.** Only the newest ``depth`` tweets of a celebrity are held. Each list knows
 whether it is the celebrity's complete history; a page that would reach below the

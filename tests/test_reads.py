@@ -143,3 +143,28 @@ def test_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path):
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+
+
+def test_a_celebrity_tweet_deleted_below_the_refresh_window_leaves_no_short_page(
+        tmp_path: Path) -> None:
+    """The cache learns of a delete of an older held tweet only at its full reload; the
+    page that hydration finds short is read again without the cache, so it is exact."""
+    path = tmp_path / "v.sqlite"
+    harness = Harness(JoinConfig(cap=50, promote_at=1, demote_below=1),
+                      SQLiteStore(path, cap=50).open())
+    harness.run([UserUpsert(AUTHOR, "author", "An Author", T0), Follow(READER, AUTHOR, T0)]
+                + [Post(100 + i, AUTHOR, T0 + i, f"tweet {i}") for i in range(40)])
+    assert list(harness.store.celebrities()) == [AUTHOR]
+    settings = ServingSettings(store_url=f"sqlite:///{path}", timeline_cap=50,
+                               celebrity_refresh_s=0.05, auth=False)
+    try:
+        with running(create_app(settings)) as base, \
+                httpx.Client(base_url=base, timeout=10) as client:
+            assert _ids(client.get(f"/v1/users/{READER}/home?limit=30")) == \
+                list(range(139, 109, -1))  # the cache now holds the celebrity
+            harness.run([Delete(115, AUTHOR, T0 + 99)])  # older than the newest 16
+            time.sleep(0.5)  # several incremental refreshes, no full reload
+            page = client.get(f"/v1/users/{READER}/home?limit=30")
+            assert _ids(page) == [t for t in range(139, 108, -1) if t != 115]
+    finally:
+        harness.store.close()
