@@ -5,7 +5,9 @@ clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per aut
 the same way; the rest are keyed lookups. Statements are prepared once at
 :meth:`open` and routed token-aware to a replica in the local datacenter; the job's
 writes go through ``cassandra.concurrent.execute_concurrent`` with at most
-``concurrency`` statements in flight (see :mod:`views.stores.cassandra.config`).
+``concurrency`` requests in flight (see :mod:`views.stores.cassandra.config`), each
+request one statement or an unlogged batch of them (:func:`statements.units`: a
+partition's writes together, small partitions of one replica set packed).
 
 **One batch, in phases.** Cassandra has no multi-partition transaction, so
 :meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes

@@ -21,12 +21,13 @@ no Spark in it. The phases, timestamps and statements are those of
 
 **Retries.** Every statement is an upsert or delete keyed by its primary key at an
 explicit timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is
-kept), so running one again writes the same cells. A statement that fails
-transiently — a timeout, too few replicas, a lost connection, no node answering — is
-run again, with backoff (doubling to 15 s), for up to the store's ``retry`` seconds
-(120 by default: long enough for a node to restart), with a log line per attempt;
-only then does the task fail (and Spark may run the task again, which is as safe). :func:`writer` keeps one opened
-writer (Cluster, Session, prepared statements) per executor process and config.
+kept), so running one again writes the same cells. A request (a statement, or an
+unlogged batch of them) that fails transiently — a timeout, too few replicas, a lost
+connection, no node answering — is run again whole, with backoff (doubling to 15 s),
+for up to the store's ``retry`` seconds (120 by default: long enough for a node to
+restart), with a log line per attempt; only then does the task fail (and Spark may
+run the task again, which is as safe). :func:`writer` keeps one opened writer
+(Cluster, Session, prepared statements) per executor process and config.
 """
 
 from __future__ import annotations
