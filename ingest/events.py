@@ -1,6 +1,6 @@
 """The changelog contract: event types, validation, JSON encoding, topics and keys.
 
-Everything that crosses Kafka is defined here and nowhere else (DESIGN §3). Three
+Everything that crosses Kafka is defined here and nowhere else (DESIGN §3, §4b). Three
 topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``, ``follows``
 keyed by ``followee_id`` and ``users`` keyed by ``user_id``. The key is the decimal
 id as ASCII bytes, so any Kafka client with the same partitioner (murmur2, the Java
@@ -37,12 +37,13 @@ TOPIC_RANK: Final = {FOLLOWS: 0, TWEETS: 1, USERS: 2}
 
 @dataclass(frozen=True, slots=True)
 class Post:
-    """A tweet posted by ``author_id``."""
+    """A tweet posted by ``author_id``; a reply names the user replied to (0: not a reply)."""
 
     tweet_id: int
     author_id: int
     created_at: int
     text: str
+    in_reply_to_user_id: int = 0
     op = "post"
     topic = TWEETS
 
@@ -59,6 +60,38 @@ class Delete:
     author_id: int
     created_at: int
     op = "delete"
+    topic = TWEETS
+
+    @property
+    def key(self) -> int:
+        return self.author_id
+
+
+@dataclass(frozen=True, slots=True)
+class Repost:
+    """``author_id`` reposts ``original_tweet_id``; ``tweet_id`` is the repost's own id."""
+
+    tweet_id: int
+    author_id: int
+    original_tweet_id: int
+    original_author_id: int
+    created_at: int
+    op = "repost"
+    topic = TWEETS
+
+    @property
+    def key(self) -> int:
+        return self.author_id
+
+
+@dataclass(frozen=True, slots=True)
+class Unrepost:
+    """``author_id`` takes back the repost ``tweet_id``."""
+
+    tweet_id: int
+    author_id: int
+    created_at: int
+    op = "unrepost"
     topic = TWEETS
 
     @property
@@ -85,6 +118,34 @@ class Follow:
         return self.followee_id
 
 
+#: The relations a user sets on another besides following (DESIGN §4b).
+BLOCK: Final = "block"
+MUTE: Final = "mute"
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """``follower_id`` blocks or mutes (``active``), or unblocks or unmutes, ``followee_id``.
+
+    On the follows topic, keyed by the user acted on, like a follow edge.
+    """
+
+    follower_id: int
+    followee_id: int
+    created_at: int
+    relation: str = BLOCK
+    active: bool = True
+    topic = FOLLOWS
+
+    @property
+    def op(self) -> str:
+        return self.relation if self.active else "un" + self.relation
+
+    @property
+    def key(self) -> int:
+        return self.followee_id
+
+
 @dataclass(frozen=True, slots=True)
 class UserUpsert:
     """A user's profile, as of ``created_at`` (compacted topic: latest wins)."""
@@ -101,7 +162,21 @@ class UserUpsert:
         return self.user_id
 
 
-Event = Post | Delete | Follow | UserUpsert
+@dataclass(frozen=True, slots=True)
+class AccountDelete:
+    """The account ``user_id`` is gone for good (a later upsert of it is ignored)."""
+
+    user_id: int
+    created_at: int
+    op = "delete"
+    topic = USERS
+
+    @property
+    def key(self) -> int:
+        return self.user_id
+
+
+Event = Post | Delete | Repost | Unrepost | Follow | Relation | UserUpsert | AccountDelete
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -111,12 +186,21 @@ def encode(event: Event) -> tuple[bytes, bytes]:
     if isinstance(event, Post):
         body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
                  "created_at": event.created_at, "text": event.text}
-    elif isinstance(event, Delete):
+        if event.in_reply_to_user_id:
+            body["in_reply_to_user_id"] = event.in_reply_to_user_id
+    elif isinstance(event, Delete | Unrepost):
         body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
                  "created_at": event.created_at}
-    elif isinstance(event, Follow):
+    elif isinstance(event, Repost):
+        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
+                 "original_tweet_id": event.original_tweet_id,
+                 "original_author_id": event.original_author_id,
+                 "created_at": event.created_at}
+    elif isinstance(event, Follow | Relation):
         body |= {"follower_id": event.follower_id, "followee_id": event.followee_id,
                  "created_at": event.created_at}
+    elif isinstance(event, AccountDelete):
+        body |= {"user_id": event.user_id, "created_at": event.created_at}
     else:
         body |= {"user_id": event.user_id, "handle": event.handle, "name": event.name,
                  "created_at": event.created_at}
@@ -161,33 +245,58 @@ def load_object(raw: bytes | str) -> dict[str, Any]:
 def _parse_tweet(body: dict[str, Any]) -> Event:
     op = body.get("op")
     if op == "post":
-        _only(body, {"v", "op", "tweet_id", "author_id", "created_at", "text"})
-        return Post(_id(body, "tweet_id"), _id(body, "author_id"), _time(body),
-                    _text(body, "text", MAX_TEXT, allow_empty=False))
-    if op == "delete":
+        _only(body, {"v", "op", "tweet_id", "author_id", "created_at", "text",
+                     "in_reply_to_user_id"})
+        author = _id(body, "author_id")
+        reply_to = _id(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
+        if reply_to == author:
+            msg = f"in_reply_to_user_id={reply_to} is the author: a self-reply carries none"
+            raise InvalidEvent(msg)
+        return Post(_id(body, "tweet_id"), author, _time(body),
+                    _text(body, "text", MAX_TEXT, allow_empty=False), reply_to)
+    if op in ("delete", "unrepost"):
         _only(body, {"v", "op", "tweet_id", "author_id", "created_at"})
-        return Delete(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
-    msg = f"unknown op {op!r} on topic tweets (expected post or delete)"
+        kind = Delete if op == "delete" else Unrepost
+        return kind(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
+    if op == "repost":
+        _only(body, {"v", "op", "tweet_id", "author_id", "original_tweet_id",
+                     "original_author_id", "created_at"})
+        tweet, original = _id(body, "tweet_id"), _id(body, "original_tweet_id")
+        if tweet == original:
+            msg = f"repost tweet_id={tweet} equals original_tweet_id: a repost has its own id"
+            raise InvalidEvent(msg)
+        return Repost(tweet, _id(body, "author_id"), original,
+                      _id(body, "original_author_id"), _time(body))
+    msg = f"unknown op {op!r} on topic tweets (expected post, delete, repost or unrepost)"
     raise InvalidEvent(msg)
+
+
+_EDGE_OPS: Final = ("follow", "unfollow", "block", "unblock", "mute", "unmute")
 
 
 def _parse_follow(body: dict[str, Any]) -> Event:
     op = body.get("op")
-    if op not in ("follow", "unfollow"):
-        msg = f"unknown op {op!r} on topic follows (expected follow or unfollow)"
+    if op not in _EDGE_OPS:
+        msg = f"unknown op {op!r} on topic follows (expected {', '.join(_EDGE_OPS)})"
         raise InvalidEvent(msg)
     _only(body, {"v", "op", "follower_id", "followee_id", "created_at"})
     follower, followee = _id(body, "follower_id"), _id(body, "followee_id")
     if follower == followee:
         msg = f"user {follower} cannot {op} themselves"
         raise InvalidEvent(msg)
-    return Follow(follower, followee, _time(body), active=op == "follow")
+    active = not op.startswith("un")
+    if op in ("follow", "unfollow"):
+        return Follow(follower, followee, _time(body), active=active)
+    return Relation(follower, followee, _time(body), op.removeprefix("un"), active=active)
 
 
 def _parse_user(body: dict[str, Any]) -> Event:
     op = body.get("op")
+    if op == "delete":
+        _only(body, {"v", "op", "user_id", "created_at"})
+        return AccountDelete(_id(body, "user_id"), _time(body))
     if op != "upsert":
-        msg = f"unknown op {op!r} on topic users (expected upsert)"
+        msg = f"unknown op {op!r} on topic users (expected upsert or delete)"
         raise InvalidEvent(msg)
     _only(body, {"v", "op", "user_id", "handle", "name", "created_at"})
     return UserUpsert(_id(body, "user_id"), _text(body, "handle", MAX_HANDLE, allow_empty=False),

@@ -11,11 +11,16 @@ TL_ADD     user_id, tweet_id, author_id, created_at
 TL_DEL     user_id, tweet_id, author_id, created_at (0 if not known)
 TL_WIPE    author_id, raw (user ids): drop all of the author's tweets there
 HORIZON    created_at, tweet_id, raw (user ids): raise each user's horizon to it
-TWEET      tweet_id, author_id, created_at (0 if not known), text, flag (1 = deleted)
+TWEET      tweet_id, author_id, created_at (0 if not known), text, flag (1 = deleted),
+           reply_to (the user a reply answers; 0: not a reply)
+REPOST     tweet_id (the repost's id), author_id (reposter), created_at, flag (1 = shown,
+           0 = hidden: undone, or superseded), original_id, original_author
+RELATION   user_id (who acts), author_id (who is acted on), created_at, text ("block" or
+           "mute"), flag (1 = on)
 FOLLOW     author_id (followee), flag (1 = follows), raw ((follower, created_at) pairs)
 CELEB_EDGE author_id (celebrity), flag (1 = on), raw (follower ids)
 CELEB      author_id, flag (1 = is a celebrity)
-USER       user_id, created_at, text (handle), name
+USER       user_id, created_at, text (handle), name, flag (1 = the account is deleted)
 OFFSET     topic, partition, offset (highest offset seen in the batch)
 DEAD       topic, partition, offset, text (reason), raw (value bytes)
 FANOUT     tweet_id, author_id, created_at, raw (follower ids): TL_ADD to each
@@ -70,6 +75,8 @@ class DeltaKind(IntEnum):
     FANOUT = 12
     UNFANOUT = 13
     BACKFILL = 14
+    REPOST = 15
+    RELATION = 16
 
 
 class Delta(NamedTuple):
@@ -91,13 +98,42 @@ class Delta(NamedTuple):
     partition: int = 0
     offset: int = 0
     raw: bytes | None = None
+    reply_to: int = 0
+    original_id: int = 0
+    original_author: int = 0
 
     # -- tables ----------------------------------------------------------------------
     @classmethod
-    def tweet(cls, tweet_id: int, author_id: int, created_at: int, text: str | None) -> Delta:
-        """TWEET: a posted tweet, for hydration and ``author_tweets``."""
+    def tweet(cls, tweet_id: int, author_id: int, created_at: int, text: str | None,
+              reply_to: int = 0) -> Delta:
+        """TWEET: a posted tweet (a reply names ``reply_to``), for hydration and ``author_tweets``."""
         return cls(DeltaKind.TWEET, tweet_id=tweet_id, author_id=author_id,
-                   created_at=created_at, text=text)
+                   created_at=created_at, text=text, reply_to=reply_to)
+
+    @classmethod
+    def repost(cls, tweet_id: int, author_id: int, created_at: int, original: Key,
+               shown: bool) -> Delta:
+        """REPOST: a repost shown or hidden; ``original`` is (tweet id, author id).
+
+        Unlike a tweet's delete, hiding is not final: the join decides which of a
+        user's reposts of one tweet is the live one (``views.join``), and the store
+        keeps the last state written.
+        """
+        return cls(DeltaKind.REPOST, tweet_id=tweet_id, author_id=author_id,
+                   created_at=created_at, flag=int(shown), original_id=original[0],
+                   original_author=original[1])
+
+    @classmethod
+    def relation(cls, user_id: int, other_id: int, relation: str, on: bool,
+                 created_at: int) -> Delta:
+        """RELATION: ``user_id`` blocks or mutes ``other_id`` (``relation``), or stops."""
+        return cls(DeltaKind.RELATION, user_id=user_id, author_id=other_id,
+                   created_at=created_at, text=relation, flag=int(on))
+
+    @classmethod
+    def account_deleted(cls, user_id: int, created_at: int) -> Delta:
+        """USER with the deleted flag: the account is gone for good."""
+        return cls(DeltaKind.USER, user_id=user_id, created_at=created_at, flag=1)
 
     @classmethod
     def tweet_deleted(cls, tweet_id: int, author_id: int, created_at: int = 0) -> Delta:

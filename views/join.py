@@ -110,15 +110,16 @@ class Change(NamedTuple):
     kind: int
     tweet_id: int = 0
     other_id: int = 0
+    ref_id: int = 0
     text: str | None = None
     name: str | None = None
 
     @classmethod
     def of(cls, event: Event, offset: int = 0) -> Change:
         """The change of an ingest event: the event columns of its source row."""
-        kind, _key, created_at, tweet_id, other_id, text, name = event_fields(event)
+        kind, _key, created_at, tweet_id, other_id, ref_id, text, name = event_fields(event)
         return cls(created_at, TOPIC_RANK[event.topic], offset, kind, tweet_id, other_id,
-                   text, name)
+                   ref_id, text, name)
 
 
 _ORDER = itemgetter(0, 1, 2)

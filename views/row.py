@@ -23,7 +23,17 @@ from collections.abc import Collection, Iterable
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final, NamedTuple, get_args, get_type_hints
 
-from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from ingest.events import (
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -103,6 +113,19 @@ class Kind(IntEnum):
     FOLLOW = 3
     UNFOLLOW = 4
     USER = 5
+    REPOST = 6
+    UNREPOST = 7
+    BLOCK = 8
+    UNBLOCK = 9
+    MUTE = 10
+    UNMUTE = 11
+    USER_DELETE = 12
+
+
+#: Relation events by (relation, active), and back.
+_RELATION_KINDS: Final = {("block", True): Kind.BLOCK, ("block", False): Kind.UNBLOCK,
+                          ("mute", True): Kind.MUTE, ("mute", False): Kind.UNMUTE}
+_RELATIONS: Final = {kind: pair for pair, kind in _RELATION_KINDS.items()}
 
 
 #: Where the record was read, the event it carries (:data:`EVENT_COLUMNS`), and for an
@@ -110,22 +133,22 @@ class Kind(IntEnum):
 SOURCE_COLUMNS: Final = (
     Column("topic", STRING), Column("partition", INT), Column("offset", BIGINT),
     Column("kind", INT), Column("key", BIGINT), Column("created_at", BIGINT),
-    Column("tweet_id", BIGINT), Column("other_id", BIGINT),
+    Column("tweet_id", BIGINT), Column("other_id", BIGINT), Column("ref_id", BIGINT),
     Column("text", STRING, nullable=True), Column("name", STRING, nullable=True),
     Column("error", STRING, nullable=True), Column("raw", BINARY, nullable=True),
 )
 #: The columns that carry the event: the fields of :func:`event_fields` and
 #: :func:`to_event`, in that order.
-EVENT_COLUMNS: Final = tuple(c.name for c in SOURCE_COLUMNS[3:10])
+EVENT_COLUMNS: Final = tuple(c.name for c in SOURCE_COLUMNS[3:11])
 
 #: One source row, in SOURCE_COLUMNS order. Rows are plain tuples, not a NamedTuple:
 #: the sources build one per record, and a NamedTuple costs 4 times as much to build.
-Row = tuple[str, int, int, int, int, int, int, int, str | None, str | None, str | None,
+Row = tuple[str, int, int, int, int, int, int, int, int, str | None, str | None, str | None,
             bytes | None]
 #: The :data:`EVENT_COLUMNS` of one row.
-EventFields = tuple[int, int, int, int, int, str | None, str | None]
+EventFields = tuple[int, int, int, int, int, int, str | None, str | None]
 #: The event columns of a row that carries no event (a record that failed validation).
-NO_EVENT: Final[EventFields] = (Kind.INVALID, 0, 0, 0, 0, None, None)
+NO_EVENT: Final[EventFields] = (Kind.INVALID, 0, 0, 0, 0, 0, None, None)
 
 
 # --- events ↔ rows: the two mappings, side by side ---------------------------------------
@@ -133,33 +156,53 @@ NO_EVENT: Final[EventFields] = (Kind.INVALID, 0, 0, 0, 0, None, None)
 def event_fields(event: Event) -> EventFields:
     """The :data:`EVENT_COLUMNS` of ``event``.
 
-    ``key`` is its join key, ``text`` a post's text or a user's handle, ``other_id``
-    a follow's follower.
+    ``key`` is its join key and ``text`` a post's text or a user's handle.
+    ``other_id`` is a post's ``in_reply_to_user_id`` (0: not a reply), a repost's
+    original author, or the acting user of a follow, block or mute; ``ref_id`` is a
+    repost's original tweet.
     """
     if isinstance(event, Post):
-        return (Kind.POST, event.author_id, event.created_at, event.tweet_id, 0,
-                event.text, None)
-    if isinstance(event, Delete):
-        return (Kind.DELETE, event.author_id, event.created_at, event.tweet_id, 0, None, None)
+        return (Kind.POST, event.author_id, event.created_at, event.tweet_id,
+                event.in_reply_to_user_id, 0, event.text, None)
+    if isinstance(event, Delete | Unrepost):
+        kind = Kind.DELETE if isinstance(event, Delete) else Kind.UNREPOST
+        return (kind, event.author_id, event.created_at, event.tweet_id, 0, 0, None, None)
+    if isinstance(event, Repost):
+        return (Kind.REPOST, event.author_id, event.created_at, event.tweet_id,
+                event.original_author_id, event.original_tweet_id, None, None)
     if isinstance(event, Follow):
         kind = Kind.FOLLOW if event.active else Kind.UNFOLLOW
-        return (kind, event.followee_id, event.created_at, 0, event.follower_id, None, None)
+        return (kind, event.followee_id, event.created_at, 0, event.follower_id, 0, None, None)
+    if isinstance(event, Relation):
+        kind = _RELATION_KINDS[(event.relation, event.active)]
+        return (kind, event.followee_id, event.created_at, 0, event.follower_id, 0, None, None)
     if isinstance(event, UserUpsert):
-        return (Kind.USER, event.user_id, event.created_at, 0, 0, event.handle, event.name)
+        return (Kind.USER, event.user_id, event.created_at, 0, 0, 0, event.handle, event.name)
+    if isinstance(event, AccountDelete):
+        return (Kind.USER_DELETE, event.user_id, event.created_at, 0, 0, 0, None, None)
     msg = f"no row layout for event {event!r}"
     raise TypeError(msg)
 
 
 def to_event(kind: int, key: int, created_at: int, tweet_id: int, other_id: int,
-             text: str | None, name: str | None) -> Event:
+             ref_id: int, text: str | None, name: str | None) -> Event:
     """The (already validated) event a row carries: the inverse of :func:`event_fields`."""
     if kind == Kind.POST:
-        return Post(tweet_id, key, created_at, text or "")
+        return Post(tweet_id, key, created_at, text or "", other_id)
     if kind == Kind.DELETE:
         return Delete(tweet_id, key, created_at)
+    if kind == Kind.UNREPOST:
+        return Unrepost(tweet_id, key, created_at)
+    if kind == Kind.REPOST:
+        return Repost(tweet_id, key, ref_id, other_id, created_at)
     if kind in (Kind.FOLLOW, Kind.UNFOLLOW):
         return Follow(other_id, key, created_at, active=kind == Kind.FOLLOW)
+    if kind in _RELATIONS:
+        relation, active = _RELATIONS[Kind(kind)]
+        return Relation(other_id, key, created_at, relation, active=active)
     if kind == Kind.USER:
         return UserUpsert(key, text or "", name or "", created_at)
+    if kind == Kind.USER_DELETE:
+        return AccountDelete(key, created_at)
     msg = f"row kind {kind} carries no event"
     raise ValueError(msg)

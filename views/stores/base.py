@@ -44,21 +44,56 @@ class Entry(NamedTuple):
 
 
 class TweetRow(NamedTuple):
-    """A tweet: what hydration reads, and what a write plan writes."""
+    """A tweet or a repost: what hydration reads, and what a write plan writes.
+
+    A post has ``original_id`` 0 and, if it is a reply, ``reply_to`` the user it
+    answers. A repost has ``original_id``/``original_author`` and empty text;
+    its ``deleted`` is "not shown" (undone or superseded, see ``views.join``), which
+    unlike a post's delete may be lifted again by a later write.
+    """
 
     tweet_id: int
     author_id: int
     created_at: int
     text: str
     deleted: bool
+    reply_to: int = 0
+    original_id: int = 0
+    original_author: int = 0
+
+    @property
+    def is_repost(self) -> bool:
+        return self.original_id != 0
 
 
 class UserRow(NamedTuple):
-    """A user's profile for hydration."""
+    """A user's profile for hydration; a deleted account reads as ``deleted`` (DESIGN §4b)."""
 
     user_id: int
     handle: str
     name: str
+    deleted: bool = False
+
+
+class Relations(NamedTuple):
+    """What one user's home timeline must leave out besides deletes (DESIGN §4b).
+
+    ``blocked``: users this user blocks or is blocked by (blocks act both ways);
+    ``muted``: users this user mutes (one way).
+    """
+
+    blocked: frozenset[int] = frozenset()
+    muted: frozenset[int] = frozenset()
+
+
+class RelationRow(NamedTuple):
+    """A block or mute to write: ``user_id`` acts on ``other_id``; ``on`` sets, else clears."""
+
+    user_id: int
+    other_id: int
+    relation: str
+    on: bool
+    created_at: int
 
 
 class ProfileRow(NamedTuple):
@@ -128,6 +163,12 @@ class WritePlan:
     #: author → on the celebrity path
     celebs: dict[int, bool] = field(default_factory=dict)
     users: dict[int, ProfileRow] = field(default_factory=dict)
+    #: user → created_at of the account's deletion (final: later profiles never undo it)
+    deleted_users: dict[int, int] = field(default_factory=dict)
+    #: (user, other, relation) → the block or mute, last write wins
+    relations: dict[tuple[int, int, str], RelationRow] = field(default_factory=dict)
+    #: repost id → the repost, last write wins (``deleted`` = not shown; not final)
+    reposts: dict[int, TweetRow] = field(default_factory=dict)
     wipes: set[tuple[int, int]] = field(default_factory=set)
     #: (user, tweet, created_at or 0 if unknown, author)
     removes: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -140,7 +181,8 @@ class WritePlan:
 
     def rows(self) -> int:
         parts: tuple[Sized, ...] = (self.tweets, self.follows, self.celeb_edges, self.celebs,
-                                     self.users, self.wipes, self.removes, self.adds,
+                                     self.users, self.deleted_users, self.relations,
+                                     self.reposts, self.wipes, self.removes, self.adds,
                                      self.horizons, self.dead)
         return sum(len(part) for part in parts)
 
@@ -236,11 +278,23 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        """Tweets by id (deleted ones included, flagged)."""
+        """Tweets and reposts by id (deleted or hidden ones included, flagged)."""
 
     @abc.abstractmethod
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        """Profiles by id."""
+        """Profiles by id; a deleted account is a row with ``deleted`` set."""
+
+    @abc.abstractmethod
+    def relations(self, user: int) -> Relations:
+        """The blocks (both ways) and mutes that filter ``user``'s home timeline."""
+
+    @abc.abstractmethod
+    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+        """Shown reposts of each original tweet, newest first (``author_id``: the reposter).
+
+        Originals with none are left out. What the read path needs to keep one entry
+        per original tweet (the newest appearance) across pages.
+        """
 
     @abc.abstractmethod
     def celebrities(self) -> list[int]:
@@ -277,7 +331,8 @@ class Store(abc.ABC):
 
 
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:
-    row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag))
+    row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag),
+                   reply_to=d.reply_to)
     old = plan.tweets.get(d.tweet_id)
     if old is not None:
         # A post and its delete in one batch: deleted wins, keep what is known.
@@ -328,6 +383,24 @@ def _fold_dead(plan: WritePlan, d: Delta) -> None:
     plan.dead.append(DeadRow(d.topic or "", d.partition, d.offset, d.text or "", d.raw))
 
 
+def _fold_user(plan: WritePlan, d: Delta) -> None:
+    if d.flag:
+        plan.deleted_users[d.user_id] = d.created_at
+    else:
+        plan.users[d.user_id] = ProfileRow.of(d)
+
+
+def _fold_repost(plan: WritePlan, d: Delta) -> None:
+    plan.reposts[d.tweet_id] = TweetRow(d.tweet_id, d.author_id, d.created_at, "",
+                                        not d.flag, 0, d.original_id, d.original_author)
+
+
+def _fold_relation(plan: WritePlan, d: Delta) -> None:
+    relation = d.text or ""
+    plan.relations[(d.user_id, d.author_id, relation)] = RelationRow(
+        d.user_id, d.author_id, relation, bool(d.flag), d.created_at)
+
+
 _FOLD = {
     DeltaKind.TL_ADD: _fold_add,
     DeltaKind.FANOUT: _fold_add,
@@ -340,7 +413,9 @@ _FOLD = {
     DeltaKind.FOLLOW: _fold_follow,
     DeltaKind.CELEB_EDGE: _fold_celeb_edge,
     DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, bool(d.flag)),
-    DeltaKind.USER: lambda p, d: p.users.__setitem__(d.user_id, ProfileRow.of(d)),
+    DeltaKind.USER: _fold_user,
+    DeltaKind.REPOST: _fold_repost,
+    DeltaKind.RELATION: _fold_relation,
     DeltaKind.OFFSET: _fold_offset,
     DeltaKind.DEAD: _fold_dead,
 }
