@@ -77,6 +77,16 @@ class AuthorState:
     celebrity: bool = False
     #: created_at of the newest profile applied (-1: none yet).
     profile_at: int = -1
+    #: Every repost seen by this author: repost id → (created_at, original id, original author).
+    reposts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    #: Ids of this author's unreposts (final, like tombstones; a delete also undoes).
+    undone: set[int] = field(default_factory=set)
+    #: Original tweet → the one repost of it shown now (see :func:`_settle_reposts`).
+    shown: dict[int, int] = field(default_factory=dict)
+    #: (acting user, "block" or "mute") → (created_at, on) of the winning event.
+    relations: dict[tuple[int, str], tuple[int, bool]] = field(default_factory=dict)
+    #: The account is deleted (final: later profiles are ignored).
+    deleted: bool = False
     #: Active followers (-1: not counted yet); derived, so not part of equality.
     active: int = field(default=-1, compare=False)
 
@@ -181,28 +191,42 @@ def apply_batch(
     """Apply one batch of ``key``'s changes; return the new state and the deltas."""
     state = state if state is not None else AuthorState()
     out = _Out(key)
+    originals: set[int] = set()
     for change in sorted(changes, key=_ORDER):
-        _apply(state, key, change, config, out)
+        _apply(state, key, change, config, out, originals)
+    _settle_reposts(state, key, originals, config, out)
     _settle_path(state, key, config, out)
     return state, out.deltas()
 
 
-def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out) -> None:
+def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
+           originals: set[int]) -> None:
     kind = change.kind
     if kind == Kind.POST:
         _post(state, key, change, cfg, out)
     elif kind == Kind.DELETE:
         _delete(state, key, change, out)
+        _undo(state, change.tweet_id, originals)
+    elif kind == Kind.REPOST:
+        _repost(state, change, originals)
+    elif kind == Kind.UNREPOST:
+        state.undone.add(change.tweet_id)
+        _undo(state, change.tweet_id, originals)
     elif kind in (Kind.FOLLOW, Kind.UNFOLLOW):
         _follow(state, key, change, out)
+    elif kind in _RELATIONS:
+        _relation(state, key, change, out)
+    elif kind == Kind.USER_DELETE:
+        _account_delete(state, key, change, out)
     else:
         _profile(state, key, change, out)
 
 
 def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out) -> None:
-    if post.tweet_id in state.tombstones or post.tweet_id in state.tweets:
+    if (post.tweet_id in state.tombstones or post.tweet_id in state.tweets
+            or post.tweet_id in state.reposts):
         return
-    out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text))
+    out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text, post.other_id))
     _keep(state, post.tweet_id, post.created_at, cfg.cap)
     if not state.celebrity:
         for follower in state.active_followers():
@@ -261,8 +285,97 @@ def _backfill(state: AuthorState, user: int, out: _Out) -> None:
         out.horizon(user, state.evicted)
 
 
+def _repost(state: AuthorState, repost: Change, originals: set[int]) -> None:
+    """Remember the repost; which of a user's reposts of a tweet shows is settled per batch."""
+    seen = state.reposts.get(repost.tweet_id)
+    mine = (repost.created_at, repost.ref_id, repost.other_id)
+    if seen is not None and seen <= mine:
+        return
+    state.reposts[repost.tweet_id] = mine
+    originals.add(repost.ref_id)
+    if seen is not None:
+        originals.add(seen[1])
+
+
+def _undo(state: AuthorState, entry_id: int, originals: set[int]) -> None:
+    seen = state.reposts.get(entry_id)
+    if seen is not None:
+        originals.add(seen[1])
+
+
+def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: JoinConfig,
+                    out: _Out) -> None:
+    """Show, per original tweet touched, the author's one live repost of it.
+
+    Of the reposts of a tweet not undone (by an unrepost or a delete naming it), the
+    earliest by (created_at, id) is shown and the others are no-ops while it stands
+    (DESIGN §4b: one live repost per user and tweet). Computed from everything seen,
+    so arrival order does not matter; a late, earlier repost takes over from the
+    one shown. A shown repost is an entry of this author, fanned out like a post.
+    """
+    if not originals:
+        return
+    live: dict[int, tuple[int, int]] = {}
+    for rid, (at, original, _) in state.reposts.items():
+        if (original in originals and rid not in state.undone and rid not in state.tombstones
+                and (at, rid) < live.get(original, _NEVER)):
+            live[original] = (at, rid)
+    for original in originals:
+        new = live[original][1] if original in live else None
+        old = state.shown.get(original)
+        if new == old:
+            continue
+        if old is not None:
+            _show_repost(state, key, old, False, cfg, out)
+            del state.shown[original]
+        if new is not None:
+            _show_repost(state, key, new, True, cfg, out)
+            state.shown[original] = new
+
+
+_NEVER = (2**63, 2**63)
+
+
+def _show_repost(state: AuthorState, key: int, repost_id: int, shown: bool, cfg: JoinConfig,
+                 out: _Out) -> None:
+    created_at, original, original_author = state.reposts[repost_id]
+    out.emit(Delta.repost(repost_id, key, created_at, (original, original_author), shown))
+    if shown:
+        _keep(state, repost_id, created_at, cfg.cap)
+    else:
+        state.tweets.pop(repost_id, None)
+    if not state.celebrity:
+        for follower in state.active_followers():
+            if shown:
+                out.add(follower, repost_id, created_at)
+            else:
+                out.remove(follower, repost_id, created_at)
+
+
+_RELATIONS = {Kind.BLOCK: ("block", True), Kind.UNBLOCK: ("block", False),
+              Kind.MUTE: ("mute", True), Kind.UNMUTE: ("mute", False)}
+
+
+def _relation(state: AuthorState, key: int, change: Change, out: _Out) -> None:
+    """A block or mute of this key by ``other_id``: the newest event wins, an un-op a tie."""
+    relation, on = _RELATIONS[Kind(change.kind)]
+    slot = (change.other_id, relation)
+    previous = state.relations.get(slot)
+    if previous is not None and _edge_rank(previous) >= _edge_rank((change.created_at, on)):
+        return
+    state.relations[slot] = (change.created_at, on)
+    if (previous is not None and previous[1]) != on:
+        out.emit(Delta.relation(change.other_id, key, relation, on, change.created_at))
+
+
+def _account_delete(state: AuthorState, key: int, change: Change, out: _Out) -> None:
+    if not state.deleted:
+        state.deleted = True
+        out.emit(Delta.account_deleted(key, change.created_at))
+
+
 def _profile(state: AuthorState, key: int, user: Change, out: _Out) -> None:
-    if user.created_at < state.profile_at:
+    if state.deleted or user.created_at < state.profile_at:
         return
     state.profile_at = user.created_at
     out.emit(Delta.profile(key, user.created_at, user.text, user.name))
