@@ -1,10 +1,11 @@
 """The changelog contract: event types, validation, JSON encoding, topics and keys.
 
-Everything that crosses Kafka is defined here and nowhere else (DESIGN §3, §4b). Three
-topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``, ``follows``
-keyed by ``followee_id`` and ``users`` keyed by ``user_id``. The key is the decimal
-id as ASCII bytes, so any Kafka client with the same partitioner (murmur2, the Java
-default) puts one author's tweets and follower edges in the same partition number.
+Everything that crosses Kafka is defined here and nowhere else (DESIGN §3, §4b). Four
+topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``,
+``follows`` keyed by ``followee_id``, and ``users`` and ``activity`` keyed by
+``user_id``. The key is the decimal id as ASCII bytes, so any Kafka client with the
+same partitioner (murmur2, the Java default) puts one author's tweets and follower
+edges in the same partition number.
 
 ``decode`` is total: it returns an event or raises :class:`InvalidEvent` with a
 reason a person can act on. Callers turn that into a dead-letter record; nothing
@@ -30,9 +31,11 @@ MAX_CREATED_AT: Final = 253_402_300_799_999
 TWEETS: Final = "tweets"
 FOLLOWS: Final = "follows"
 USERS: Final = "users"
-TOPICS: Final = (TWEETS, FOLLOWS, USERS)
+#: Home-timeline reads, compacted per user (DESIGN §4b, inactive users).
+ACTIVITY: Final = "activity"
+TOPICS: Final = (TWEETS, FOLLOWS, USERS, ACTIVITY)
 #: Rank of each topic in the per-key apply order (created_at, topic, offset).
-TOPIC_RANK: Final = {FOLLOWS: 0, TWEETS: 1, USERS: 2}
+TOPIC_RANK: Final = {FOLLOWS: 0, TWEETS: 1, USERS: 2, ACTIVITY: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,26 @@ class AccountDelete:
         return self.user_id
 
 
-Event = Post | Delete | Repost | Unrepost | Follow | Relation | UserUpsert | AccountDelete
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """``user_id`` read their home timeline at ``created_at``.
+
+    The log that inactive users are derived from (DESIGN §4b), so that which users get
+    fan-out writes is a function of the changelogs, as the view is.
+    """
+
+    user_id: int
+    created_at: int
+    op = "read"
+    topic = ACTIVITY
+
+    @property
+    def key(self) -> int:
+        return self.user_id
+
+
+Event = (Post | Delete | Repost | Unrepost | Follow | Relation | UserUpsert | AccountDelete
+         | Activity)
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -199,7 +221,7 @@ def encode(event: Event) -> tuple[bytes, bytes]:
     elif isinstance(event, Follow | Relation):
         body |= {"follower_id": event.follower_id, "followee_id": event.followee_id,
                  "created_at": event.created_at}
-    elif isinstance(event, AccountDelete):
+    elif isinstance(event, AccountDelete | Activity):
         body |= {"user_id": event.user_id, "created_at": event.created_at}
     else:
         body |= {"user_id": event.user_id, "handle": event.handle, "name": event.name,
@@ -303,7 +325,17 @@ def _parse_user(body: dict[str, Any]) -> Event:
                       _text(body, "name", MAX_NAME, allow_empty=True), _time(body))
 
 
-_PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user}
+def _parse_activity(body: dict[str, Any]) -> Event:
+    op = body.get("op")
+    if op != "read":
+        msg = f"unknown op {op!r} on topic activity (expected read)"
+        raise InvalidEvent(msg)
+    _only(body, {"v", "op", "user_id", "created_at"})
+    return Activity(_id(body, "user_id"), _time(body))
+
+
+_PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user,
+            ACTIVITY: _parse_activity}
 
 
 def _only(body: dict[str, Any], allowed: set[str]) -> None:

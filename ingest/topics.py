@@ -23,12 +23,13 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingest.errors import BrokerUnavailable, IngestError
-from ingest.events import TOPICS, USERS
+from ingest.events import ACTIVITY, TOPICS, USERS
 from ingest.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-_TOPIC_CONFIG: Final = {USERS: {"cleanup.policy": "compact"}}
+_TOPIC_CONFIG: Final = {USERS: {"cleanup.policy": "compact"},
+                         ACTIVITY: {"cleanup.policy": "compact"}}
 
 
 class TopicLayoutError(IngestError):

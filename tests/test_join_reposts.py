@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ingest.events import (
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Follow,
@@ -146,6 +147,13 @@ def test_a_reply_carries_the_user_it_answers():
     [tweet] = [d for d in deltas if d.kind == DeltaKind.TWEET]
     assert tweet.reply_to == 3
     assert _timeline(deltas) == {(1, 600), (2, 600)}  # filtered at read time, not here
+
+
+def test_reads_become_one_activity_row_per_batch_with_the_newest_time():
+    _, deltas = _run([[Activity(REPOSTER, 9), Activity(REPOSTER, 12), Activity(REPOSTER, 3)],
+                      [Activity(REPOSTER, 5)]])
+    rows = [(d.user_id, d.created_at) for d in deltas if d.kind == DeltaKind.ACTIVITY]
+    assert rows == [(REPOSTER, 12), (REPOSTER, 5)]  # the store keeps the newest
 
 
 IDS = st.integers(1, BIG)

@@ -33,9 +33,10 @@ from pyspark.sql.types import (
 from ingest.events import (
     MAX_ID,
     TOPIC_RANK,
+    AccountDelete,
+    Activity,
     Delete,
     Event,
-    AccountDelete,
     Follow,
     Post,
     Relation,
@@ -200,6 +201,7 @@ _EVENTS: list[Event] = [
     Relation(follower_id=2, followee_id=7, created_at=9, relation="mute"),
     Relation(follower_id=2, followee_id=7, created_at=9, relation="mute", active=False),
     AccountDelete(user_id=7, created_at=12),
+    Activity(user_id=7, created_at=13),
 ]
 
 

@@ -21,6 +21,7 @@ FOLLOW     author_id (followee), flag (1 = follows), raw ((follower, created_at)
 CELEB_EDGE author_id (celebrity), flag (1 = on), raw (follower ids)
 CELEB      author_id, flag (1 = is a celebrity)
 USER       user_id, created_at, text (handle), name, flag (1 = the account is deleted)
+ACTIVITY   user_id, created_at (the user's newest home-timeline read in the batch)
 OFFSET     topic, partition, offset (highest offset seen in the batch)
 DEAD       topic, partition, offset, text (reason), raw (value bytes)
 FANOUT     tweet_id, author_id, created_at, raw (follower ids): TL_ADD to each
@@ -77,6 +78,7 @@ class DeltaKind(IntEnum):
     BACKFILL = 14
     REPOST = 15
     RELATION = 16
+    ACTIVITY = 17
 
 
 class Delta(NamedTuple):
@@ -129,6 +131,11 @@ class Delta(NamedTuple):
         """RELATION: ``user_id`` blocks or mutes ``other_id`` (``relation``), or stops."""
         return cls(DeltaKind.RELATION, user_id=user_id, author_id=other_id,
                    created_at=created_at, text=relation, flag=int(on))
+
+    @classmethod
+    def activity(cls, user_id: int, read_at: int) -> Delta:
+        """ACTIVITY: ``user_id`` read their home timeline at ``read_at`` (inactive users)."""
+        return cls(DeltaKind.ACTIVITY, user_id=user_id, created_at=read_at)
 
     @classmethod
     def account_deleted(cls, user_id: int, created_at: int) -> Delta:

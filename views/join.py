@@ -154,6 +154,8 @@ class _Out:
         self.starred: dict[int, bool] = {}
         self.horizons: dict[int, Key] = {}
         self.other: list[Delta] = []
+        #: Newest home-timeline read by this key's user in the batch (-1: none).
+        self.read_at = -1
 
     def add(self, user: int, tweet: int, created_at: int) -> None:
         self.home[(user, tweet)] = (True, created_at)
@@ -181,6 +183,8 @@ class _Out:
         self.other.append(delta)
 
     def deltas(self) -> list[Delta]:
+        if self.read_at >= 0:
+            self.other.append(Delta.activity(self.author, self.read_at))
         return self.other + pack(self.author, self.home, self.wipes, self.edges,
                                  self.starred, self.horizons)
 
@@ -218,6 +222,8 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
         _relation(state, key, change, out)
     elif kind == Kind.USER_DELETE:
         _account_delete(state, key, change, out)
+    elif kind == Kind.ACTIVITY:
+        out.read_at = max(out.read_at, change.created_at)
     else:
         _profile(state, key, change, out)
 

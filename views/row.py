@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple, get_args, get_type_hints
 
 from ingest.events import (
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Follow,
@@ -120,6 +121,7 @@ class Kind(IntEnum):
     MUTE = 10
     UNMUTE = 11
     USER_DELETE = 12
+    ACTIVITY = 13
 
 
 #: Relation events by (relation, active), and back.
@@ -180,6 +182,8 @@ def event_fields(event: Event) -> EventFields:
         return (Kind.USER, event.user_id, event.created_at, 0, 0, 0, event.handle, event.name)
     if isinstance(event, AccountDelete):
         return (Kind.USER_DELETE, event.user_id, event.created_at, 0, 0, 0, None, None)
+    if isinstance(event, Activity):
+        return (Kind.ACTIVITY, event.user_id, event.created_at, 0, 0, 0, None, None)
     msg = f"no row layout for event {event!r}"
     raise TypeError(msg)
 
@@ -204,5 +208,7 @@ def to_event(kind: int, key: int, created_at: int, tweet_id: int, other_id: int,
         return UserUpsert(key, text or "", name or "", created_at)
     if kind == Kind.USER_DELETE:
         return AccountDelete(key, created_at)
+    if kind == Kind.ACTIVITY:
+        return Activity(key, created_at)
     msg = f"row kind {kind} carries no event"
     raise ValueError(msg)

@@ -167,6 +167,8 @@ class WritePlan:
     deleted_users: dict[int, int] = field(default_factory=dict)
     #: (user, other, relation) → the block or mute, last write wins
     relations: dict[tuple[int, int, str], RelationRow] = field(default_factory=dict)
+    #: user → newest home-timeline read (what inactive users are derived from)
+    activity: dict[int, int] = field(default_factory=dict)
     #: repost id → the repost, last write wins (``deleted`` = not shown; not final)
     reposts: dict[int, TweetRow] = field(default_factory=dict)
     wipes: set[tuple[int, int]] = field(default_factory=set)
@@ -182,7 +184,7 @@ class WritePlan:
     def rows(self) -> int:
         parts: tuple[Sized, ...] = (self.tweets, self.follows, self.celeb_edges, self.celebs,
                                      self.users, self.deleted_users, self.relations,
-                                     self.reposts, self.wipes, self.removes, self.adds,
+                                     self.reposts, self.activity, self.wipes, self.removes, self.adds,
                                      self.horizons, self.dead)
         return sum(len(part) for part in parts)
 
@@ -415,6 +417,8 @@ _FOLD = {
     DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, bool(d.flag)),
     DeltaKind.USER: _fold_user,
     DeltaKind.REPOST: _fold_repost,
+    DeltaKind.ACTIVITY: lambda p, d: p.activity.__setitem__(
+        d.user_id, max(d.created_at, p.activity.get(d.user_id, -1))),
     DeltaKind.RELATION: _fold_relation,
     DeltaKind.OFFSET: _fold_offset,
     DeltaKind.DEAD: _fold_dead,
