@@ -201,11 +201,14 @@ def test_home_entries_are_hydrated(client: httpx.Client, filled: Filled):
     for user in filled.readers():
         entries = _pages(client, f"/v1/users/{user}/home", MAX_PAGE)
         want = filled.ref.home(user, 10**6)
-        for entry, (tweet, author, created_at, text) in zip(entries, want, strict=True):
+        for entry, row in zip(entries, want, strict=True):
+            tweet, created_at, author = row.entry_id, row.created_at, row.actor_id
+            original = filled.ref.post(row.original_tweet_id)
             profile = filled.ref.profiles.get(author)
+            assert original is not None, f"entry {tweet}: no post {row.original_tweet_id}"
             assert entry == {
                 "tweet_id": str(tweet), "created_at": created_at,
-                "created_at_iso": iso_millis(created_at), "text": text,
+                "created_at_iso": iso_millis(created_at), "text": original.text,
                 "author": {"id": str(author), "handle": profile.handle if profile else None,
                            "name": profile.name if profile else None}}
 

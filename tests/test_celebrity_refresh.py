@@ -92,7 +92,7 @@ def _pages_are_the_query(harness: Harness, history: list[Event], cache: Celebrit
     ref = Reference().add(history)
     with_cache = functools.partial(home_page, celebrities=cache)
     for user in FOLLOWERS:
-        want = [t for t, _, _, _ in ref.home(user, CONFIG.cap)]
+        want = [r.entry_id for r in ref.home(user, CONFIG.cap)]
         got = [e.tweet_id for e in home_top(harness.store, user, CONFIG.cap, page_size=2,
                                             page_fn=with_cache)]
         assert got == want

@@ -72,7 +72,7 @@ def _split(items: list[Event], cuts: list[int]) -> list[list[Event]]:
 def _check(harness: Harness, history: list[Event]) -> None:
     ref = Reference().add(history)
     for user in ALL_USERS:
-        want = [(t, a, c) for t, a, c, _ in ref.home(user, harness.config.cap)]
+        want = [(r.entry_id, r.actor_id, r.created_at) for r in ref.home(user, harness.config.cap)]
         got = [(e.tweet_id, e.author_id, e.created_at)
                for e in home_top(harness.store, user, harness.config.cap, page_size=3)]
         assert got == want, f"user {user}"
@@ -209,7 +209,7 @@ def test_threshold_crossings_keep_timelines_equal_to_the_sql(
     cache.refresh()
     with_cache = functools.partial(home_page, celebrities=cache)
     for user in range(3, 9):
-        want = [(t, a, c) for t, a, c, _ in ref.home(user, cap)]
+        want = [(r.entry_id, r.actor_id, r.created_at) for r in ref.home(user, cap)]
         got = [(e.tweet_id, e.author_id, e.created_at)
                for e in home_top(harness.store, user, cap, page_size=2)]
         assert got == want, f"user {user}"
@@ -287,7 +287,8 @@ def test_each_page_is_the_query_below_its_cursor_under_concurrent_writes(
     below, seen, writes = None, [], iter(during)
     while True:
         page = home_page(harness.store, user, below, limit)
-        everything = [(c, t) for t, _, c, _ in Reference().add(history).home(user, 10**6)]
+        everything = [(r.created_at, r.entry_id)
+                      for r in Reference().add(history).home(user, 10**6)]
         want = [key for key in everything if below is None or key < below][:limit]
         assert [e.key for e in page.entries] == want
         seen += [e.key for e in page.entries]

@@ -24,14 +24,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from ingest.events import (
+    BLOCK,
+    MUTE,
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+)
 from serving.timeline import home_top, read_time_page
 from tests.cassandra_helpers import fresh_keyspace
 from tests.test_join import ALL_USERS, BIG, Harness, events
 from views.delta import Delta, Key, pack
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
-from views.stores.base import Entry, Store
+from views.stores.base import Entry, Relations, Store
 from views.stores.cassandra.statements import BATCH_BUCKET
 from views.stores.cassandra.store import CassandraStore
 from views.stores.sqlite import SQLiteStore
@@ -131,8 +143,8 @@ def space() -> Space:
     return Space()
 
 
-def post(tweet: int, author: int, at: int, text: str = "x") -> Delta:
-    return Delta.tweet(tweet, author, at, text)
+def post(tweet: int, author: int, at: int, text: str = "x", reply_to: int = 0) -> Delta:
+    return Delta.tweet(tweet, author, at, text, reply_to)
 
 
 def gone(tweet: int, author: int, at: int = 0) -> Delta:
@@ -175,6 +187,15 @@ def profile(user: int, handle: str, name: str, at: int) -> Delta:
     return Delta.profile(user, at, handle, name)
 
 
+def repost(tweet: int, author: int, at: int, original: tuple[int, int],
+           shown: bool = True) -> Delta:
+    return Delta.repost(tweet, author, at, original, shown)
+
+
+def relation(user: int, other: int, kind: str, on: bool = True, at: int = 1) -> Delta:
+    return Delta.relation(user, other, kind, on, at)
+
+
 def offset(topic: str, partition: int, off: int, at: int = 0) -> Delta:
     return Delta.source_offset(topic, partition, off, at)
 
@@ -196,18 +217,24 @@ def test_applying_a_batch_twice_is_applying_it_once(backend: Backend, space: Spa
     deltas = [post(t1, a, 5, "one"), post(t2, a, 6, "two"), gone(t3, a), follow(u, a),
               follow(v, a), add(u, t1, a, 5), add(u, t2, a, 6), add(v, t1, a, 5), rm(v, t3, a),
               horizon(v, (1, t1)), profile(a, "ann", "Ann", 3), edge(u, c), celeb(c),
-              offset(space.topic(), 0, 41, 6), dead(space.topic(), 0, 40, "bad", b"\x00x")]
+              offset(space.topic(), 0, 41, 6), dead(space.topic(), 0, 40, "bad", b"\x00x"),
+              post(space(14), c, 7, "reply", u), repost(space(15), u, 8, (t1, a)),
+              repost(space(16), v, 9, (t1, a), shown=False), relation(u, v, BLOCK),
+              relation(v, c, MUTE), Delta.account_deleted(c, 9)]
 
     def seen() -> dict[str, object]:
         return {"cached": [store.cached(x, None, 10) for x in (u, v)],
                 "horizons": [store.horizon(x) for x in (u, v)],
                 "authors": store.author_tweets([a], None, 10), "tweets": store.tweets([t1, t2, t3]),
-                "users": store.users([a]), "graph": [store.followees(u), store.followees(v),
+                "users": store.users([a, c]), "graph": [store.followees(u), store.followees(v),
                                                      store.celebrities_followed(u)],
                 "celeb": c in store.celebrities(),
                 "offsets": {k: o for k, o in store.applied_offsets().items()
                             if k[0] == space.topic()},
-                "dead": [d for d in store.dead_letters(1000) if d.topic == space.topic()]}
+                "dead": [d for d in store.dead_letters(1000) if d.topic == space.topic()],
+                "reposts": (store.reposts_of([t1, t2]), store.tweets([space(15), space(16)]),
+                            store.author_tweets([u, v], None, 10)),
+                "relations": [store.relations(x) for x in (u, v, c)]}
 
     store.apply(deltas, space.batch())
     once, counts = seen(), store.counts()
@@ -217,6 +244,8 @@ def test_applying_a_batch_twice_is_applying_it_once(backend: Backend, space: Spa
     assert seen() == once
     assert store.counts() == counts
     assert ids(once["cached"][0]) == [t2, t1]  # type: ignore[index]
+    assert once["reposts"][0] == {t1: [Entry(8, space(15), u)]}  # type: ignore[index]
+    assert once["relations"][0] == Relations(frozenset({v}))  # type: ignore[index]
 
 
 def test_wipes_apply_before_adds(backend: Backend, space: Space) -> None:
@@ -325,7 +354,7 @@ def test_hydration_with_ids_near_2_pow_63(backend: Backend, space: Space) -> Non
     assert set(store.tweets([tweet, tweet, space(1)])) == {tweet}
     row = store.tweets([tweet])[tweet]
     assert (row.author_id, row.created_at, row.text, row.deleted) == (author, 2**40, "big", False)
-    assert store.users([author, space(1)])[author][1:] == ("b", "Big")
+    assert store.users([author, space(1)])[author][1:] == ("b", "Big", False)
     assert store.followees(user) == [author]
 
 
@@ -334,9 +363,9 @@ def test_the_newest_profile_wins(backend: Backend, space: Space) -> None:
     u = space(1)
     store.apply([profile(u, "new", "New", 5)])
     store.apply([profile(u, "old", "Old", 3)])
-    assert store.users([u])[u][1:] == ("new", "New")
+    assert store.users([u])[u][1:3] == ("new", "New")
     store.apply([profile(u, "newer", "Newer", 5)])
-    assert store.users([u])[u][1:] == ("newer", "Newer")
+    assert store.users([u])[u] == (u, "newer", "Newer", False)
 
 
 def test_a_deleted_tweet_stays_deleted(backend: Backend, space: Space) -> None:
@@ -362,6 +391,138 @@ def test_a_delete_under_another_authors_id_hides_nothing(backend: Backend,
     store.apply([gone(t, owner, 0), rm(u, t, owner, 0)])  # its author's delete
     assert store.tweets([t])[t].deleted and store.cached(u, None, 10) == []
     assert store.author_tweets([owner], None, 10) == []
+
+
+# -- DESIGN §4b: replies, reposts, account deletes, blocks and mutes -----------------------------
+
+def test_a_reply_names_the_user_it_answers(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    a, b, t1, t2 = space(1), space(2), space(11), space(12)
+    store.apply([post(t1, a, 3, "hi"), post(t2, b, 4, "hi yourself", reply_to=a)])
+    rows = store.tweets([t1, t2])
+    assert rows[t2] == (t2, b, 4, "hi yourself", False, a, 0, 0)
+    assert (rows[t1].reply_to, rows[t1].is_repost, rows[t2].is_repost) == (0, False, False)
+
+
+def test_a_repost_is_shown_hidden_and_shown_again(backend: Backend, space: Space) -> None:
+    """Unlike a post's delete, a repost's hidden state is not final: the last write wins."""
+    store = backend.store()
+    a, r, o, rid = space(1), space(2), space(11), space(21)
+    store.apply([post(o, a, 3, "original"), repost(rid, r, 5, (o, a))])
+
+    def state() -> tuple[object, ...]:
+        row = store.tweets([rid])[rid]
+        return (row.deleted, store.reposts_of([o]), ids(store.author_tweets([r], None, 10)))
+
+    shown = (False, {o: [Entry(5, rid, r)]}, [rid])
+    hidden = (True, {}, [])
+    assert state() == shown
+    assert store.tweets([rid])[rid] == (rid, r, 5, "", False, 0, o, a)
+    assert store.tweets([rid])[rid].is_repost
+    store.apply([repost(rid, r, 5, (o, a), shown=False)])
+    assert state() == hidden
+    store.apply([repost(rid, r, 5, (o, a))])
+    assert state() == shown
+    store.apply([repost(rid, r, 5, (o, a), shown=False), repost(rid, r, 5, (o, a))])
+    assert state() == shown  # in one batch, too: the last write wins
+    store.apply([repost(rid, r, 5, (o, a)), repost(rid, r, 5, (o, a), shown=False)])
+    assert state() == hidden
+    assert ids(store.author_tweets([a], None, 10)) == [o]  # the original stays its author's
+
+
+def test_reposts_of_lists_shown_reposts_newest_first(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    a, b, c, d = space(1), space(2), space(3), space(4)
+    o1, o2, o3 = space(11), space(12), space(13)
+    r = [space(20 + i) for i in range(6)]
+    store.apply([post(o1, a, 1), post(o2, a, 2), post(o3, b, 3),
+                 repost(r[0], b, 5, (o1, a)), repost(r[1], c, 7, (o1, a)),
+                 repost(r[2], d, 7, (o1, a)), repost(r[3], c, 6, (o2, a), shown=False),
+                 repost(r[4], d, 4, (o2, a)), repost(r[5], a, 9, (o3, b))])
+    assert store.reposts_of([o1, o2, o3, space(19)]) == {
+        o1: [Entry(7, r[2], d), Entry(7, r[1], c), Entry(5, r[0], b)],
+        o2: [Entry(4, r[4], d)], o3: [Entry(9, r[5], a)]}
+    assert store.reposts_of([o2, o2]) == {o2: [Entry(4, r[4], d)]}
+    assert store.reposts_of([]) == {}
+    # A repost is an entry of its reposter, beside their posts.
+    assert ids(store.author_tweets([a, d], None, 10)) == [r[5], r[2], r[4], o2, o1]
+    assert store.recent_by_author([c], 5) == {c: [Entry(7, r[1], c)]}
+
+
+def test_a_tweet_delete_by_the_reposter_hides_the_repost(backend: Backend, space: Space) -> None:
+    """A tweets-topic delete naming a repost id undoes it, like an unrepost."""
+    store = backend.store()
+    a, r, o, rid = space(1), space(2), space(11), space(21)
+    store.apply([post(o, a, 3), repost(rid, r, 5, (o, a))])
+    store.apply([gone(rid, r, 5), repost(rid, r, 5, (o, a), shown=False)])
+    assert store.tweets([rid])[rid].deleted
+    assert store.reposts_of([o]) == {}
+    assert store.author_tweets([r], None, 10) == []
+    assert not store.tweets([o])[o].deleted
+
+
+def test_a_deleted_original_keeps_its_reposts_rows(backend: Backend, space: Space) -> None:
+    """Deleted originals are filtered when read (DESIGN §4b): the repost rows stay."""
+    store = backend.store()
+    a, r, o, rid = space(1), space(2), space(11), space(21)
+    store.apply([post(o, a, 3), repost(rid, r, 5, (o, a))])
+    store.apply([gone(o, a, 3)])
+    assert store.tweets([o])[o].deleted and not store.tweets([rid])[rid].deleted
+    assert store.reposts_of([o]) == {o: [Entry(5, rid, r)]}
+
+
+def test_an_account_delete_is_final(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, v, w = space(1), space(2), space(3)
+    store.apply([profile(u, "ann", "Ann", 3), profile(w, "wes", "Wes", 3)])
+    store.apply([Delta.account_deleted(u, 5), Delta.account_deleted(v, 5)])
+    assert store.users([u])[u].deleted
+    assert store.users([v])[v] == (v, "", "", True)  # no profile: a row all the same
+    store.apply([profile(u, "back", "Back", 9), profile(v, "new", "New", 9)])
+    store.apply([Delta.account_deleted(w, 2), profile(w, "later", "Later", 9)])  # one batch
+    rows = store.users([u, v, w])
+    assert [rows[x].deleted for x in (u, v, w)] == [True, True, True]
+    assert "back" not in rows[u] and "new" not in rows[v] and "later" not in rows[w]
+    store.apply([Delta.account_deleted(u, 1)])  # an older duplicate changes nothing
+    assert store.users([u])[u].deleted
+
+
+def test_a_profile_reads_not_deleted(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u = space(1)
+    store.apply([profile(u, "ann", "Ann", 3)])
+    assert store.users([u])[u] == (u, "ann", "Ann", False)
+
+
+def test_relations_read_blocks_both_ways_and_mutes_one_way(backend: Backend,
+                                                           space: Space) -> None:
+    store = backend.store()
+    u, x, y, z, w = space(1), space(2), space(3), space(4), space(5)
+    store.apply([relation(u, x, BLOCK), relation(y, u, BLOCK), relation(u, z, MUTE),
+                 relation(w, u, MUTE)])
+    assert store.relations(u) == Relations(frozenset({x, y}), frozenset({z}))
+    assert store.relations(x) == Relations(frozenset({u}), frozenset())
+    assert store.relations(y) == Relations(frozenset({u}), frozenset())
+    assert store.relations(z) == Relations()
+    assert store.relations(w) == Relations(frozenset(), frozenset({u}))
+    assert store.relations(space(9)) == Relations()
+    store.apply([relation(u, x, BLOCK, on=False, at=2), relation(u, z, MUTE, on=False, at=2)])
+    assert store.relations(u) == Relations(frozenset({y}))
+    assert store.relations(x) == Relations()
+
+
+def test_a_block_both_ways_stands_until_both_lift_it(backend: Backend, space: Space) -> None:
+    store = backend.store()
+    u, x = space(1), space(2)
+    store.apply([relation(u, x, BLOCK), relation(x, u, BLOCK), relation(u, x, MUTE)])
+    store.apply([relation(u, x, BLOCK, on=False, at=2)])
+    assert store.relations(u) == Relations(frozenset({x}), frozenset({x}))
+    assert store.relations(x) == Relations(frozenset({u}))
+    store.apply([relation(x, u, BLOCK, on=False, at=3)])
+    assert store.relations(u) == Relations(frozenset(), frozenset({x}))
+    assert store.relations(x) == Relations()
+    store.apply([relation(u, x, MUTE, on=False, at=2), relation(u, x, MUTE, at=4)])
+    assert store.relations(u).muted == {x}  # in one batch the last write wins
 
 
 def test_follow_and_celebrity_edges(backend: Backend, space: Space) -> None:
@@ -466,20 +627,32 @@ def _remap(event: Event, ns: int) -> Event:
     def tweet(x: int) -> int:
         return BIG - 1 - ns * 100 if x == BIG - 1 else ns * 100 + x
 
-    if isinstance(event, Post | Delete):
+    if isinstance(event, Post):
+        return dataclasses.replace(event, tweet_id=tweet(event.tweet_id),
+                                   author_id=user(event.author_id),
+                                   in_reply_to_user_id=event.in_reply_to_user_id
+                                   and user(event.in_reply_to_user_id))
+    if isinstance(event, Delete | Unrepost):
         return dataclasses.replace(event, tweet_id=tweet(event.tweet_id),
                                    author_id=user(event.author_id))
-    if isinstance(event, Follow):
+    if isinstance(event, Repost):
+        return dataclasses.replace(event, tweet_id=tweet(event.tweet_id),
+                                   author_id=user(event.author_id),
+                                   original_tweet_id=tweet(event.original_tweet_id),
+                                   original_author_id=user(event.original_author_id))
+    if isinstance(event, Follow | Relation):
         return dataclasses.replace(event, follower_id=user(event.follower_id),
                                    followee_id=user(event.followee_id))
-    assert isinstance(event, UserUpsert)
+    assert isinstance(event, UserUpsert | AccountDelete)
     return dataclasses.replace(event, user_id=user(event.user_id))
 
 
 def _check(store: Store, history: list[Event], users: list[int], cap: int) -> None:
     ref = Reference().add(history)
     for user in users:
-        want = [(t, a, c) for t, a, c, _ in ref.home(user, cap)]
+        if ref.is_deleted(user):
+            continue  # not served (DESIGN §4b)
+        want = [(r.entry_id, r.actor_id, r.created_at) for r in ref.home(user, cap)]
         got = [(e.tweet_id, e.author_id, e.created_at)
                for e in home_top(store, user, cap, page_size=3)]
         assert got == want, f"user {user}"

@@ -1,90 +1,275 @@
-"""What the view must equal: the SQL of DESIGN §4 recomputed from the changelogs.
+"""What the view must equal: the SQL of DESIGN §4b recomputed from the changelogs.
 
-:class:`Reference` folds events (any order, any duplication) into the two tables the
-query reads, with the same table semantics as the join (``views.join``): a follow
-edge is its newest event by ``(created_at, op)`` with unfollow winning ties; a tweet is
-deleted if a delete for it by its author exists. Then it runs the literal query in an
-in-memory SQLite database. ``fanout verify`` and the property tests both compare the
-served timelines with it; it shares no code with the incremental path on purpose.
+:class:`Reference` folds events (any order, any duplication) into the tables the
+query reads, by brute force and with the pinned semantics of issue 13, then runs the
+literal §4b query in an in-memory SQLite database:
+
+- a follow edge, a block and a mute are each their newest event by ``created_at``,
+  the un-op (unfollow, unblock, unmute) winning a tie, whatever the arrival order;
+- a post is the duplicate with the smallest ``(created_at, text, in_reply_to)``; it is
+  deleted if a tweets-topic delete for it by its author exists;
+- a repost id is the duplicate with the smallest ``(created_at, original_tweet_id,
+  original_author_id)``; it is undone, for good, by an unrepost or a tweets-topic
+  delete naming it by its reposter. Of one user's reposts of one tweet that are not
+  undone, the earliest by ``(created_at, tweet_id)`` is the live one;
+- an account delete is final: nothing that comes before or after it undoes it.
+
+``fanout verify`` and the property tests compare served timelines with it. It
+shares no code with the incremental path (``views.join``) on purpose: it never
+looks at batches, state or deltas, only at the set of events.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
-from ingest.events import Delete, Event, Follow, Post, UserUpsert
+from ingest.events import (
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+)
 
+log = logging.getLogger(__name__)
+
+#: The §4b query, word for word where the DESIGN gives SQL. ``F(u)`` and ``B(u, x)``
+#: are the CTEs ``f`` and ``blocked``; ``gone`` is the deleted accounts.
 HOME_SQL = """
-SELECT t.tweet_id, t.author_id, t.created_at, t.text
-FROM tweets t JOIN follows f ON f.followee_id = t.author_id
-WHERE f.follower_id = :u AND NOT t.deleted
-ORDER BY t.created_at DESC, t.tweet_id DESC LIMIT :n
+WITH blocked AS (
+  SELECT other_id AS id FROM blocks WHERE user_id = :u
+  UNION SELECT user_id FROM blocks WHERE other_id = :u
+),
+muted AS (SELECT other_id AS id FROM mutes WHERE user_id = :u),
+gone AS (SELECT user_id AS id FROM deleted_users),
+f AS (
+  SELECT followee_id AS id FROM follows
+  WHERE follower_id = :u AND followee_id NOT IN gone AND followee_id NOT IN blocked
+),
+cand AS (
+  SELECT t.tweet_id AS entry_id, t.created_at, t.author_id AS actor_id,
+         t.tweet_id AS original_tweet_id, t.author_id AS original_author_id
+  FROM tweets t
+  WHERE t.op = 'post' AND t.author_id IN f
+    AND (t.in_reply_to_user_id IS NULL OR t.in_reply_to_user_id IN (:u, t.author_id)
+         OR t.in_reply_to_user_id IN f)
+  UNION ALL
+  SELECT r.tweet_id, r.created_at, r.author_id, r.original_tweet_id, r.original_author_id
+  FROM reposts r
+  WHERE r.author_id IN f AND r.original_author_id <> :u
+),
+visible AS (
+  SELECT c.* FROM cand c
+  WHERE EXISTS (SELECT 1 FROM tweets o WHERE o.op = 'post'
+                AND o.tweet_id = c.original_tweet_id
+                AND o.author_id = c.original_author_id AND NOT o.deleted)
+    AND c.original_author_id NOT IN gone
+    AND c.actor_id NOT IN gone
+    AND c.actor_id NOT IN blocked AND c.original_author_id NOT IN blocked
+    AND c.actor_id NOT IN muted AND c.original_author_id NOT IN muted
+),
+ranked AS (
+  SELECT v.*, ROW_NUMBER() OVER (PARTITION BY original_tweet_id
+                                 ORDER BY created_at DESC, entry_id DESC) AS rn
+  FROM visible v
+)
+SELECT entry_id, created_at, actor_id, original_tweet_id, original_author_id
+FROM ranked WHERE rn = 1
+ORDER BY created_at DESC, entry_id DESC LIMIT :n
+"""
+
+_SCHEMA = """
+CREATE TABLE tweets (
+  tweet_id INTEGER NOT NULL, op TEXT NOT NULL, author_id INTEGER NOT NULL,
+  created_at INTEGER NOT NULL, in_reply_to_user_id INTEGER, deleted INTEGER NOT NULL);
+CREATE TABLE reposts (
+  tweet_id INTEGER NOT NULL, author_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+  original_tweet_id INTEGER NOT NULL, original_author_id INTEGER NOT NULL);
+CREATE TABLE follows (follower_id INTEGER NOT NULL, followee_id INTEGER NOT NULL);
+CREATE TABLE blocks (user_id INTEGER NOT NULL, other_id INTEGER NOT NULL);
+CREATE TABLE mutes (user_id INTEGER NOT NULL, other_id INTEGER NOT NULL);
+CREATE TABLE deleted_users (user_id INTEGER PRIMARY KEY);
+"""
+
+_INDEXES = """
+CREATE INDEX tweets_by_author ON tweets (author_id, created_at);
+CREATE INDEX tweets_by_id ON tweets (tweet_id);
+CREATE INDEX reposts_by_author ON reposts (author_id, created_at);
+CREATE INDEX follows_by_follower ON follows (follower_id);
+CREATE INDEX blocks_by_user ON blocks (user_id);
+CREATE INDEX blocks_by_other ON blocks (other_id);
+CREATE INDEX mutes_by_user ON mutes (user_id);
 """
 
 
+class HomeRow(NamedTuple):
+    """One §4b entry: a post is its own original; a repost's actor is the reposter."""
+
+    entry_id: int
+    created_at: int
+    actor_id: int
+    original_tweet_id: int
+    original_author_id: int
+
+
+#: An edge's rank: newer wins, and at one time the un-op (1) wins.
+_Rank = tuple[int, int]
+
+
+def _rank(created_at: int, active: bool) -> _Rank:
+    return (created_at, 0 if active else 1)
+
+
 class Reference:
-    """Tables folded from events, queried with the DESIGN's SQL."""
+    """Tables folded from events, queried with the DESIGN's SQL (module docstring)."""
 
     def __init__(self) -> None:
-        self._edges: dict[tuple[int, int], tuple[int, int]] = {}
+        self._edges: dict[tuple[int, int], _Rank] = {}
+        self._relations: dict[tuple[int, int, str], _Rank] = {}
         self._posts: dict[int, Post] = {}
         self._deletes: set[tuple[int, int]] = set()
+        self._reposts: dict[tuple[int, int], Repost] = {}
+        self._unreposts: set[tuple[int, int]] = set()
         self.profiles: dict[int, UserUpsert] = {}
+        self.deleted_accounts: set[int] = set()
         self._db: sqlite3.Connection | None = None
 
     def add(self, events: Iterable[Event]) -> Reference:
+        """Fold ``events`` in; order and duplication do not matter."""
         for event in events:
             self._db = None
-            if isinstance(event, Post):
-                old = self._posts.get(event.tweet_id)
-                if old is None or (event.created_at, event.text) < (old.created_at, old.text):
-                    self._posts[event.tweet_id] = event
-            elif isinstance(event, Delete):
-                self._deletes.add((event.tweet_id, event.author_id))
-            elif isinstance(event, Follow):
-                pair = (event.follower_id, event.followee_id)
-                rank = (event.created_at, 0 if event.active else 1)
-                self._edges[pair] = max(self._edges.get(pair, rank), rank)
-            else:
-                self._profile(event)
+            self._fold(event)
         return self
+
+    def _fold(self, event: Event) -> None:
+        if isinstance(event, Post):
+            self._post(event)
+        elif isinstance(event, Delete):
+            self._deletes.add((event.tweet_id, event.author_id))
+        elif isinstance(event, Repost):
+            self._repost(event)
+        elif isinstance(event, Unrepost):
+            self._unreposts.add((event.tweet_id, event.author_id))
+        elif isinstance(event, Follow):
+            _newest(self._edges, (event.follower_id, event.followee_id),
+                    _rank(event.created_at, event.active))
+        elif isinstance(event, Relation):
+            _newest(self._relations, (event.follower_id, event.followee_id, event.relation),
+                    _rank(event.created_at, event.active))
+        elif isinstance(event, AccountDelete):
+            self.deleted_accounts.add(event.user_id)
+        elif isinstance(event, UserUpsert):
+            self._profile(event)
+        # Anything else (home-timeline reads, for inactive users) is not part of §4b's
+        # tables: an optimization of how the view is kept, not of what it means.
+
+    def _post(self, post: Post) -> None:
+        old = self._posts.get(post.tweet_id)
+        order = (post.created_at, post.text, post.in_reply_to_user_id)
+        if old is None or order < (old.created_at, old.text, old.in_reply_to_user_id):
+            self._posts[post.tweet_id] = post
+
+    def _repost(self, repost: Repost) -> None:
+        key = (repost.author_id, repost.tweet_id)
+        old = self._reposts.get(key)
+        if old is None or _repost_order(repost) < _repost_order(old):
+            self._reposts[key] = repost
 
     def _profile(self, user: UserUpsert) -> None:
         old = self.profiles.get(user.user_id)
         if old is None or user.created_at >= old.created_at:
             self.profiles[user.user_id] = user
 
+    # -- what the folded tables say -----------------------------------------------------
     def users(self) -> list[int]:
-        """Every user who follows someone (the users whose timelines can be non-empty)."""
-        return sorted({f for (f, _), (_, unfollow) in self._edges.items() if not unfollow})
+        """Users with a live follow edge whose account is not deleted (what verify walks)."""
+        return sorted({f for (f, _), (_, un) in self._edges.items()
+                       if not un and f not in self.deleted_accounts})
 
-    def home(self, user: int, n: int) -> list[tuple[int, int, int, str]]:
-        """The top ``n`` of ``user``'s home timeline: (tweet_id, author_id, created_at, text)."""
+    def is_deleted(self, user: int) -> bool:
+        """Whether ``user``'s account is deleted (its home timeline is not served)."""
+        return user in self.deleted_accounts
+
+    def home(self, user: int, n: int) -> list[HomeRow]:
+        """The top ``n`` §4b entries of ``user``'s home timeline, newest first."""
         rows = self._conn().execute(HOME_SQL, {"u": user, "n": n}).fetchall()
-        return [tuple(row) for row in rows]
+        return [HomeRow(*row) for row in rows]
+
+    def post(self, tweet_id: int) -> Post | None:
+        """The winning post event of ``tweet_id`` (for hydration checks), if any."""
+        return self._posts.get(tweet_id)
+
+    def live_reposts(self) -> list[Repost]:
+        """The reposts that are shown: not undone, and each user's earliest of a tweet."""
+        live: dict[tuple[int, int], Repost] = {}
+        for (author, tweet), repost in self._reposts.items():
+            if (tweet, author) in self._unreposts or (tweet, author) in self._deletes:
+                continue
+            group = (author, repost.original_tweet_id)
+            best = live.get(group)
+            if best is None or (repost.created_at, tweet) < (best.created_at, best.tweet_id):
+                live[group] = repost
+        return sorted(live.values(), key=lambda r: (r.created_at, r.tweet_id))
 
     def author_tweets(self, author: int) -> list[tuple[int, int]]:
-        """An author's live tweets, newest first: (created_at, tweet_id)."""
-        return sorted(((p.created_at, t) for t, p in self._posts.items()
-                       if p.author_id == author and (t, author) not in self._deletes),
-                      reverse=True)
+        """An author's live entries, newest first: (created_at, tweet_id).
 
+        Their live posts and their shown reposts, whatever became of the original:
+        what the store's ``author_tweets`` holds (a deleted original or account is
+        filtered when read, not written).
+        """
+        posts = ((p.created_at, t) for t, p in self._posts.items()
+                 if p.author_id == author and (t, author) not in self._deletes)
+        reposts = ((r.created_at, r.tweet_id) for r in self.live_reposts()
+                   if r.author_id == author)
+        return sorted([*posts, *reposts], reverse=True)
+
+    # -- the database -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
             self._db = self._load()
         return self._db
 
     def _load(self) -> sqlite3.Connection:
-        db = sqlite3.connect(":memory:")
-        db.execute("CREATE TABLE follows (follower_id INTEGER, followee_id INTEGER)")
-        db.execute("CREATE TABLE tweets (tweet_id INTEGER PRIMARY KEY, author_id INTEGER,"
-                   " created_at INTEGER, text TEXT, deleted INTEGER)")
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+        db.executescript(_SCHEMA)
+        db.executemany("INSERT INTO tweets VALUES (?, ?, ?, ?, ?, ?)", self._tweet_rows())
+        db.executemany("INSERT INTO reposts VALUES (?, ?, ?, ?, ?)", [
+            (r.tweet_id, r.author_id, r.created_at, r.original_tweet_id,
+             r.original_author_id) for r in self.live_reposts()])
         db.executemany("INSERT INTO follows VALUES (?, ?)",
-                       [pair for pair, (_, unfollow) in self._edges.items() if not unfollow])
-        db.executemany("INSERT INTO tweets VALUES (?, ?, ?, ?, ?)", [
-            (t, p.author_id, p.created_at, p.text, int((t, p.author_id) in self._deletes))
-            for t, p in self._posts.items()])
-        db.execute("CREATE INDEX follows_by_follower ON follows (follower_id)")
-        db.execute("CREATE INDEX tweets_by_author ON tweets (author_id, created_at)")
+                       [pair for pair, (_, un) in self._edges.items() if not un])
+        for relation in ("block", "mute"):
+            db.executemany(f"INSERT INTO {relation}s VALUES (?, ?)", [  # noqa: S608
+                (u, x) for (u, x, kind), (_, un) in self._relations.items()
+                if kind == relation and not un])
+        db.executemany("INSERT INTO deleted_users VALUES (?)",
+                       [(u,) for u in sorted(self.deleted_accounts)])
+        db.executescript(_INDEXES)
+        log.debug("reference tables loaded: %d posts, %d reposts, %d follow edges",
+                  len(self._posts), len(self._reposts), len(self._edges))
         return db
+
+    def _tweet_rows(self) -> Iterator[tuple[int, str, int, int, int | None, int]]:
+        """Every post, and every repost (undone ones deleted): the ``tweets`` table."""
+        for t, p in self._posts.items():
+            yield (t, "post", p.author_id, p.created_at, p.in_reply_to_user_id or None,
+                   int((t, p.author_id) in self._deletes))
+        for (a, t), r in self._reposts.items():
+            undone = (t, a) in self._unreposts or (t, a) in self._deletes
+            yield (t, "repost", a, r.created_at, None, int(undone))
+
+
+def _newest(table: dict, key: tuple, rank: _Rank) -> None:
+    table[key] = max(table.get(key, rank), rank)
+
+
+def _repost_order(repost: Repost) -> tuple[int, int, int]:
+    return (repost.created_at, repost.original_tweet_id, repost.original_author_id)

@@ -9,6 +9,7 @@ the last committed batch. The sink's callback runs on a Spark thread, hence
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -16,16 +17,22 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
+from views.errors import StoreError
 from views.stores.base import (
     BatchInfo,
     DeadLetter,
     Entry,
+    RelationRow,
+    Relations,
     Store,
     TweetRow,
     UserRow,
     WritePlan,
 )
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_timeline (
@@ -39,7 +46,10 @@ CREATE TABLE IF NOT EXISTS author_tweets (
   PRIMARY KEY (author_id, created_at, tweet_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tweets (
   tweet_id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
-  text TEXT NOT NULL, deleted INTEGER NOT NULL);
+  text TEXT NOT NULL, deleted INTEGER NOT NULL, reply_to INTEGER NOT NULL DEFAULT 0,
+  original_id INTEGER NOT NULL DEFAULT 0, original_author INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS tweets_by_original ON tweets (original_id, created_at, tweet_id)
+  WHERE original_id != 0;
 CREATE TABLE IF NOT EXISTS follows (
   follower_id INTEGER NOT NULL, followee_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
   PRIMARY KEY (follower_id, followee_id)) WITHOUT ROWID;
@@ -49,7 +59,10 @@ CREATE TABLE IF NOT EXISTS celebrity_follows (
 CREATE TABLE IF NOT EXISTS celebrities (author_id INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS users (
   user_id INTEGER PRIMARY KEY, handle TEXT NOT NULL, name TEXT NOT NULL,
-  created_at INTEGER NOT NULL);
+  created_at INTEGER NOT NULL, deleted INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS relations (
+  user_id INTEGER NOT NULL, other_id INTEGER NOT NULL, relation TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (user_id, other_id, relation)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS applied_offsets (
   topic TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
   PRIMARY KEY (topic, partition)) WITHOUT ROWID;
@@ -64,7 +77,20 @@ CREATE TABLE IF NOT EXISTS batches (
 
 NO_HORIZON = (-1, -1)
 _TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
-           "celebrities", "users", "dead_letters", "timeline_meta")
+           "celebrities", "users", "relations", "dead_letters", "timeline_meta")
+#: The row a block is also kept under, in the blocked user's partition of ``relations``.
+BLOCKED_BY = "blocked_by"
+#: Columns this version added to older tables: a file without them predates DESIGN §4b.
+_NEW_COLUMNS = {"tweets": ("reply_to", "original_id", "original_author"),
+                "users": ("deleted",)}
+
+
+def _relation_rows(r: RelationRow) -> list[tuple[int, int, str, int]]:
+    """The stored rows of one block or mute: a block twice, once per side."""
+    rows = [(r.user_id, r.other_id, r.relation, r.created_at)]
+    if r.relation == BLOCK:
+        rows.append((r.other_id, r.user_id, BLOCKED_BY, r.created_at))
+    return rows
 
 
 class SQLiteStore(Store):
@@ -81,8 +107,21 @@ class SQLiteStore(Store):
     def open(self) -> SQLiteStore:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._check_columns()
         self._conn().executescript(SCHEMA)
         return self
+
+    def _check_columns(self) -> None:
+        """Refuse a file written before DESIGN §4b: its views lack what reads now need."""
+        db = self._conn()
+        for table, columns in _NEW_COLUMNS.items():
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            missing = [c for c in columns if have and c not in have]
+            if missing:
+                msg = (f"the store {self.path} predates reposts, blocks and deleted accounts "
+                       f"(table {table} has no {', '.join(missing)}): set it aside with "
+                       "`fanout rebuild` and replay the history")
+                raise StoreError(msg)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -116,17 +155,25 @@ class SQLiteStore(Store):
                 raise
             db.execute("COMMIT")
 
+    def _write_tables(self, db: sqlite3.Connection, plan: WritePlan) -> None:
+        self._write_tweets(db, plan)
+        self._write_reposts(db, plan)
+        self._write_graph(db, plan)
+        self._write_users(db, plan)
+        self._write_relations(db, plan)
+
     @staticmethod
-    def _write_tables(db: sqlite3.Connection, plan: WritePlan) -> None:
+    def _write_tweets(db: sqlite3.Connection, plan: WritePlan) -> None:
         live = [t for t in plan.tweets.values() if not t.deleted]
         gone = [t for t in plan.tweets.values() if t.deleted]
         # A tweet id belongs to whoever posted it: a delete under another author's
         # id (a forged or mistaken delete) neither hides it nor keeps it hidden.
         db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0) ON CONFLICT (tweet_id) DO UPDATE SET "
-            "author_id = excluded.author_id, created_at = excluded.created_at, "
-            "text = excluded.text, deleted = 0 WHERE tweets.author_id != excluded.author_id",
-            [(t.tweet_id, t.author_id, t.created_at, t.text) for t in live])
+            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0, ?, 0, 0) ON CONFLICT (tweet_id) "
+            "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
+            "text = excluded.text, deleted = 0, reply_to = excluded.reply_to "
+            "WHERE tweets.author_id != excluded.author_id",
+            [(t.tweet_id, t.author_id, t.created_at, t.text, t.reply_to) for t in live])
         # A tweet deleted in an earlier batch stays deleted: no live row for it here either.
         db.executemany(
             "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE NOT EXISTS "
@@ -136,9 +183,33 @@ class SQLiteStore(Store):
             "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
             [(t.author_id, t.tweet_id) for t in gone])
         db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, '', 1) ON CONFLICT (tweet_id) "
+            "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0) ON CONFLICT (tweet_id) "
             "DO UPDATE SET deleted = 1, text = '' WHERE tweets.author_id = excluded.author_id",
             [(t.tweet_id, t.author_id, t.created_at) for t in gone])
+
+    @staticmethod
+    def _write_reposts(db: sqlite3.Connection, plan: WritePlan) -> None:
+        """Reposts: the last state written wins, shown or not (unlike a post's delete).
+
+        A shown repost is one of its reposter's entries, so it is in ``author_tweets``
+        exactly while shown. Written after the tweets, so that in one batch the join's
+        repost state is what stays.
+        """
+        rows = plan.reposts.values()
+        db.executemany(
+            "INSERT INTO tweets VALUES (?, ?, ?, '', ?, 0, ?, ?) ON CONFLICT (tweet_id) "
+            "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
+            "text = '', deleted = excluded.deleted, reply_to = 0, "
+            "original_id = excluded.original_id, original_author = excluded.original_author",
+            [(r.tweet_id, r.author_id, r.created_at, int(r.deleted), r.original_id,
+              r.original_author) for r in rows])
+        db.executemany("INSERT OR IGNORE INTO author_tweets VALUES (?, ?, ?)",
+                       [(r.author_id, r.created_at, r.tweet_id) for r in rows if not r.deleted])
+        db.executemany("DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
+                       [(r.author_id, r.tweet_id) for r in rows if r.deleted])
+
+    @staticmethod
+    def _write_graph(db: sqlite3.Connection, plan: WritePlan) -> None:
         edges = plan.follows.values()
         on = [(e.follower_id, e.followee_id, e.created_at) for e in edges if e.active]
         off = [(e.follower_id, e.followee_id) for e in edges if not e.active]
@@ -153,11 +224,36 @@ class SQLiteStore(Store):
                        [(a,) for a, on in plan.celebs.items() if on])
         db.executemany("DELETE FROM celebrities WHERE author_id = ?",
                        [(a,) for a, on in plan.celebs.items() if not on])
+
+    @staticmethod
+    def _write_users(db: sqlite3.Connection, plan: WritePlan) -> None:
+        """Profiles, newest wins; a deleted account forgets its profile and stays deleted."""
         db.executemany(
-            "INSERT INTO users VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET "
+            "INSERT INTO users VALUES (?, ?, ?, ?, 0) ON CONFLICT (user_id) DO UPDATE SET "
             "handle = excluded.handle, name = excluded.name, created_at = excluded.created_at "
-            "WHERE excluded.created_at >= users.created_at",
+            "WHERE excluded.created_at >= users.created_at AND users.deleted = 0",
             [(p.user_id, p.handle, p.name, p.created_at) for p in plan.users.values()])
+        db.executemany(
+            "INSERT INTO users VALUES (?, '', '', ?, 1) ON CONFLICT (user_id) DO UPDATE SET "
+            "handle = '', name = '', deleted = 1, "
+            "created_at = max(users.created_at, excluded.created_at)",
+            list(plan.deleted_users.items()))
+
+    @staticmethod
+    def _write_relations(db: sqlite3.Connection, plan: WritePlan) -> None:
+        """Blocks and mutes that stand; a block is also kept under the blocked user.
+
+        ``relations(u)`` is then one read of ``u``'s rows: blocks made by ``u``
+        (``block``), blocks of ``u`` (``blocked_by``) and mutes made by ``u``.
+        """
+        rows = plan.relations.values()
+        on = [r for r in rows if r.on]
+        off = [r for r in rows if not r.on]
+        db.executemany("INSERT OR REPLACE INTO relations VALUES (?, ?, ?, ?)",
+                       [row for r in on for row in _relation_rows(r)])
+        db.executemany(
+            "DELETE FROM relations WHERE user_id = ? AND other_id = ? AND relation = ?",
+            [row[:3] for r in off for row in _relation_rows(r)])
 
     def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
         db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND author_id = ?",
@@ -289,15 +385,32 @@ class SQLiteStore(Store):
         return out
 
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        return {r[0]: TweetRow(r[0], r[1], r[2], r[3], bool(r[4])) for r in self._many(
-            "SELECT tweet_id, author_id, created_at, text, deleted FROM tweets "
-            "WHERE tweet_id IN ({})", ids)}
+        return {r[0]: TweetRow(r[0], r[1], r[2], r[3], bool(r[4]), *r[5:]) for r in self._many(
+            "SELECT tweet_id, author_id, created_at, text, deleted, reply_to, original_id, "
+            "original_author FROM tweets WHERE tweet_id IN ({})", ids)}
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        return {r[0]: UserRow(*r) for r in self._many(
-            "SELECT user_id, handle, name FROM users WHERE user_id IN ({})", ids)}
+        return {r[0]: UserRow(r[0], r[1], r[2], bool(r[3])) for r in self._many(
+            "SELECT user_id, handle, name, deleted FROM users WHERE user_id IN ({})", ids)}
+
+    def relations(self, user: int) -> Relations:
+        rows = self._conn().execute(
+            "SELECT other_id, relation FROM relations WHERE user_id = ?", (user,)).fetchall()
+        return Relations(blocked=frozenset(o for o, r in rows if r in (BLOCK, BLOCKED_BY)),
+                         muted=frozenset(o for o, r in rows if r == MUTE))
+
+    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+        out: dict[int, list[Entry]] = {}
+        # `original_id != 0` spelled out: it lets SQLite use the partial index.
+        for original, created_at, tweet_id, author in self._many(
+                "SELECT original_id, created_at, tweet_id, author_id FROM tweets "
+                "WHERE original_id IN ({}) AND original_id != 0 AND deleted = 0 "
+                "ORDER BY original_id, created_at DESC, tweet_id DESC", originals):
+            out.setdefault(original, []).append(Entry(created_at, tweet_id, author))
+        return out
 
     def _many(self, sql: str, ids: Sequence[int]) -> list[tuple]:
+        """``sql`` over ``ids`` in chunks of 500 (SQLite's parameter limit); order per chunk."""
         ids = list(dict.fromkeys(ids))
         out: list[tuple] = []
         for i in range(0, len(ids), 500):
