@@ -140,6 +140,12 @@ class Relation:
     active: bool = True
     topic = FOLLOWS
 
+    def __post_init__(self) -> None:
+        # Any other word would encode as another op: "follow" would decode as a Follow.
+        if self.relation not in (BLOCK, MUTE):
+            msg = f"a relation is {BLOCK} or {MUTE}, not {self.relation!r}"
+            raise ValueError(msg)
+
     @property
     def op(self) -> str:
         return self.relation if self.active else "un" + self.relation

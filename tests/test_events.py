@@ -11,17 +11,26 @@ from hypothesis import strategies as st
 
 from ingest.errors import InvalidEvent
 from ingest.events import (
+    ACTIVITY,
+    BLOCK,
     FOLLOWS,
     MAX_CREATED_AT,
     MAX_HANDLE,
     MAX_ID,
     MAX_NAME,
     MAX_TEXT,
+    MUTE,
+    TOPICS,
     TWEETS,
     USERS,
+    AccountDelete,
+    Activity,
     Delete,
     Follow,
     Post,
+    Relation,
+    Repost,
+    Unrepost,
     UserUpsert,
     decode,
     encode,
@@ -40,6 +49,18 @@ EXAMPLES = [
     Follow(BIG, 1, T, active=False),
     UserUpsert(BIG, "h" * MAX_HANDLE, "n" * MAX_NAME, T),
     UserUpsert(1, "ada", "", T),
+    # DESIGN §4b
+    Post(11, 2, T, "@3 a reply", in_reply_to_user_id=3),
+    Post(BIG, 1, T, "reply", in_reply_to_user_id=BIG - 1),
+    Repost(12, 2, 11, 3, T),
+    Repost(BIG, BIG, 1, BIG, MAX_CREATED_AT),  # a repost of one's own tweet is allowed
+    Unrepost(12, 2, T),
+    Relation(1, 2, T, BLOCK),
+    Relation(1, 2, T, BLOCK, active=False),
+    Relation(BIG, 1, T, MUTE),
+    Relation(BIG, 1, 0, MUTE, active=False),
+    AccountDelete(BIG, T),
+    Activity(7, T),
 ]
 
 
@@ -58,6 +79,46 @@ def test_topics_and_keys():
     assert Follow(1, 2, T, active=False).op == "unfollow"
 
 
+@pytest.mark.parametrize(("event", "topic", "key", "op"), [
+    (Post(1, 2, T, "x", in_reply_to_user_id=3), TWEETS, 2, "post"),
+    (Repost(5, 2, 1, 3, T), TWEETS, 2, "repost"),  # the reposter's key, not the author's
+    (Unrepost(5, 2, T), TWEETS, 2, "unrepost"),
+    (Relation(1, 2, T, BLOCK), FOLLOWS, 2, "block"),  # keyed by the user acted on
+    (Relation(1, 2, T, BLOCK, active=False), FOLLOWS, 2, "unblock"),
+    (Relation(1, 2, T, MUTE), FOLLOWS, 2, "mute"),
+    (Relation(1, 2, T, MUTE, active=False), FOLLOWS, 2, "unmute"),
+    (AccountDelete(3, T), USERS, 3, "delete"),
+    (Activity(3, T), ACTIVITY, 3, "read"),
+])
+def test_topics_keys_and_ops_of_the_new_records(event, topic, key, op):
+    assert (event.topic, event.key, event.op) == (topic, key, op)
+    assert encode(event)[0] == str(key).encode()
+
+
+def test_new_values_are_compact_json_in_contract_shape():
+    assert encode(Post(5, 7, T, "hi", 8))[1] == (
+        b'{"v":1,"op":"post","tweet_id":5,"author_id":7,"created_at":%d,"text":"hi",'
+        b'"in_reply_to_user_id":8}' % T)
+    assert encode(Repost(9, 7, 5, 8, T))[1] == (
+        b'{"v":1,"op":"repost","tweet_id":9,"author_id":7,"original_tweet_id":5,'
+        b'"original_author_id":8,"created_at":%d}' % T)
+    assert encode(Unrepost(9, 7, T))[1] == (
+        b'{"v":1,"op":"unrepost","tweet_id":9,"author_id":7,"created_at":%d}' % T)
+    assert encode(Relation(1, 2, T, MUTE, active=False))[1] == (
+        b'{"v":1,"op":"unmute","follower_id":1,"followee_id":2,"created_at":%d}' % T)
+    assert encode(AccountDelete(3, T))[1] == b'{"v":1,"op":"delete","user_id":3,"created_at":%d}' % T
+
+
+def test_a_post_that_is_not_a_reply_carries_no_reply_field():
+    assert b"in_reply_to_user_id" not in encode(Post(5, 7, T, "hi"))[1]
+    assert decode(TWEETS, b"7", encode(Post(5, 7, T, "hi"))[1]).in_reply_to_user_id == 0
+
+
+def test_a_relation_is_a_block_or_a_mute():
+    with pytest.raises(ValueError, match="block or mute"):
+        Relation(1, 2, T, "follow")
+
+
 def test_value_is_compact_json_in_contract_shape():
     _, value = encode(Post(5, 7, T, "hi"))
     assert value == b'{"v":1,"op":"post","tweet_id":5,"author_id":7,"created_at":%d,"text":"hi"}' % T
@@ -68,16 +129,36 @@ times = st.integers(0, MAX_CREATED_AT)
 texts = st.text(min_size=1, max_size=MAX_TEXT).filter(str.strip)
 
 
+def other(a: int, b: int) -> int:
+    """``b``, or another valid id when it equals ``a``."""
+    return b if b != a else (a % MAX_ID) + 1
+
+
 @st.composite
 def events(draw):
-    kind = draw(st.sampled_from(["post", "delete", "follow", "upsert"]))
+    kind = draw(st.sampled_from(["post", "reply", "delete", "repost", "unrepost", "follow",
+                                 "relation", "upsert", "account_delete", "read"]))
     if kind == "post":
         return Post(draw(ids), draw(ids), draw(times), draw(texts))
-    if kind == "delete":
-        return Delete(draw(ids), draw(ids), draw(times))
+    if kind == "reply":
+        author = draw(ids)
+        return Post(draw(ids), author, draw(times), draw(texts), other(author, draw(ids)))
+    if kind in ("delete", "unrepost"):
+        return (Delete if kind == "delete" else Unrepost)(draw(ids), draw(ids), draw(times))
+    if kind == "repost":
+        tweet = draw(ids)
+        return Repost(tweet, draw(ids), other(tweet, draw(ids)), draw(ids), draw(times))
     if kind == "follow":
-        a, b = draw(ids), draw(ids)
-        return Follow(a, b if b != a else (a % MAX_ID) + 1, draw(times), draw(st.booleans()))
+        a = draw(ids)
+        return Follow(a, other(a, draw(ids)), draw(times), draw(st.booleans()))
+    if kind == "relation":
+        a = draw(ids)
+        return Relation(a, other(a, draw(ids)), draw(times), draw(st.sampled_from([BLOCK, MUTE])),
+                        draw(st.booleans()))
+    if kind == "account_delete":
+        return AccountDelete(draw(ids), draw(times))
+    if kind == "read":
+        return Activity(draw(ids), draw(times))
     return UserUpsert(draw(ids), draw(st.text(min_size=1, max_size=MAX_HANDLE).filter(str.strip)),
                       draw(st.text(max_size=MAX_NAME)), draw(times))
 
@@ -159,7 +240,7 @@ def test_missing_fields(topic, body):
 
 
 @pytest.mark.parametrize("topic,op", [(TWEETS, "retweet"), (TWEETS, "follow"), (TWEETS, None),
-                                      (FOLLOWS, "post"), (FOLLOWS, "FOLLOW"), (USERS, "delete"),
+                                      (FOLLOWS, "post"), (FOLLOWS, "FOLLOW"), (USERS, "remove"),
                                       (USERS, 1)])
 def test_unknown_op(topic, op):
     body = without(BODIES[topic], "op") if op is None else changed(BODIES[topic], op=op)
@@ -249,3 +330,116 @@ def test_lone_surrogate_text_is_invalid():
                         "created_at": 3, "text": "\ud800"}).encode()
     with pytest.raises(InvalidEvent, match="surrogate"):
         decode("tweets", b"2", body)
+
+
+# -- invalid records of DESIGN §4b: a dead-letter reason for each malformed kind -----------
+
+REPLY = changed(POST, in_reply_to_user_id=3)
+REPOST = {"v": 1, "op": "repost", "tweet_id": 11, "author_id": 2, "original_tweet_id": 10,
+          "original_author_id": 3, "created_at": T}
+UNREPOST = {"v": 1, "op": "unrepost", "tweet_id": 11, "author_id": 2, "created_at": T}
+RELATION_OPS = ("block", "unblock", "mute", "unmute")
+ACCOUNT_DELETE = {"v": 1, "op": "delete", "user_id": 2, "created_at": T}
+READ = {"v": 1, "op": "read", "user_id": 2, "created_at": T}
+NEW_BODIES = [(TWEETS, REPLY), (TWEETS, REPOST), (TWEETS, UNREPOST),
+              *[(FOLLOWS, changed(FOLLOW, op=op)) for op in RELATION_OPS],
+              (USERS, ACCOUNT_DELETE), (ACTIVITY, READ)]
+NEW_IDS = pytest.mark.parametrize("topic,body", NEW_BODIES, ids=lambda b: b if isinstance(b, str)
+                                  else b["op"] + ("_reply" if "in_reply_to_user_id" in b else ""))
+
+
+@NEW_IDS
+def test_the_valid_new_bodies_decode(topic, body):
+    event = decode(topic, b"2", json.dumps(body).encode())
+    assert (event.topic, event.op, event.key) == (topic, body["op"], 2)
+    assert json.loads(encode(event)[1]) == body
+
+
+@NEW_IDS
+def test_missing_fields_of_new_records(topic, body):
+    for field in set(body) - {"v", "op", "in_reply_to_user_id"}:
+        reject(topic, without(body, field), match=f"missing field {field}")
+
+
+@NEW_IDS
+def test_extra_fields_of_new_records(topic, body):
+    reject(topic, changed(body, relation="block"), match="unexpected field.*relation")
+
+
+@pytest.mark.parametrize("topic,body,field", [
+    (TWEETS, REPLY, "in_reply_to_user_id"), (TWEETS, REPOST, "original_tweet_id"),
+    (TWEETS, REPOST, "original_author_id"), (TWEETS, UNREPOST, "tweet_id"),
+    (USERS, ACCOUNT_DELETE, "user_id"), (ACTIVITY, READ, "user_id")])
+def test_wrong_types_and_ranges_of_new_ids(topic, body, field):
+    reject(topic, changed(body, **{field: "3"}), match=f"{field} must be an integer, got str")
+    reject(topic, changed(body, **{field: True}), match=f"{field} must be an integer, got bool")
+    key = b"2" if field != "user_id" else b"0"
+    reject(topic, changed(body, **{field: 0}), key=key,
+           match=f"{field}=0 is not a positive 64-bit id")
+
+
+def test_a_reply_needs_a_positive_user_and_null_is_not_zero():
+    # 0 means "not a reply" inside the program only; on the wire the field is left out.
+    reject(TWEETS, changed(POST, in_reply_to_user_id=None), match="got NoneType")
+    reject(TWEETS, changed(POST, in_reply_to_user_id=-3), match="not a positive 64-bit id")
+
+
+def test_self_reply():
+    reason = reject(TWEETS, changed(POST, in_reply_to_user_id=2),
+                    match="in_reply_to_user_id=2 is the author")
+    assert "self-reply" in reason
+
+
+@pytest.mark.parametrize("op", RELATION_OPS)
+def test_self_block_and_self_mute(op):
+    reject(FOLLOWS, changed(FOLLOW, op=op, follower_id=2, followee_id=2),
+           match=f"user 2 cannot {op} themselves")
+
+
+def test_repost_with_its_original_id():
+    reject(TWEETS, changed(REPOST, tweet_id=10),
+           match="repost tweet_id=10 equals original_tweet_id: a repost has its own id")
+
+
+@pytest.mark.parametrize("topic,op", [
+    (TWEETS, "retweet"), (TWEETS, "undo_repost"), (TWEETS, "Repost"), (TWEETS, "block"),
+    (FOLLOWS, "blocks"), (FOLLOWS, "Mute"), (FOLLOWS, "repost"), (FOLLOWS, "unretweet"),
+    (USERS, "deleted"), (USERS, "block"), (ACTIVITY, "write"), (ACTIVITY, "delete")])
+def test_unknown_op_among_the_new_ones(topic, op):
+    body = {TWEETS: REPOST, FOLLOWS: FOLLOW, USERS: ACCOUNT_DELETE, ACTIVITY: READ}[topic]
+    reason = reject(topic, changed(body, op=op), match=f"unknown op {op!r} on topic {topic}")
+    assert "expected" in reason
+
+
+@pytest.mark.parametrize("topic,op", [(TWEETS, None), (FOLLOWS, None), (USERS, None),
+                                      (ACTIVITY, None)])
+def test_missing_op(topic, op):
+    body = {TWEETS: REPOST, FOLLOWS: FOLLOW, USERS: ACCOUNT_DELETE, ACTIVITY: READ}[topic]
+    reject(topic, without(body, "op"), match=f"unknown op None on topic {topic}")
+
+
+def test_the_two_deletes_are_told_apart_by_their_fields():
+    # DESIGN §4b: the users topic's delete names user_id alone, the tweets topic's
+    # delete names tweet_id and author_id; each is refused on the other's topic.
+    assert decode(USERS, b"2", json.dumps(ACCOUNT_DELETE).encode()) == AccountDelete(2, T)
+    assert decode(TWEETS, b"2", json.dumps(DELETE).encode()) == Delete(10, 2, T)
+    reject(USERS, DELETE, match=r"unexpected field\(s\) author_id, tweet_id")
+    reject(TWEETS, ACCOUNT_DELETE, match=r"unexpected field\(s\) user_id")
+    reject(USERS, changed(UPSERT, op="delete"), match=r"unexpected field\(s\) handle, name")
+
+
+@pytest.mark.parametrize("topic,body,wrong,right", [
+    (TWEETS, REPOST, b"3", 2),       # the original author's key: the reposter's is right
+    (TWEETS, UNREPOST, b"3", 2),
+    (TWEETS, REPLY, b"3", 2),        # the replied-to user's key: the author's is right
+    (FOLLOWS, changed(FOLLOW, op="block"), b"1", 2),  # the acting user's key
+    (FOLLOWS, changed(FOLLOW, op="unmute"), b"1", 2),
+    (USERS, ACCOUNT_DELETE, b"3", 2),
+    (ACTIVITY, READ, b"", 2)])
+def test_wrong_key_of_new_records(topic, body, wrong, right):
+    reject(topic, body, key=wrong, match=f"does not match the join key {right}")
+    reject(topic, body, key=None, match=f"no key .expected {right}")
+
+
+def test_every_topic_is_covered():
+    assert set(TOPICS) == {topic for topic, _ in NEW_BODIES}
