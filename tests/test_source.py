@@ -20,6 +20,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ingest.events import (
+    ACTIVITY,
     FOLLOWS,
     MAX_ID,
     TWEETS,
@@ -28,6 +29,7 @@ from ingest.events import (
     Event,
     Follow,
     Post,
+    Repost,
     UserUpsert,
     encode,
     encode_key,
@@ -64,19 +66,28 @@ def _row(event: Event, offset: int = 5) -> tuple[Any, ...]:
 
 def test_event_row_post_with_ids_near_2_63() -> None:
     row = _row(Post(tweet_id=MAX_ID, author_id=BIG, created_at=1_700_000_000_123, text="hi"))
-    assert row == (TWEETS, 1, 5, Kind.POST, BIG, 1_700_000_000_123, MAX_ID, 0, "hi",
+    assert row == (TWEETS, 1, 5, Kind.POST, BIG, 1_700_000_000_123, MAX_ID, 0, 0, "hi",
                    None, None, None)
 
 
 def test_event_row_delete_follow_unfollow_user() -> None:
     assert _row(Delete(tweet_id=BIG, author_id=3, created_at=9)) == (
-        TWEETS, 1, 5, Kind.DELETE, 3, 9, BIG, 0, None, None, None, None)
+        TWEETS, 1, 5, Kind.DELETE, 3, 9, BIG, 0, 0, None, None, None, None)
     assert _row(Follow(follower_id=BIG, followee_id=MAX_ID, created_at=9)) == (
-        FOLLOWS, 1, 5, Kind.FOLLOW, MAX_ID, 9, 0, BIG, None, None, None, None)
+        FOLLOWS, 1, 5, Kind.FOLLOW, MAX_ID, 9, 0, BIG, 0, None, None, None, None)
     assert _row(Follow(follower_id=2, followee_id=BIG, created_at=9, active=False)) == (
-        FOLLOWS, 1, 5, Kind.UNFOLLOW, BIG, 9, 0, 2, None, None, None, None)
+        FOLLOWS, 1, 5, Kind.UNFOLLOW, BIG, 9, 0, 2, 0, None, None, None, None)
     assert _row(UserUpsert(user_id=BIG, handle="ada", name="Ada L", created_at=9)) == (
-        USERS, 1, 5, Kind.USER, BIG, 9, 0, 0, "ada", "Ada L", None, None)
+        USERS, 1, 5, Kind.USER, BIG, 9, 0, 0, 0, "ada", "Ada L", None, None)
+
+
+def test_event_row_repost_and_reply() -> None:
+    assert _row(Repost(tweet_id=BIG, author_id=3, original_tweet_id=MAX_ID,
+                       original_author_id=4, created_at=9)) == (
+        TWEETS, 1, 5, Kind.REPOST, 3, 9, BIG, 4, MAX_ID, None, None, None, None)
+    assert _row(Post(tweet_id=7, author_id=3, created_at=9, text="re",
+                     in_reply_to_user_id=BIG)) == (
+        TWEETS, 1, 5, Kind.POST, 3, 9, 7, BIG, 0, "re", None, None, None)
 
 
 @pytest.mark.parametrize(("topic", "key", "value", "reason"), [
@@ -91,25 +102,25 @@ def test_event_row_delete_follow_unfollow_user() -> None:
 def test_event_row_invalid_records_become_dead_letter_rows(
         topic: str, key: bytes, value: bytes | None, reason: str) -> None:
     row = event_row(topic, 0, 42, key, value)
-    assert row[:8] == (topic, 0, 42, Kind.INVALID, 0, 0, 0, 0)
-    assert row[8] is None and row[9] is None
-    assert reason in row[10]
-    assert row[11] == (None if value is None else value[:MAX_RAW])
+    assert row[:9] == (topic, 0, 42, Kind.INVALID, 0, 0, 0, 0, 0)
+    assert row[9] is None and row[10] is None
+    assert reason in row[11]
+    assert row[12] == (None if value is None else value[:MAX_RAW])
 
 
 def test_event_row_truncates_raw_to_64_kib() -> None:
     value = b"x" * (MAX_RAW + 10)
     row = event_row(TWEETS, 0, 0, b"1", value)
-    assert row[3] == Kind.INVALID and row[11] == value[:MAX_RAW]
+    assert row[3] == Kind.INVALID and row[12] == value[:MAX_RAW]
 
 
 @hypothesis_settings(deadline=None)
-@given(st.sampled_from([TWEETS, FOLLOWS, USERS]), st.one_of(st.none(), st.binary(max_size=30)),
+@given(st.sampled_from([TWEETS, FOLLOWS, USERS, ACTIVITY]), st.one_of(st.none(), st.binary(max_size=30)),
        st.one_of(st.none(), st.binary(max_size=200)))
 def test_event_row_never_raises(topic: str, key: bytes | None, value: bytes | None) -> None:
     row = event_row(topic, 0, 0, key, value)
     assert len(row) == len(SOURCE_SCHEMA.fields)
-    assert (row[3] == Kind.INVALID) == (row[10] is not None)
+    assert (row[3] == Kind.INVALID) == (row[11] is not None)
     rows_to_batch([row])  # every row fits the schema
 
 
