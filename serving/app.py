@@ -24,7 +24,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
@@ -47,12 +47,13 @@ from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache, StoreVersion
 from serving.query import only_query
 from serving.reads import FastReads, Pages, Read
-from serving.render import entry_dict, iso_millis, live_rows
+from serving.render import hydrated, iso_millis
 from serving.settings import ServingSettings
+from serving.visibility import HomeEntry
 from serving.workers import run as run_workers
 from serving.writes import write_router
 from views.stores import store_from_url
-from views.stores.base import Entry, Store
+from views.stores.base import Store
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
@@ -61,24 +62,43 @@ log = logging.getLogger(__name__)
 
 # -- response bodies (also the OpenAPI schema) ---------------------------------------
 class Author(BaseModel):
-    """A tweet's author; handle and name are null when no profile has been seen."""
+    """A user (an entry's actor, a tweet's author); handle and name null without a profile."""
 
-    id: str = Field(description="Author id as a decimal string. " + ID_NOTE,
+    id: str = Field(description="User id as a decimal string. " + ID_NOTE,
                     examples=["9223372036854775807"])
     handle: str | None
     name: str | None
 
 
-class TimelineEntry(BaseModel):
-    """One hydrated tweet."""
+class Tweet(BaseModel):
+    """The tweet an entry shows, hydrated with its author."""
 
-    tweet_id: str = Field(description="Tweet id as a decimal string. " + ID_NOTE,
-                          examples=["9223372036854775806"])
-    created_at: int = Field(description="Event time in epoch milliseconds.")
-    created_at_iso: str = Field(description="created_at as ISO 8601 UTC, e.g. "
-                                            "2024-05-01T12:00:00.000Z.")
+    id: str = Field(description="Tweet id as a decimal string. " + ID_NOTE,
+                    examples=["9223372036854775806"])
+    created_at: int = Field(description="When the tweet was posted, epoch milliseconds.")
+    created_at_iso: str = Field(description="created_at as ISO 8601 UTC.")
     text: str
     author: Author
+    in_reply_to_user_id: str | None = Field(
+        description="For a reply, the user it answers (decimal string); else null.")
+
+
+class TimelineEntry(BaseModel):
+    """One entry: a post, a reply, or a repost of someone's tweet (DESIGN §4b)."""
+
+    tweet_id: str = Field(description="The entry's own id: the post's, or the repost's "
+                                      "(not the original's). " + ID_NOTE,
+                          examples=["9223372036854775806"])
+    kind: Literal["post", "reply", "repost"] = Field(
+        description="post: the actor's tweet; reply: the actor's tweet answering "
+                    "in_reply_to_user_id; repost: the actor shares tweet (another's).")
+    created_at: int = Field(description="When the entry was made (posted or reposted), "
+                                        "epoch milliseconds; the timeline's order.")
+    created_at_iso: str = Field(description="created_at as ISO 8601 UTC, e.g. "
+                                            "2024-05-01T12:00:00.000Z.")
+    actor: Author = Field(description="Who made the entry: the author, or the reposter.")
+    tweet: Tweet = Field(description="The tweet shown: for a post or reply the entry "
+                                     "itself, for a repost the original.")
 
 
 class TimelinePage(BaseModel):
@@ -136,7 +156,7 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     app.include_router(_timeline_routes(settings, auth, pages))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
-        retry_after=settings.retry_after_s, author_of=_author_of,
+        retry_after=settings.retry_after_s, store_of=_store,
         ids=Snowflake(settings.worker_id)))
     app.include_router(_health_routes(writer))
     app.include_router(_metrics_routes(metrics))
@@ -243,7 +263,8 @@ def _redact(url: str) -> str:
 
 
 _NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
-    304: {"description": "Not modified: If-None-Match named this page's current ETag."}}
+    304: {"description": "Not modified: If-None-Match named this page's current ETag."},
+    404: {"model": ErrorBody, "description": "The account is deleted."}}
 
 
 def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> APIRouter:
@@ -269,9 +290,11 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
     async def home(request: Request, user_id: user_id_t, caller: caller_t,
                    limit: limit_t = None, cursor: cursor_t = None,
                    after: after_t = None) -> Response:
-        """Tweets of everyone the user follows (fan-out cache merged with celebrities).
+        """Posts, replies and reposts by everyone the user follows (DESIGN §4b).
 
-        With auth on, only the user's own bearer token may read it. Pages without
+        Without blocked (either way), muted or deleted accounts, deleted tweets, replies
+        to users the reader does not follow, and with one entry per original tweet (its
+        newest appearance). A deleted account's home answers 404. With auth on, only the user's own bearer token may read it. Pages without
         ``after`` carry an ``ETag``; ``If-None-Match`` with it answers 304 while the
         page is unchanged.
         """
@@ -288,7 +311,10 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
                 responses=_NOT_MODIFIED)
     async def tweets(request: Request, user_id: user_id_t, limit: limit_t = None,
                      cursor: cursor_t = None, after: after_t = None) -> Response:
-        """The user's own live tweets (public); ETag and 304 as for the home timeline."""
+        """The user's own live posts and reposts (public); ETag and 304 as for the home.
+
+        A repost is listed while its original is live; a deleted account's page is 404.
+        """
         user = parse_id(user_id, "user_id")
         read = Read(_store(request), user, cursor, limit or settings.default_page, after)
         return _response(*await pages.answer(request.app.state, read, "tweets",
@@ -303,19 +329,13 @@ def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> R
     return response
 
 
-def _author_of(request: Request, tweet_id: int) -> int | None:
-    """The author the views know for ``tweet_id`` (for the delete route's 403)."""
-    row = _store(request).tweets([tweet_id]).get(tweet_id)
-    return row.author_id if row is not None else None
-
-
-def hydrate(store: Store, entries: list[Entry]) -> list[TimelineEntry]:
-    """Entries with text and author, in two bulk reads; tweets deleted meanwhile are dropped.
+def hydrate(store: Store, entries: list[HomeEntry]) -> list[TimelineEntry]:
+    """Entries with their tweets and users, in two bulk reads; tweets gone meanwhile are dropped.
 
     The models of the schema, for callers outside the hot path (the routes serialize
-    :func:`serving.render.entry_dict` directly).
+    :func:`serving.render.hydrated` directly, from the rows their page carries).
     """
-    return [TimelineEntry.model_validate(entry_dict(t, u)) for t, u in live_rows(store, entries)]
+    return [TimelineEntry.model_validate(d) for d in hydrated(store, entries)]
 
 
 # -- health and metrics ----------------------------------------------------------------

@@ -63,3 +63,10 @@ class Forbidden(ServingError):
 
 class ConfigError(ServingError):
     """The API's settings cannot work (raised at startup, never answered)."""
+
+
+class Conflict(ServingError):
+    """The request contradicts the current state (409): already done, say."""
+
+    status = 409
+    code = "conflict"

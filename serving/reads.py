@@ -37,7 +37,7 @@ from serving.cursor import decode_cursor
 from serving.freshness import Freshness
 from serving.ids import parse_id
 from serving.pagecache import Cached, PageCache, StoreVersion, etag_of, matches
-from serving.render import entry_dict, live_rows, page_body
+from serving.render import hydrated, page_body
 from serving.timeline import PageFn, author_page, home_page, read_time_page
 from views.delta import Key
 from views.stores.base import Store
@@ -78,24 +78,18 @@ class Read:
         self.store, self.user, self.limit, self.after = store, user, limit, after
         self.below: Key | None = decode_cursor(cursor) if cursor is not None else None
 
-    def body(self, page_fn: PageFn, freshness: Freshness | None,
-             exact: PageFn | None = None) -> bytes:
+    def body(self, page_fn: PageFn, freshness: Freshness | None) -> bytes:
         """The page as JSON (waiting for ``after`` first, if given).
 
-        ``exact`` reads the page without the celebrity cache. It is used when hydration
-        finds an entry's tweet deleted: the cache learns of a delete of an older held
-        tweet only at its next full reload, and the cached page would come back one
-        entry short. Deletes are rare, so such a page is simply read again.
+        The page carries the rows it was decided on, so rendering reads nothing: an
+        entry filtered out (a celebrity tweet deleted since the celebrity cache last
+        looked, say) was replaced by the next candidate, and the page is not short.
         """
         consistent = None
         if self.after is not None and freshness is not None:
             consistent = freshness.wait(self.store, self.after)
         page = page_fn(self.store, self.user, self.below, self.limit)
-        rows = live_rows(self.store, page.entries)
-        if exact is not None and exact is not page_fn and len(rows) < len(page.entries):
-            page = exact(self.store, self.user, self.below, self.limit)
-            rows = live_rows(self.store, page.entries)
-        entries = [entry_dict(t, u) for t, u in rows]
+        entries = hydrated(self.store, page.entries, page.tweets, page.users)
         return page_body(self.user, entries, page.next_key, consistent)
 
 
@@ -114,8 +108,7 @@ class Pages:
         if read.after is not None:  # read-your-writes: never from the cache, no ETag
             body = await run_in_threadpool(read.body, page_fn, self.freshness)
             return 200, [_JSON], body
-        exact = home_fn(self.fan_out, None, None) if kind == "home" else None
-        args = (read, page_fn, exact, (kind, read.user, read.below, read.limit),
+        args = (read, page_fn, (kind, read.user, read.below, read.limit),
                 state.version, celebrities)
         if isinstance(read.store, SQLiteStore):
             page = self._page(*args)
@@ -126,7 +119,7 @@ class Pages:
             return 304, headers, b""
         return 200, [_JSON, *headers], page.body
 
-    def _page(self, read: Read, page_fn: PageFn, exact: PageFn | None, key: Hashable,
+    def _page(self, read: Read, page_fn: PageFn, key: Hashable,
               version: StoreVersion, celebrities: CelebrityCache | None) -> Cached:
         def now() -> Hashable:
             return version(), celebrities.generation if celebrities is not None else 0
@@ -134,7 +127,7 @@ class Pages:
         before = now()
         page = self.cache.get(key, before)
         if page is None:
-            body = read.body(page_fn, None, exact)
+            body = read.body(page_fn, None)
             page = Cached(body, etag_of(body), before)
             if now() == before:  # nothing committed while rendering: the page is `before`'s
                 self.cache.put(key, page)

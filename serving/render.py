@@ -1,25 +1,29 @@
-"""Timeline pages as JSON bytes: hydrated from the store, serialized once with orjson.
+"""Timeline pages as JSON bytes: entries hydrated from their page's rows, serialized by orjson.
 
 This is the read path's hot loop, so it builds plain dicts and serializes them with
 orjson: no per-entry pydantic model is built or validated. The bytes are what
 :class:`serving.app.TimelinePage` describes (the OpenAPI schema stays that model);
 ``tests/test_api.py`` checks a page against the model and the SQL.
 
-Hydration is two bulk reads per page (tweets, then their authors); tweets deleted
-since the page was assembled are dropped, because the tweet rows carry the delete
-marker and are read after the page's keys.
+Each entry says what it is: ``kind`` (post, reply or repost), the ``actor`` (the
+author, or the reposter) and the ``tweet`` shown, hydrated with its author. A page
+from :mod:`serving.timeline` carries the rows it was decided on, so rendering reads
+nothing; for bare entries (:func:`hydrated` without rows) the rows are read in two
+bulk reads, and entries whose tweet is gone by then are dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 
 from serving.cursor import encode_cursor
+from serving.visibility import HomeEntry
 from views.delta import Key
-from views.stores.base import Entry, Store, TweetRow, UserRow
+from views.stores.base import Store, TweetRow, UserRow
 
 _EPOCH = datetime(1970, 1, 1)  # naive UTC, rendered with a "Z" suffix
 
@@ -29,22 +33,54 @@ def iso_millis(ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds") + "Z"
 
 
-def live_rows(store: Store, entries: list[Entry]) -> list[tuple[TweetRow, UserRow | None]]:
-    """The live tweets of ``entries`` (page order) with their authors' profiles."""
-    if not entries:
-        return []
-    found = store.tweets([e.tweet_id for e in entries])
-    live = [t for e in entries if (t := found.get(e.tweet_id)) is not None and not t.deleted]
-    users = store.users(list(dict.fromkeys(t.author_id for t in live))) if live else {}
-    return [(t, users.get(t.author_id)) for t in live]
+def hydrated(store: Store, entries: Sequence[HomeEntry],
+             tweets: Mapping[int, TweetRow] | None = None,
+             users: Mapping[int, UserRow] | None = None) -> list[dict[str, Any]]:
+    """Entries in the shape of :class:`serving.app.TimelineEntry`, page order.
+
+    Rows missing from ``tweets``/``users`` are read (one bulk read each); an entry
+    whose original is not a live tweet in the rows is left out.
+    """
+    tweets = _complete(store.tweets, tweets or {}, [e.original_id for e in entries])
+    people = [e.author_id for e in entries] + [e.original_author for e in entries]
+    users = _complete(store.users, users or {}, people)
+    profiles: dict[int, dict[str, Any]] = {}
+    out = []
+    for entry in entries:
+        tweet = tweets.get(entry.original_id)
+        if tweet is None or tweet.deleted:
+            continue
+        out.append(entry_dict(entry, tweet, _profile(profiles, users, entry.author_id),
+                              _profile(profiles, users, tweet.author_id)))
+    return out
 
 
-def entry_dict(tweet: TweetRow, user: UserRow | None) -> dict[str, Any]:
+def _complete(read: Any, rows: Mapping[int, Any], ids: list[int]) -> Mapping[int, Any]:
+    missing = [i for i in dict.fromkeys(ids) if i not in rows]
+    return {**rows, **read(missing)} if missing else rows
+
+
+def _profile(memo: dict[int, dict[str, Any]], users: Mapping[int, UserRow],
+             user: int) -> dict[str, Any]:
+    found = memo.get(user)
+    if found is None:
+        row = users.get(user)
+        handle = row.handle if row is not None and row.handle else None
+        found = memo[user] = {"id": str(user), "handle": handle,
+                              "name": row.name if handle is not None and row else None}
+    return found
+
+
+def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
+               author: dict[str, Any]) -> dict[str, Any]:
     """One entry in the shape of :class:`serving.app.TimelineEntry`."""
-    return {"tweet_id": str(tweet.tweet_id), "created_at": tweet.created_at,
-            "created_at_iso": iso_millis(tweet.created_at), "text": tweet.text,
-            "author": {"id": str(tweet.author_id), "handle": user.handle if user else None,
-                       "name": user.name if user else None}}
+    return {"tweet_id": str(entry.tweet_id), "kind": entry.kind,
+            "created_at": entry.created_at, "created_at_iso": iso_millis(entry.created_at),
+            "actor": actor,
+            "tweet": {"id": str(tweet.tweet_id), "created_at": tweet.created_at,
+                      "created_at_iso": iso_millis(tweet.created_at), "text": tweet.text,
+                      "author": author,
+                      "in_reply_to_user_id": str(tweet.reply_to) if tweet.reply_to else None}}
 
 
 def page_body(user: int, entries: list[dict[str, Any]], next_key: Key | None,

@@ -1,66 +1,79 @@
-"""Home-timeline assembly: cached fan-out, celebrity merge and read-time fallback.
+"""Home-timeline assembly: candidates from the cache, celebrities and read time, then §4b.
 
 A page of ``user``'s home timeline, strictly older than the cursor position, is the
-newest ``limit`` of three sources (DESIGN §4, §7):
+newest ``limit`` entries that DESIGN §4b serves. They are drawn from a stream of
+*candidates*, newest first, merged from three sources (DESIGN §4, §7):
 
-1. the cached entries (fanned out on write), trusted only *above* the user's horizon;
-2. the recent tweets of the celebrities the user follows, above the horizon too;
+1. the cached entries (posts and reposts fanned out on write), trusted only *above*
+   the user's horizon;
+2. the recent posts and reposts of the celebrities the user follows, above the
+   horizon too;
 3. below the horizon — where the cache was trimmed to the cap, or a backfill
-   brought only an author's newest tweets — the query itself, evaluated at read
-   time from the follow graph and ``author_tweets``.
+   brought only an author's newest entries — the followees' ``author_tweets``,
+   read at read time.
 
-So the concatenated pages equal the SQL with no limit, and the first ``N`` entries
-equal it exactly. ``fanout verify`` and the HTTP API both read through here.
+Each batch of candidates goes through :class:`serving.visibility.Viewer` (blocks,
+mutes, deleted accounts and originals, reply visibility, one entry per original).
+When filtering leaves the page short, the next batch starts below the last
+candidate, twice as large, until the page is full or the stream ends. Whether an
+entry is served never depends on the page it falls in, so the concatenated pages
+equal the query with no limit, and the cursor — the last served entry's key — is
+stable. ``fanout verify`` and the HTTP API both read through here.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from serving.celebrities import CelebrityCache
+from serving.errors import NotFound
+from serving.visibility import HomeEntry, Viewer
 from views.delta import TOP, Key
-from views.stores.base import Entry, Store
+from views.stores.base import Entry, Store, TweetRow, UserRow
+
+__all__ = ("HomeEntry", "Page", "PageFn", "author_page", "home_page", "home_top",
+           "read_time_page")
+
+#: The largest candidate batch one round reads (a reader who blocked a prolific
+#: followee may need several rounds; each doubles, up to this).
+MAX_BATCH = 1000
+
+#: The newest candidates below a key, at most n, and whether more may follow.
+Batch = Callable[[Key, int], tuple[list[Entry], bool]]
+
+
+class AccountGone(NotFound):
+    """The account is deleted: its timelines are not served (DESIGN §4b)."""
 
 
 @dataclass(frozen=True)
 class Page:
-    """Entries of one page, newest first, and the position to continue from."""
+    """Served entries, newest first, the position to continue from, and their rows.
 
-    entries: list[Entry]
+    ``tweets`` and ``users`` hold every row the page was decided on (read in the same
+    snapshot), so rendering it reads nothing more.
+    """
+
+    entries: list[HomeEntry]
     next_key: Key | None
+    tweets: Mapping[int, TweetRow] = field(default_factory=dict)
+    users: Mapping[int, UserRow] = field(default_factory=dict)
 
 
 def home_page(store: Store, user: int, below: Key | None, limit: int,
               celebrities: CelebrityCache | None = None) -> Page:
     """One page of ``user``'s home timeline strictly older than ``below``.
 
-    With ``celebrities``, followed celebrities' tweets come from that in-process
+    With ``celebrities``, followed celebrities' entries come from that in-process
     cache (bounded staleness, see :mod:`serving.celebrities`) instead of the store.
+    Raises :class:`AccountGone` for a deleted account.
     """
-    below = below or TOP
     with store.snapshot():
-        horizon = store.horizon(user)
-        floor = horizon or (-1, -1)
-        cached = [e for e in store.cached(user, below, limit) if e.key > floor]
-        celebs = store.celebrities_followed(user)
-        starred = _starred(store, celebs, below, limit, celebrities)
-        entries = _newest(cached, [e for e in starred if e.key > floor], limit)
-        if len(entries) < limit and horizon is not None:
-            # Keys ≤ horizon: evaluate the query here (tweet ids are ≥ 1).
-            deeper = min(below, (horizon[0], horizon[1] + 1))
-            entries += store.author_tweets(store.followees(user), deeper, limit - len(entries))
-    more = len(entries) == limit
-    return Page(entries, entries[-1].key if more and entries else None)
-
-
-def _starred(store: Store, celebs: list[int], below: Key, limit: int,
-             cache: CelebrityCache | None) -> list[Entry]:
-    if not celebs:
-        return []
-    from_cache = cache.page(celebs, below, limit) if cache is not None else None
-    return from_cache if from_cache is not None else store.author_tweets(celebs, below, limit)
+        viewer = Viewer(store, user)
+        source = _Home(store, user, viewer, celebrities)
+        return _page(viewer, source.batch, below, limit, viewer.home)
 
 
 def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
@@ -70,17 +83,100 @@ def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Pa
     materialized view (DESIGN §8). Equal to :func:`home_page` on the same data.
     """
     with store.snapshot():
-        entries = store.author_tweets(store.followees(user), below or TOP, limit)
-    more = len(entries) == limit
-    return Page(entries, entries[-1].key if more and entries else None)
+        viewer = Viewer(store, user)
+
+        def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
+            entries = store.author_tweets(sorted(viewer.followees()), below, n)
+            return entries, len(entries) == n
+
+        return _page(viewer, batch, below, limit, viewer.home)
+
+
+def author_page(store: Store, author: int, below: Key | None, limit: int) -> Page:
+    """One page of an author's own posts and reposts, newest first.
+
+    A repost is listed while its original is live and its author's account is not
+    deleted; a deleted account's page is not served (:class:`AccountGone`).
+    """
+    with store.snapshot():
+        viewer = Viewer(store, None)
+        viewer.load_users([author])
+        if viewer.deleted(author):
+            raise _gone(author)
+
+        def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
+            entries = store.author_tweets([author], below, n)
+            return entries, len(entries) == n
+
+        return _page(viewer, batch, below, limit, viewer.own)
+
+
+def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
+          keep: Callable[[list[Entry]], list[HomeEntry]]) -> Page:
+    """Candidates from ``batch`` filtered by ``keep`` until ``limit`` are served."""
+    position, size, out = below or TOP, limit, list[HomeEntry]()
+    while True:
+        candidates, more = batch(position, size)
+        out += keep(candidates)
+        ended = not (more and candidates)
+        if len(out) >= limit or ended:
+            break
+        position, size = candidates[-1].key, min(size * 2, MAX_BATCH)
+    if viewer.reader_deleted():
+        raise _gone(viewer.user or 0)
+    more = len(out) > limit or (len(out) == limit and not ended)
+    out = out[:limit]
+    return Page(out, out[-1].key if more else None, viewer.tweets, viewer.users)
+
+
+def _gone(user: int) -> AccountGone:
+    return AccountGone(f"user {user}'s account is deleted", field="user_id")
+
+
+class _Home:
+    """The fan-out side's candidate stream for one reader (see the module docstring)."""
+
+    def __init__(self, store: Store, user: int, viewer: Viewer,
+                 cache: CelebrityCache | None) -> None:
+        self.store, self.user, self.viewer, self.cache = store, user, viewer, cache
+        self.horizon = store.horizon(user)
+        self.floor = self.horizon or (-1, -1)
+        self.celebs = store.celebrities_followed(user)
+
+    def batch(self, below: Key, n: int) -> tuple[list[Entry], bool]:
+        """The newest ``n`` candidates strictly older than ``below``; more may follow.
+
+        The cache and the celebrity lists may share entries (merged once), so a short
+        merge does not mean they are exhausted: only when neither may hold more above
+        the horizon does the read go below it.
+        """
+        cached = self.store.cached(self.user, below, n)
+        starred = self._starred(below, n)
+        entries = _newest([e for e in cached if e.key > self.floor],
+                          [e for e in starred if e.key > self.floor], n)
+        above = any(len(got) == n and got[-1].key > self.floor for got in (cached, starred))
+        if len(entries) == n or above or self.horizon is None:
+            return entries, len(entries) == n or above
+        # Keys ≤ horizon: evaluate the query here (tweet ids are ≥ 1).
+        deeper = min(below, (self.horizon[0], self.horizon[1] + 1))
+        rest = self.store.author_tweets(sorted(self.viewer.followees()), deeper,
+                                        n - len(entries))
+        return entries + rest, len(rest) == n - len(entries)
+
+    def _starred(self, below: Key, n: int) -> list[Entry]:
+        if not self.celebs:
+            return []
+        cached = self.cache.page(self.celebs, below, n) if self.cache is not None else None
+        return cached if cached is not None else self.store.author_tweets(self.celebs, below, n)
 
 
 def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:
-    seen: set[int] = set()
+    """The newest ``limit`` of two lists, newest first, an entry in both once."""
+    seen: set[Key] = set()
     out: list[Entry] = []
     for entry in heapq.merge(a, b, reverse=True):
-        if entry.tweet_id not in seen:
-            seen.add(entry.tweet_id)
+        if entry.key not in seen:
+            seen.add(entry.key)
             out.append(entry)
             if len(out) == limit:
                 break
@@ -91,9 +187,9 @@ PageFn = Callable[[Store, int, Key | None, int], Page]
 
 
 def home_top(store: Store, user: int, n: int, page_size: int = 200,
-             page_fn: PageFn | None = None) -> list[Entry]:
+             page_fn: PageFn | None = None) -> list[HomeEntry]:
     """The first ``n`` entries, read page by page as a client would."""
-    out: list[Entry] = []
+    out: list[HomeEntry] = []
     below: Key | None = None
     while len(out) < n:
         page = (page_fn or home_page)(store, user, below, min(page_size, n - len(out)))
@@ -102,11 +198,3 @@ def home_top(store: Store, user: int, n: int, page_size: int = 200,
             break
         below = page.next_key
     return out
-
-
-def author_page(store: Store, author: int, below: Key | None, limit: int) -> Page:
-    """One page of an author's own tweets, newest first."""
-    with store.snapshot():
-        entries = store.author_tweets([author], below or TOP, limit)
-    more = len(entries) == limit
-    return Page(entries, entries[-1].key if more and entries else None)

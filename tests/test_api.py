@@ -3,7 +3,9 @@
 A module fixture fills a store through the pure join (the ``Harness`` of
 ``tests/test_join.py``, no Spark): a celebrity author, timelines trimmed by a small
 cap (so deep pages take the read-time fallback), deleted tweets, ids at 2^63-1, users
-with and without profiles. Paging through the API must concatenate to
+with and without profiles, and every record of DESIGN §4b — reposts (the
+celebrity's too, two of one tweet, of deleted tweets, undone), replies, blocks, mutes
+and a deleted account. Paging through the API must concatenate to
 ``views.reference`` — the DESIGN's SQL — and every failure must be the JSON error
 shape. The API runs on each store: a temporary SQLite file, and a fresh keyspace on
 the session's Cassandra node (``cassandra_hosts`` in ``conftest.py``); the tests of
@@ -26,8 +28,19 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from ingest.events import Delete, Event, Follow, Post, UserUpsert
-from serving.app import create_app, hydrate, iso_millis
+from ingest.events import (
+    MUTE,
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+)
+from serving.app import TimelinePage, create_app, hydrate, iso_millis
 from serving.cursor import encode_cursor
 from serving.settings import ServingSettings
 from serving.timeline import home_page
@@ -36,7 +49,7 @@ from tests.test_join import Harness
 from views.delta import Delta, Key
 from views.errors import StoreError
 from views.join import JoinConfig
-from views.reference import Reference
+from views.reference import HomeRow, Reference
 from views.stores import store_from_url
 from views.stores.base import Entry, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
@@ -45,6 +58,7 @@ BIG = 2**63 - 1
 T0 = 1_700_000_000_000  # epoch ms
 CELEB = 1
 NO_PROFILE = 7
+GONE = 11  # a deleted account, with followers, posts, reposts and replies
 CONFIG = JoinConfig(cap=4, promote_at=3, demote_below=2)
 MAX_PAGE = 50
 DEFAULT_PAGE = 3
@@ -62,7 +76,9 @@ def _history() -> list[Event]:
     events += [Follow(BIG, BIG - 5, T0), Follow(BIG, 6, T0)]
     for i in range(160):
         author = rng.choice(users)
-        events.append(Post(1000 + i, author, T0 + rng.randrange(0, 50) * 1000, f"tweet {i} ✓"))
+        reply_to = rng.choice([u for u in users if u != author]) if rng.random() < 0.2 else 0
+        events.append(Post(1000 + i, author, T0 + rng.randrange(0, 50) * 1000, f"tweet {i} ✓",
+                           reply_to))
     events += [Post(BIG - 1, BIG - 5, T0 + 99_000, "the biggest id"),
                Post(BIG - 2, BIG - 5, T0 + 99_000, "same time, smaller id")]
     events += [Follow(rng.choice(users), a, T0 + rng.randrange(0, 60) * 1000,
@@ -70,8 +86,28 @@ def _history() -> list[Event]:
                for a in users for _ in range(3)]
     events = [e for e in events if not (isinstance(e, Follow) and e.follower_id == e.followee_id)]
     posts = [e for e in events if isinstance(e, Post)]
-    events += [Delete(p.tweet_id, p.author_id, T0 + 200_000) for p in rng.sample(posts, 15)]
-    return events
+    events += [Delete(p.tweet_id, p.author_id, T0 + 200_000)
+               for p in rng.sample(posts[:160], 15)]  # not the ids near 2^63
+    return events + _timeline_records(rng, users, posts)
+
+
+def _timeline_records(rng: random.Random, users: list[int], posts: list[Post]) -> list[Event]:
+    """DESIGN §4b's records: reposts (some undone), blocks, mutes, one deleted account."""
+    events: list[Event] = []
+    for i in range(60):  # reposts, often of the same few tweets, the celebrity's among them
+        actor = CELEB if i % 6 == 0 else rng.choice(users)
+        original = rng.choice(posts[:20] if i % 2 else posts)
+        events.append(Repost(5000 + i, actor, original.tweet_id, original.author_id,
+                             T0 + rng.randrange(0, 60) * 1000 + 500))
+    events += [Unrepost(5000 + i, r.author_id, T0 + 300_000)
+               for i, r in enumerate(events) if isinstance(r, Repost) and i % 7 == 3]
+    for i in range(12):
+        user, other = rng.sample(users, 2)
+        kind = "block" if i % 2 else MUTE
+        events.append(Relation(user, other, T0 + i * 1000, kind))
+        if i % 3 == 0:  # and undone later
+            events.append(Relation(user, other, T0 + 100_000, kind, active=False))
+    return [*events, AccountDelete(GONE, T0 + 150_000)]
 
 
 class Filled:
@@ -92,7 +128,22 @@ class Filled:
         self.store = harness.store
 
     def readers(self) -> list[int]:
+        """Every served home timeline: the followers, plus users who follow nobody."""
         return [*self.ref.users(), 9, 12345]
+
+    def author_page(self, author: int) -> list[tuple[int, int]]:
+        """What the author route serves: live posts, and reposts of live tweets whose
+        author's account is not deleted, newest first (created_at, entry id)."""
+        originals = {r.tweet_id: r for r in self.ref.live_reposts()}
+        return [key for key in self.ref.author_tweets(author)
+                if key[1] not in originals or self._shown(originals[key[1]])]
+
+    def _shown(self, repost: Repost) -> bool:
+        post = self.ref.post(repost.original_tweet_id)
+        return post is not None and post.author_id == repost.original_author_id \
+            and not self.ref.is_deleted(post.author_id) and not any(
+                isinstance(e, Delete) and (e.tweet_id, e.author_id)
+                == (post.tweet_id, post.author_id) for e in self.history)
 
 
 @contextmanager
@@ -188,6 +239,20 @@ def test_fixture_has_a_celebrity_trimmed_timelines_and_deletes(filled: Filled):
     assert any(t.deleted for t in filled.store.tweets(list(range(1000, 1160))).values())
 
 
+def test_fixture_serves_every_kind_of_entry_and_filters_some(filled: Filled):
+    """Reposts (the celebrity's too), replies, and entries §4b filters are all there."""
+    rows = [r for u in filled.readers() for r in filled.ref.home(u, 10**6)]
+    posts = {p.tweet_id: p for p in filled.history if isinstance(p, Post)}
+    assert {r.actor_id for r in rows if r.entry_id != r.original_tweet_id} >= {CELEB}
+    assert any(posts[r.entry_id].in_reply_to_user_id for r in rows if r.entry_id in posts)
+    plain = Reference().add(e for e in filled.history
+                            if not isinstance(e, Relation | AccountDelete | Repost))
+    dropped = {(u, r.entry_id) for u in plain.users() for r in plain.home(u, 10**6)} \
+        - {(u, r.entry_id) for u in plain.users() for r in filled.ref.home(u, 10**6)}
+    assert len(dropped) >= 20, "blocks, mutes, the deleted account and reposts hide posts"
+    assert GONE not in filled.readers() and filled.ref.is_deleted(GONE)
+
+
 # -- timelines ---------------------------------------------------------------------------
 @pytest.mark.parametrize("limit", [1, 3, MAX_PAGE])
 def test_home_pages_concatenate_to_the_sql(client: httpx.Client, filled: Filled, limit: int):
@@ -197,35 +262,67 @@ def test_home_pages_concatenate_to_the_sql(client: httpx.Client, filled: Filled,
         assert got == want, f"user {user}, limit {limit}"
 
 
+def _user(filled: Filled, user: int) -> dict:
+    profile = filled.ref.profiles.get(user)
+    return {"id": str(user), "handle": profile.handle if profile else None,
+            "name": profile.name if profile else None}
+
+
+def _entry(filled: Filled, row: HomeRow) -> dict:
+    """The JSON entry the API must serve for one row of the §4b query."""
+    post = filled.ref.post(row.original_tweet_id)
+    assert post is not None, f"entry {row.entry_id}: no post {row.original_tweet_id}"
+    kind = "repost" if row.entry_id != post.tweet_id else \
+        "reply" if post.in_reply_to_user_id else "post"
+    reply_to = str(post.in_reply_to_user_id) if post.in_reply_to_user_id else None
+    return {"tweet_id": str(row.entry_id), "kind": kind, "created_at": row.created_at,
+            "created_at_iso": iso_millis(row.created_at), "actor": _user(filled, row.actor_id),
+            "tweet": {"id": str(post.tweet_id), "created_at": post.created_at,
+                      "created_at_iso": iso_millis(post.created_at), "text": post.text,
+                      "author": _user(filled, post.author_id),
+                      "in_reply_to_user_id": reply_to}}
+
+
 def test_home_entries_are_hydrated(client: httpx.Client, filled: Filled):
+    kinds = set()
     for user in filled.readers():
         entries = _pages(client, f"/v1/users/{user}/home", MAX_PAGE)
-        want = filled.ref.home(user, 10**6)
-        for entry, row in zip(entries, want, strict=True):
-            tweet, created_at, author = row.entry_id, row.created_at, row.actor_id
-            original = filled.ref.post(row.original_tweet_id)
-            profile = filled.ref.profiles.get(author)
-            assert original is not None, f"entry {tweet}: no post {row.original_tweet_id}"
-            assert entry == {
-                "tweet_id": str(tweet), "created_at": created_at,
-                "created_at_iso": iso_millis(created_at), "text": original.text,
-                "author": {"id": str(author), "handle": profile.handle if profile else None,
-                           "name": profile.name if profile else None}}
+        want = [_entry(filled, row) for row in filled.ref.home(user, 10**6)]
+        assert entries == want, f"user {user}"
+        kinds |= {e["kind"] for e in entries}
+    assert kinds == {"post", "reply", "repost"}
+
+
+def test_pages_validate_against_the_openapi_model(client: httpx.Client, filled: Filled):
+    for user in filled.readers()[:4]:
+        TimelinePage.model_validate_json(client.get(f"/v1/users/{user}/home").content)
+
+
+@pytest.mark.parametrize("route", ["home", "tweets"])
+def test_a_deleted_account_is_404(client: httpx.Client, route: str):
+    body = _assert_error(client.get(f"/v1/users/{GONE}/{route}"), 404, "user_id")
+    assert body["error"] == "not_found" and "deleted" in body["message"]
 
 
 def test_author_without_profile_has_null_handle(client: httpx.Client, filled: Filled):
     entries = _pages(client, f"/v1/users/{NO_PROFILE}/tweets", MAX_PAGE)
     assert entries, "the author without a profile should have tweets"
-    assert {(e["author"]["id"], e["author"]["handle"], e["author"]["name"]) for e in entries} \
+    assert {(e["actor"]["id"], e["actor"]["handle"], e["actor"]["name"]) for e in entries} \
         == {(str(NO_PROFILE), None, None)}
+    assert all(e["tweet"]["author"] == e["actor"] for e in entries if e["kind"] != "repost")
 
 
 @pytest.mark.parametrize("limit", [2, MAX_PAGE])
 def test_author_tweets_are_live_newest_first(client: httpx.Client, filled: Filled, limit: int):
+    reposts = 0
     for author in [*range(1, 13), BIG - 5]:
-        got = [(e["created_at"], int(e["tweet_id"]))
-               for e in _pages(client, f"/v1/users/{author}/tweets", limit)]
-        assert got == filled.ref.author_tweets(author), f"author {author}"
+        if author == GONE:
+            continue
+        entries = _pages(client, f"/v1/users/{author}/tweets", limit)
+        got = [(e["created_at"], int(e["tweet_id"])) for e in entries]
+        assert got == filled.author_page(author), f"author {author}"
+        reposts += sum(e["kind"] == "repost" for e in entries)
+    assert reposts > 0
 
 
 def test_ids_are_exact_strings_at_2_pow_63(client: httpx.Client):
@@ -275,8 +372,10 @@ class _RacyStore(SQLiteStore):
 def test_hydration_drops_raced_deletes_in_two_bulk_reads(sqlite_filled: Filled):
     page = home_page(sqlite_filled.store, 2, None, 10)
     ids = [e.tweet_id for e in page.entries]
+    originals = [e.original_id for e in page.entries]
     assert sqlite_filled.path is not None
-    store = _RacyStore(sqlite_filled.path, deleted=ids[1], missing=ids[4]).open()
+    assert any(e.kind == "repost" for e in page.entries)
+    store = _RacyStore(sqlite_filled.path, deleted=originals[1], missing=originals[4]).open()
     try:
         got = [int(e.tweet_id) for e in hydrate(store, page.entries)]
     finally:
@@ -331,17 +430,21 @@ def test_cursor_at_the_top_is_fine(client: httpx.Client):
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/nope", "/v1/users/1", "/v1/users/1/home/extra", "/"])
+@pytest.mark.parametrize("path", ["/nope", "/v1/users/1/nothing", "/v1/users/1/home/extra",
+                                  "/v1/reposts", "/"])
 def test_unknown_route_is_404_json(client: httpx.Client, path: str):
     body = _assert_error(client.get(path), 404, None)
     assert body["error"] == "not_found"
 
 
-def test_wrong_method_is_405_json(client: httpx.Client):
-    response = client.post("/v1/users/1/home", json={})
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("POST", "/v1/users/1/home", "GET"), ("GET", "/v1/users/1", "DELETE"),
+    ("GET", "/v1/reposts/5", "DELETE"), ("PATCH", "/v1/users/1/blocks/2", "PUT")])
+def test_wrong_method_is_405_json(client: httpx.Client, method: str, path: str, allowed: str):
+    response = client.request(method, path, json={})
     body = _assert_error(response, 405, None)
     assert body["error"] == "method_not_allowed"
-    assert "GET" in response.headers["allow"]
+    assert allowed in response.headers["allow"]
 
 
 # -- a store that fails ------------------------------------------------------------------
@@ -415,8 +518,13 @@ def test_docs_and_openapi_serve(client: httpx.Client):
     assert "400" in home["responses"]
     limit = next(p for p in home["parameters"] if p["name"] == "limit")
     assert limit["schema"]["anyOf"][0]["maximum"] == MAX_PAGE
-    entry = spec["components"]["schemas"]["TimelineEntry"]["properties"]["tweet_id"]
-    assert entry["type"] == "string" and "2^53" in entry["description"]
+    schemas = spec["components"]["schemas"]
+    entry = schemas["TimelineEntry"]["properties"]
+    assert entry["tweet_id"]["type"] == "string" and "2^53" in entry["tweet_id"]["description"]
+    assert entry["kind"]["enum"] == ["post", "reply", "repost"]
+    assert {"actor", "tweet"} <= set(schemas["TimelineEntry"]["required"])
+    assert {"id", "text", "author", "in_reply_to_user_id"} <= set(schemas["Tweet"]["properties"])
+    assert "404" in home["responses"]
 
 
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch):

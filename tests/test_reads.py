@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from infra.broker import free_port
-from ingest.events import Delete, Follow, Post, UserUpsert
+from ingest.events import MUTE, AccountDelete, Delete, Follow, Post, Relation, Repost, UserUpsert
 from serving.app import TimelinePage, create_app
 from serving.auth import mint
 from serving.settings import ServingSettings
@@ -74,11 +74,40 @@ def test_etag_gives_304_until_the_store_changes(world):
 
 def test_profile_change_shows_at_once(world):
     harness, reader, _ = world
-    assert reader.get(f"/v1/users/{AUTHOR}/tweets").json()["entries"][0]["author"]["handle"] \
+    assert reader.get(f"/v1/users/{AUTHOR}/tweets").json()["entries"][0]["actor"]["handle"] \
         == "author"
     harness.run([UserUpsert(AUTHOR, "renamed", "An Author", T0 + 1)])
-    assert reader.get(f"/v1/users/{AUTHOR}/tweets").json()["entries"][0]["author"]["handle"] \
-        == "renamed"
+    entry = reader.get(f"/v1/users/{AUTHOR}/tweets").json()["entries"][0]
+    assert entry["actor"]["handle"] == entry["tweet"]["author"]["handle"] == "renamed"
+
+
+@pytest.mark.parametrize("change", ["block", "blocked by", "mute", "account delete",
+                                    "repost", "reply to a stranger"])
+def test_filters_applied_at_read_time_invalidate_cached_pages(world, change: str):
+    """Blocks, mutes, deletes and reposts rewrite no timeline row; the page cache's
+    store version must still move, so the next read (and its ETag) is the new page."""
+    harness, reader, _ = world
+    first = reader.get(f"/v1/users/{READER}/home")
+    assert _ids(first) == [104, 103, 102, 101, 100]
+    etag = first.headers["etag"]
+    assert reader.get(f"/v1/users/{READER}/home", headers={"If-None-Match": etag}) \
+        .status_code == 304
+    event, want = {
+        "block": (Relation(READER, AUTHOR, T0 + 9), []),
+        "blocked by": (Relation(AUTHOR, READER, T0 + 9), []),
+        "mute": (Relation(READER, AUTHOR, T0 + 9, MUTE), []),
+        "account delete": (AccountDelete(AUTHOR, T0 + 9), []),
+        "repost": (Repost(900, AUTHOR, 101, AUTHOR, T0 + 9), [900, 104, 103, 102, 100]),
+        "reply to a stranger": (Post(105, AUTHOR, T0 + 9, "@x hi", 77), None),
+    }[change]
+    harness.run([event])
+    fresh = reader.get(f"/v1/users/{READER}/home", headers={"If-None-Match": etag})
+    if want is None:  # a reply to someone the reader does not follow: the same page,
+        assert fresh.status_code == 304  # rendered again: the same bytes, the same tag
+        assert reader.get(f"/v1/users/{READER}/home").content == first.content
+        return
+    assert fresh.status_code == 200 and fresh.headers["etag"] != etag
+    assert _ids(fresh) == want
 
 
 def test_cursor_pages_are_cached_and_exact(world):

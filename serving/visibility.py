@@ -1,0 +1,213 @@
+"""What one reader may see: DESIGN §4b's ``visible`` and ``ranked`` clauses, at read time.
+
+The home path (:mod:`serving.timeline`) produces *candidate* entries newest first —
+every post and shown repost the join fanned out to the reader, plus celebrities'
+and the read-time fallback's — and :class:`Viewer` keeps those §4b serves. Blocks,
+mutes, deleted accounts, deleted originals and reply visibility are filtered here
+rather than materialized: none of them rewrites a timeline row on write, so a block
+or an account delete costs one store row, however many timelines it touches.
+
+For an entry of user ``u`` to be served (the pinned semantics of issue 13):
+
+- its row is live (a post not deleted, a repost shown), and a repost's original is a
+  live post — not a repost — by the repost's ``original_author``;
+- neither the actor nor the original's author is a deleted account, blocked by or
+  blocking ``u``, or muted by ``u``; a repost of ``u``'s own tweet is not served;
+- a reply is served if it answers ``u``, its own author, or someone in ``F(u)``
+  (``u``'s live followees minus deleted accounts and blocks either way);
+- and no *visible appearance* of the same original is newer: neither a shown repost
+  by someone in ``F(u)`` (:meth:`Store.reposts_of`) nor the original post itself.
+
+The last check reads the store, never the page, so whether an entry is served does
+not depend on the cursor: pages concatenate to the query. Rows are read in bulk and
+at most once per page; the followee list only when a reply to a third user or a
+newer appearance needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from views.delta import Key
+from views.stores.base import Entry, Relations, Store, TweetRow, UserRow
+
+
+class HomeEntry(NamedTuple):
+    """One served entry: a post, a reply or a repost, at its timeline position.
+
+    ``tweet_id`` is the entry's own id and ``author_id`` its actor (the reposter, for
+    a repost); ``original_id``/``original_author`` the tweet shown (the entry itself,
+    for a post); ``reply_to`` the user the original answers (0: not a reply).
+    """
+
+    created_at: int
+    tweet_id: int
+    author_id: int
+    original_id: int
+    original_author: int
+    reply_to: int = 0
+
+    @property
+    def key(self) -> Key:
+        return (self.created_at, self.tweet_id)
+
+    @property
+    def kind(self) -> str:
+        """``repost``, ``reply`` or ``post``."""
+        if self.tweet_id != self.original_id:
+            return "repost"
+        return "reply" if self.reply_to else "post"
+
+
+class Viewer:
+    """One reader (or none: an author's own page) of one store snapshot.
+
+    Holds every tweet and user row read so far, so that rendering the page needs no
+    further reads (:mod:`serving.render`).
+    """
+
+    def __init__(self, store: Store, user: int | None) -> None:
+        self.store, self.user = store, user
+        self.tweets: dict[int, TweetRow] = {}
+        self.users: dict[int, UserRow] = {}
+        self._asked: set[tuple[str, int]] = set()  # (table, id) read, found or not
+        self._relations: Relations | None = None
+        self._followees: frozenset[int] | None = None
+
+    # -- rows, read once -----------------------------------------------------------------
+    def load_tweets(self, ids: Iterable[int]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if ("t", i) not in self._asked]
+        if missing:
+            self.tweets.update(self.store.tweets(missing))
+            self._asked.update(("t", i) for i in missing)
+
+    def load_users(self, ids: Iterable[int]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if ("u", i) not in self._asked]
+        if missing:
+            self.users.update(self.store.users(missing))
+            self._asked.update(("u", i) for i in missing)
+
+    def tweet(self, tweet_id: int) -> TweetRow:
+        """A loaded tweet row; one the store does not have reads as deleted."""
+        return self.tweets.get(tweet_id) or _ABSENT
+
+    def followees(self) -> frozenset[int]:
+        """Live follow edges of the reader (read once)."""
+        if self._followees is None:
+            self._followees = frozenset(self.store.followees(self.user)) \
+                if self.user is not None else frozenset()
+        return self._followees
+
+    def relations(self) -> Relations:
+        if self._relations is None:
+            self._relations = self.store.relations(self.user) \
+                if self.user is not None else Relations()
+        return self._relations
+
+    def deleted(self, user: int) -> bool:
+        row = self.users.get(user)
+        return row is not None and row.deleted
+
+    def reader_deleted(self) -> bool:
+        """Whether the reader's own account is deleted (its home is not served)."""
+        if self.user is None:
+            return False
+        self.load_users([self.user])
+        return self.deleted(self.user)
+
+    def follows(self, other: int) -> bool:
+        """``other`` ∈ F(reader); ``other``'s row must have been loaded."""
+        return other in self.followees() and not self.deleted(other) \
+            and other not in self.relations().blocked
+
+    # -- the filter ------------------------------------------------------------------------
+    def home(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
+        """The candidates §4b serves to the reader, in the order given."""
+        entries = self._live(candidates)
+        if not entries:
+            return []
+        wanted = {e.author_id for e in entries} | {e.original_author for e in entries}
+        wanted |= {e.reply_to for e in entries if e.reply_to}
+        self.load_users([*wanted, self.user] if self.user is not None else wanted)
+        shown = [e for e in entries if self._shown(e)]
+        return self._newest_per_original(shown)
+
+    def own(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
+        """An author's own page: live posts and shown reposts of live originals."""
+        entries = self._live(candidates)
+        self.load_users({e.author_id for e in entries} | {e.original_author for e in entries})
+        return [e for e in entries if not self.deleted(e.original_author)]
+
+    def _live(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
+        self.load_tweets(c.tweet_id for c in candidates)
+        rows = [(c, self.tweet(c.tweet_id)) for c in candidates]
+        self.load_tweets(r.original_id for _, r in rows if r.is_repost and not r.deleted)
+        return [e for c, r in rows if (e := self._entry(c, r)) is not None]
+
+    def _entry(self, candidate: Entry, row: TweetRow) -> HomeEntry | None:
+        # Deleted, hidden, or not in the store at all; or listed at a position that is
+        # not the row's (an index row left behind: the row is the truth).
+        if row.deleted or _key(row) != candidate.key:
+            return None
+        if not row.is_repost:
+            return HomeEntry(candidate.created_at, row.tweet_id, row.author_id, row.tweet_id,
+                             row.author_id, row.reply_to)
+        original = self.tweet(row.original_id)
+        if original.deleted or original.is_repost or original.author_id != row.original_author:
+            return None
+        return HomeEntry(candidate.created_at, row.tweet_id, row.author_id, original.tweet_id,
+                         original.author_id, original.reply_to)
+
+    def _shown(self, e: HomeEntry) -> bool:
+        relations = self.relations()
+        people = (e.author_id, e.original_author)
+        if any(self.deleted(p) or p in relations.blocked or p in relations.muted
+               for p in people):
+            return False
+        if e.kind == "repost":
+            return e.original_author != self.user
+        return self._reply_visible(e.author_id, e.reply_to)
+
+    def _reply_visible(self, author: int, reply_to: int) -> bool:
+        return not reply_to or reply_to in (self.user, author) or self.follows(reply_to)
+
+    def _newest_per_original(self, entries: list[HomeEntry]) -> list[HomeEntry]:
+        """Entries with no newer visible appearance of their original (``ranked``, rn = 1)."""
+        reposts = self.store.reposts_of(list({e.original_id for e in entries}))
+        newer = {e.tweet_id: [r for r in reposts.get(e.original_id, ())
+                              if r.key > e.key and r.tweet_id != e.tweet_id] for e in entries}
+        posts = {e.tweet_id: self.tweet(e.original_id) for e in entries if e.kind == "repost"
+                 and _key(self.tweet(e.original_id)) > e.key}
+        if not any(newer.values()) and not posts:
+            return entries
+        others = [r for rs in newer.values() for r in rs]
+        self.load_tweets(r.tweet_id for r in others)
+        self.load_users(r.author_id for r in others)
+        return [e for e in entries
+                if not any(self._repost_visible(r, e) for r in newer[e.tweet_id])
+                and not (e.tweet_id in posts and self._post_visible(posts[e.tweet_id]))]
+
+    def _repost_visible(self, repost: Entry, of: HomeEntry) -> bool:
+        """Whether another repost of a visible entry's original is visible too.
+
+        The original's own conditions are the entry's, already met; what is left is
+        the reposter (in F(reader), not muted) and the repost naming the right author.
+        """
+        row = self.tweet(repost.tweet_id)
+        return not row.deleted and row.original_author == of.original_author \
+            and self.follows(repost.author_id) \
+            and repost.author_id not in self.relations().muted
+
+    def _post_visible(self, post: TweetRow) -> bool:
+        """The original post, newer than a repost of it: visible when its author is in F."""
+        return self.follows(post.author_id) and self._reply_visible(post.author_id,
+                                                                    post.reply_to)
+
+
+def _key(row: TweetRow) -> Key:
+    return (row.created_at, row.tweet_id)
+
+
+#: A tweet id the store does not know: reads as deleted.
+_ABSENT = TweetRow(0, 0, 0, "", deleted=True)
