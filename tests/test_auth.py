@@ -39,9 +39,13 @@ from tests.api_helpers import (
 ME, OTHER = 42, 43
 KEY = SECRET.encode()
 WRITES = [("POST", "/v1/tweets", {"text": "hi"}),
+          ("POST", "/v1/tweets", {"text": "re", "in_reply_to": "99"}),
           ("DELETE", "/v1/tweets/99", None),
-          ("PUT", f"/v1/users/{ME}/following/{OTHER}", None),
-          ("DELETE", f"/v1/users/{ME}/following/{OTHER}", None)]
+          ("POST", "/v1/tweets/99/reposts", None),
+          ("DELETE", "/v1/reposts/99", None),
+          ("DELETE", f"/v1/users/{ME}", None),
+          *[(method, f"/v1/users/{ME}/{edge}/{OTHER}", None)
+            for edge in ("following", "blocks", "mutes") for method in ("PUT", "DELETE")]]
 HOME = f"/v1/users/{ME}/home"
 
 
@@ -116,9 +120,10 @@ def test_no_valid_token_is_401(guarded: httpx.Client, method: str, path: str, bo
     assert response.headers["www-authenticate"].startswith("Bearer")
 
 
-@pytest.mark.parametrize(("method", "path"), [("PUT", f"/v1/users/{OTHER}/following/7"),
-                                              ("DELETE", f"/v1/users/{OTHER}/following/7"),
-                                              ("GET", f"/v1/users/{OTHER}/home")])
+@pytest.mark.parametrize(("method", "path"), [
+    *[(method, f"/v1/users/{OTHER}/{edge}/7")
+      for edge in ("following", "blocks", "mutes") for method in ("PUT", "DELETE")],
+    ("DELETE", f"/v1/users/{OTHER}"), ("GET", f"/v1/users/{OTHER}/home")])
 def test_acting_for_another_user_is_403(guarded: httpx.Client, method: str, path: str):
     body = assert_error(guarded.request(method, path, headers=bearer(ME)), 403)
     assert (body["error"], body["field"]) == ("forbidden", "user_id")

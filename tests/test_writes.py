@@ -18,7 +18,18 @@ import pytest
 
 from ingest.consistency import Applied, decode_token, encode_token
 from ingest.errors import InvalidToken
-from ingest.events import MAX_TEXT, Delete, Follow, Post
+from ingest.events import (
+    BLOCK,
+    MAX_TEXT,
+    MUTE,
+    AccountDelete,
+    Delete,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+)
 from ingest.settings import KafkaSettings
 from ingest.snowflake import EPOCH_MS, Snowflake
 from serving.writes import NOT_ONLY_SPACE
@@ -53,8 +64,12 @@ def client(store: SQLiteStore, kafka_settings: KafkaSettings) -> Iterator[httpx.
 
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """The app with its broker unreachable: input errors must answer before producing."""
+    """The app with its broker unreachable: input errors must answer before producing.
+
+    Its store knows the tweets and reposts of :func:`_known`.
+    """
     store = open_store(tmp_path_factory.mktemp("offline"))
+    _known(store)
     config = settings(store, write_timeout_ms=500, retry_after_s=3, broker_check_s=0.2)
     with serve(config, store, unreachable_kafka()) as c:
         yield c
@@ -284,3 +299,130 @@ def test_documented_text_pattern_is_exactly_the_contracts_whitespace_rule():
     for code in range(0x110000):
         char = chr(code)
         assert (pattern.fullmatch(char) is None) == (not char.strip()), hex(code)
+
+
+# -- reposts, replies, blocks, mutes, account deletes (DESIGN §4b) --------------------------
+def _known(store: SQLiteStore) -> None:
+    """Posts 500 (OTHER's), 501 (ME's), 502 (deleted), repost 600 of 500 by 7,
+    ME's repost 601 of 503, and 7's hidden repost 602 of 503."""
+    store.apply([Delta.tweet(500, OTHER, T0, "theirs"), Delta.tweet(501, ME, T0, "mine"),
+                 Delta.tweet(502, OTHER, T0, "gone"),
+                 Delta.tweet_deleted(502, OTHER, T0 + 1),
+                 Delta.tweet(503, 7, T0, "popular"),
+                 Delta.repost(600, 7, T0 + 1, (500, OTHER), shown=True),
+                 Delta.repost(601, ME, T0 + 1, (503, 7), shown=True),
+                 Delta.repost(602, 7, T0 + 2, (503, 7), shown=False)])
+
+
+@pytest.mark.broker
+def test_repost_lands_with_the_original_resolved(client: httpx.Client, store: SQLiteStore,
+                                                 kafka_settings: KafkaSettings):
+    _known(store)
+    direct = client.post("/v1/tweets/500/reposts", headers=bearer(ME))
+    of_a_repost = client.post("/v1/tweets/600/reposts", headers=bearer(ME))  # 600 is of 500
+    own = client.post("/v1/tweets/501/reposts", headers=bearer(ME))
+    for response in (direct, of_a_repost, own):
+        assert response.status_code == 202, response.text
+        assert set(response.json()) == {"repost_id", "original_id", "token"}
+    assert of_a_repost.json()["original_id"] == "500"
+    key, event = read_record(kafka_settings, of_a_repost.json()["token"])
+    assert key == str(ME).encode()
+    assert isinstance(event, Repost)
+    assert (str(event.tweet_id), event.author_id, event.original_tweet_id,
+            event.original_author_id) == (of_a_repost.json()["repost_id"], ME, 500, OTHER)
+    assert read_record(kafka_settings, own.json()["token"])[1].original_author_id == ME
+
+
+@pytest.mark.broker
+def test_reply_names_the_author_it_answers(client: httpx.Client, store: SQLiteStore,
+                                           kafka_settings: KafkaSettings):
+    _known(store)
+    answers = {target: client.post("/v1/tweets", json={"text": "re", "in_reply_to": target},
+                                   headers=bearer(ME))
+               for target in ("500", 600, "501")}  # a post, a repost (as a number), my own
+    for response in answers.values():
+        assert response.status_code == 202, response.text
+    assert answers["500"].json()["in_reply_to_user_id"] == str(OTHER)
+    assert answers[600].json()["in_reply_to_user_id"] == str(OTHER)  # the original's author
+    assert "in_reply_to_user_id" not in answers["501"].json()  # a self-reply carries none
+    events = {t: read_record(kafka_settings, r.json()["token"])[1] for t, r in answers.items()}
+    assert all(isinstance(e, Post) and e.author_id == ME for e in events.values())
+    assert [e.in_reply_to_user_id for e in events.values()] == [OTHER, OTHER, 0]  # type: ignore[union-attr]
+
+
+@pytest.mark.broker
+def test_unrepost_relations_and_account_delete_land_as_records(
+        client: httpx.Client, store: SQLiteStore, kafka_settings: KafkaSettings):
+    _known(store)
+    calls = [("DELETE", "/v1/reposts/601"), ("DELETE", "/v1/reposts/999"),  # not seen yet
+             ("PUT", f"/v1/users/{ME}/blocks/{OTHER}"), ("DELETE", f"/v1/users/{ME}/blocks/7"),
+             ("PUT", f"/v1/users/{ME}/mutes/7"), ("DELETE", f"/v1/users/{ME}/mutes/{OTHER}"),
+             ("DELETE", f"/v1/users/{ME}")]
+    answers = [client.request(m, p, headers=bearer(ME)) for m, p in calls]
+    assert [r.status_code for r in answers] == [202] * len(calls), [r.text for r in answers]
+    records = [read_record(kafka_settings, r.json()["token"]) for r in answers]
+    events = [e for _, e in records]
+    assert events[0] == Unrepost(601, ME, events[0].created_at)
+    assert events[1] == Unrepost(999, ME, events[1].created_at)
+    assert [(type(e), e.follower_id, e.followee_id, e.relation, e.active)  # type: ignore[union-attr]
+            for e in events[2:6]] == [(Relation, ME, OTHER, BLOCK, True),
+                                      (Relation, ME, 7, BLOCK, False),
+                                      (Relation, ME, 7, MUTE, True),
+                                      (Relation, ME, OTHER, MUTE, False)]
+    assert [k for k, _ in records[2:6]] == [str(u).encode() for u in (OTHER, 7, 7, OTHER)]
+    assert events[6] == AccountDelete(ME, events[6].created_at)
+    assert records[6][0] == str(ME).encode()
+
+
+def test_repost_and_reply_of_what_the_views_do_not_show_are_404(offline: httpx.Client):
+    for path in ("/v1/tweets/404404/reposts", "/v1/tweets/502/reposts"):
+        body = assert_error(offline.post(path, headers=bearer(ME)), 404)
+        assert (body["error"], body["field"]) == ("not_found", "tweet_id")
+    for target in ("404404", "502"):
+        reply = offline.post("/v1/tweets", json={"text": "re", "in_reply_to": target},
+                             headers=bearer(ME))
+        assert assert_error(reply, 404)["field"] == "in_reply_to"
+
+
+def test_second_repost_of_a_tweet_is_409(offline: httpx.Client):
+    for path in ("/v1/tweets/503/reposts", "/v1/tweets/601/reposts"):  # 601 is ME's of 503
+        body = assert_error(offline.post(path, headers=bearer(ME)), 409)
+        assert body["error"] == "conflict" and "601" in body["message"]
+    # 7 shows a repost of 500 (600), not of 503 (602 is hidden): only the second is
+    # let through, to the (unreachable) changelog.
+    assert assert_error(offline.post("/v1/tweets/500/reposts", headers=bearer(7)), 409)
+    assert assert_error(offline.post("/v1/tweets/503/reposts", headers=bearer(7)), 503)
+
+
+def test_unrepost_of_a_post_or_of_anothers_repost_is_refused(offline: httpx.Client):
+    post = assert_error(offline.delete("/v1/reposts/501", headers=bearer(ME)), 404)
+    assert post["field"] == "repost_id" and "DELETE /v1/tweets/501" in post["message"]
+    theirs = assert_error(offline.delete("/v1/reposts/600", headers=bearer(ME)), 403)
+    assert theirs["field"] == "repost_id"
+    # A repost the views know as the caller's goes on to the (unreachable) changelog.
+    assert assert_error(offline.delete("/v1/reposts/601", headers=bearer(ME)), 503)
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "field"), [
+    ("PUT", f"/v1/users/{ME}/blocks/{ME}", None, 400, "other_id"),
+    ("DELETE", f"/v1/users/{ME}/mutes/{ME}", None, 400, "other_id"),
+    ("PUT", f"/v1/users/{ME}/mutes/0", None, 400, "other_id"),
+    ("PUT", f"/v1/users/{ME}/blocks/x", None, 400, "other_id"),
+    ("PUT", f"/v1/users/{OTHER}/blocks/7", None, 403, "user_id"),
+    ("DELETE", f"/v1/users/{OTHER}/mutes/7", None, 403, "user_id"),
+    ("DELETE", f"/v1/users/{OTHER}", None, 403, "user_id"),
+    ("DELETE", "/v1/users/abc", None, 400, "user_id"),
+    ("POST", "/v1/tweets/abc/reposts", None, 400, "tweet_id"),
+    ("DELETE", f"/v1/reposts/{2**63}", None, 400, "repost_id"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": "abc"}, 400, "in_reply_to"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": "0"}, 400, "in_reply_to"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": True}, 400, "in_reply_to"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": 1.5}, 400, "in_reply_to"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": -3}, 400, "in_reply_to"),
+    ("POST", "/v1/tweets", {"text": "re", "in_reply_to": str(2**63)}, 400, "in_reply_to"),
+])
+def test_bad_timeline_writes_are_4xx_before_producing(offline: httpx.Client, method: str,
+                                                      path: str, body: object, status: int,
+                                                      field: str):
+    response = offline.request(method, path, json=body, headers=bearer(ME))
+    assert assert_error(response, status)["field"] == field
