@@ -28,7 +28,15 @@ from tests.cassandra_helpers import fresh_keyspace, keyspace_url, new_keyspace_n
 from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
-from views.stores.base import Entry, Store, WritePlan
+from views.stores.base import (
+    Entry,
+    RelationRow,
+    Relations,
+    Store,
+    TweetRow,
+    UserRow,
+    WritePlan,
+)
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import (
     WRITE_PROFILE,
@@ -205,7 +213,7 @@ def _check_markers(ops: list[cql.Op]) -> None:
 
 
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
-    plan = _plan(Delta.tweet(10, 1, 5, "hi"),
+    plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4),
                  Delta.tweet_deleted(11, 1),       # time from the table
                  Delta.tweet_deleted(12, 1),       # never posted
                  Delta.tweet(13, 1, 7, "late"),    # its author deleted it
@@ -215,10 +223,10 @@ def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
               14: cql.TweetState(None, True, 3), 15: cql.TweetState(6, False, 1)}
     ops = cql.tweet_ops(plan, states, 100)
     _check_markers(ops)
-    assert ops == [("tweet_live", (10, 1, 5, "hi", 100)), ("author_add", (1, 5, 10, 100)),
+    assert ops == [("tweet_live", (10, 1, 5, "hi", 4, 100)), ("author_add", (1, 5, 10, 100)),
                    ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
                    ("tweet_gone", (100, 1, 12)),
-                   ("tweet_live", (14, 1, 8, "mine", 100)), ("author_add", (1, 8, 14, 100))]
+                   ("tweet_live", (14, 1, 8, "mine", 0, 100)), ("author_add", (1, 8, 14, 100))]
     assert cql.TweetState.decode([(4, None, 1)]) == cql.TweetState(4, False, 1)
     assert cql.TweetState.decode([]) is None
 
@@ -257,6 +265,41 @@ def test_graph_and_profile_ops() -> None:
     assert ops == [("follow_on", (2, 1, 5, 8)), ("follow_off", (8, 3, 1)),
                    ("celeb_edge_on", (2, 9, 8)), ("celeb_off", (8, 9)),
                    ("user_set", (4, "h", "n", 5, 8))]
+
+
+def test_repost_ops_write_the_last_state_of_each_repost() -> None:
+    plan = _plan(Delta.repost(20, 2, 9, (10, 1), True),
+                 Delta.repost(21, 2, 8, (11, 1), True),
+                 Delta.repost(21, 2, 8, (11, 1), False))  # shown, then hidden: hidden
+    ops = cql.repost_ops(plan.reposts, 50)
+    _check_markers(ops)
+    assert ops == [("repost_set", (20, 2, 9, False, 10, 1, 50)), ("author_add", (2, 9, 20, 50)),
+                   ("repost_add", (10, 9, 20, 2, 50)),
+                   ("repost_set", (21, 2, 8, True, 11, 1, 50)), ("author_del", (50, 2, 8, 21)),
+                   ("repost_del", (50, 11, 8, 21))]
+
+
+def test_a_block_is_written_into_both_users_partitions() -> None:
+    plan = _plan(Delta.relation(1, 2, "block", True, 5), Delta.relation(1, 3, "mute", True, 6),
+                 Delta.relation(4, 1, "block", False, 7))
+    ops = cql.relation_ops(plan.relations.values(), 9)
+    _check_markers(ops)
+    assert ops == [("relation_on", (1, "block", 2, 5, 9)),
+                   ("relation_on", (2, "blocked_by", 1, 5, 9)),
+                   ("relation_on", (1, "mute", 3, 6, 9)),
+                   ("relation_off", (9, 4, "block", 1)), ("relation_off", (9, 1, "blocked_by", 4))]
+    with pytest.raises(StoreError, match="unknown relation 'follow'"):
+        cql.relation_ops([RelationRow(1, 2, "follow", True, 5)], 9)
+
+
+def test_a_deleted_account_gets_no_profile_written() -> None:
+    plan = _plan(Delta.profile(4, 5, "h", "n"), Delta.account_deleted(4, 6),
+                 Delta.profile(5, 5, "h5", "n5"), Delta.profile(6, 7, "h6", "n6"))
+    stored, gone = cql.stored_users({5: [(3, True)], 6: [(None, None)], 7: []})
+    assert (stored, gone) == ({5: 3}, {5})
+    ops = cql.user_ops(plan.users, stored, 8, plan.deleted_users, gone)
+    _check_markers(ops)
+    assert ops == [("user_gone", (8, 4)), ("user_set", (6, "h6", "n6", 7, 8))]
 
 
 def test_adds_at_or_below_the_horizon_are_dropped() -> None:
@@ -329,7 +372,8 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
     assert sorted(i for g in packed for i in g) == list(range(len(many)))
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
     keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
-            "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket"}
+            "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
+            "reposts_by_original": "original_id", "relations": "user_id"}
     for name, (table, arg) in cql.PARTITION_KEY.items():
         assert f" {table} " in cql.STATEMENTS[name] and name not in cql.NOT_IDEMPOTENT
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
@@ -369,9 +413,11 @@ def test_batch_log_partitions() -> None:
 
 def test_schema_steps_are_numbered_and_idempotent() -> None:
     steps = load_steps()
-    assert [s.label for s in steps][:1] == ["001_tables"]
-    assert all(s.startswith("CREATE TABLE IF NOT EXISTS") for step in steps
-               for s in step.statements)
+    assert [s.label for s in steps][:2] == ["001_tables", "002_timeline_kinds"]
+    rerunnable = re.compile(r"CREATE TABLE IF NOT EXISTS \w+ \(|ALTER TABLE \w+ ADD IF NOT EXISTS ")
+    for step in steps:
+        for statement in step.statements:
+            assert rerunnable.match(statement), (step.label, statement)
     assert pending(steps, {1: "tables"}) == steps[1:]
 
 
@@ -406,13 +452,14 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
     try:
         with pytest.raises(SchemaError, match="does not exist"):
             require_current(session, config.keyspace)
-        extra = Step(2, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
+        extra = Step(99, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
         replication = config.replication.cql_map()
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
-                                              load_steps())] == ["001_tables"]
+                                              load_steps())] == ["001_tables",
+                                                                 "002_timeline_kinds"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
-                                              [*load_steps(), extra])] == ["002_extra"]
+                                              [*load_steps(), extra])] == ["099_extra"]
         assert apply_schema(session, config.keyspace, replication, [*load_steps(), extra]) == []
     finally:
         session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
@@ -467,6 +514,8 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         store.apply([Delta.tweet(t1, a, 5, "a"),
                      Delta.timeline_add(u, t1, a, 5), Delta.timeline_add(u, t2, a, 6),
                      *pack(a, {}, wipes=[w]),
+                     Delta.repost(t2 + 1, a, 4, (t1, a), True),
+                     Delta.relation(u, w, "mute", True, 3), Delta.account_deleted(w, 3),
                      Delta.source_offset("phases", 0, 4)], 7)
         names = [name for name, _ in store.executed]
         first = {n: names.index(n) for n in reversed(names)}
@@ -477,6 +526,9 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         stamps = dict(store.executed)
         base = stamps["clock_set"][0]
         assert stamps["tweet_live"][-1] == base + cql.REMOVE
+        assert stamps["repost_add"][-1] == stamps["relation_on"][-1] == base + cql.REMOVE
+        assert stamps["user_gone"][0] == base + cql.REMOVE
+        assert last["home_all"] < first["repost_set"] < first["home_add"]
         assert stamps["home_add"][-1] == base + cql.ADD
         assert stamps["home_trim"][0] == base + cql.TRIM
         # What the node stored carries those timestamps.
@@ -498,3 +550,86 @@ def test_big_ids_fit_the_bound_types() -> None:
     plan = _plan(Delta.timeline_add(BIG, BIG - 1, BIG - 2, 2**62))
     _check_markers(cql.add_ops(plan.adds, 1))
     assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1
+
+
+# -- reposts, relations and deleted accounts, on the real node ----------------------------------
+
+@pytest.fixture
+def store(keyspace: str) -> Iterator[CassandraStore]:
+    opened = CassandraStore.from_url(keyspace).open()
+    yield opened
+    opened.close()
+
+
+_IDS = iter(range(1, 10**6))
+
+
+def _ids(n: int) -> list[int]:
+    """Ids no other test of this module uses (they share the keyspace)."""
+    return [2 * 10**9 + next(_IDS) for _ in range(n)]
+
+
+def test_a_late_rerun_cannot_hide_a_repost_shown_since(store: CassandraStore) -> None:
+    """A repost's hidden state is not final: write timestamps order its states by batch."""
+    a, b, orig_author, original, r1, r2 = _ids(6)
+    store.apply([Delta.tweet(original, orig_author, 5, "o"),
+                 Delta.repost(r1, a, 6, (original, orig_author), True),
+                 Delta.repost(r2, b, 7, (original, orig_author), True),
+                 Delta.source_offset("reposts", 0, 1)], 1)
+    hide = [Delta.repost(r1, a, 6, (original, orig_author), False),
+            Delta.source_offset("reposts", 0, 2)]
+    store.apply(hide, 2)
+    assert store.reposts_of([original]) == {original: [Entry(7, r2, b)]}
+    store.apply([Delta.repost(r1, a, 6, (original, orig_author), True),
+                 Delta.source_offset("reposts", 0, 3)], 3)
+    store.apply(hide, 2)  # batch 2 again (its recorded timestamp), as after a crash
+    assert store.reposts_of([original]) == {original: [Entry(7, r2, b), Entry(6, r1, a)]}
+    assert store.author_tweets([a], None, 10) == [Entry(6, r1, a)]
+    assert store.tweets([r1])[r1] == TweetRow(r1, a, 6, "", False, 0, original, orig_author)
+
+
+def test_a_block_is_stored_in_both_users_partitions(store: CassandraStore,
+                                                    session: Any) -> None:
+    u, x, y, z = _ids(4)
+    store.apply([Delta.relation(u, x, "block", True, 5), Delta.relation(y, u, "block", True, 5),
+                 Delta.relation(u, z, "mute", True, 6), Delta.relation(z, u, "block", True, 6),
+                 Delta.relation(z, u, "block", False, 7)])  # the last of a key is written
+    rows = [row for user in (u, x, z) for row in session.execute(
+        "SELECT user_id, relation, other_id, created_at FROM relations WHERE user_id = %s",
+        (user,))]
+    assert sorted(rows) == sorted([(u, "block", x, 5), (u, "blocked_by", y, 5),
+                                   (u, "mute", z, 6), (x, "blocked_by", u, 5)])
+    assert store.relations(u) == Relations(frozenset({x, y}), frozenset({z}))
+    store.apply([Delta.relation(u, x, "block", False, 8)])
+    assert store.relations(x) == Relations() and store.relations(u).blocked == {y}
+
+
+def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
+    """A keyspace made by step 001 alone, with rows: step 002 adds to it, twice if need be."""
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        config = parse_url(url)
+        cluster, session = connect(config, wait=60)
+        try:
+            old = load_steps()[:1]
+            apply_schema(session, config.keyspace, config.replication.cql_map(), old)
+            session.execute("INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted) "
+                            "VALUES (1, 2, 3, 'old', false)")
+            session.execute("INSERT INTO users (user_id, handle, name, created_at) "
+                            "VALUES (2, 'h', 'n', 3)")
+            with pytest.raises(SchemaError, match="lacks schema step.*002_timeline_kinds"):
+                CassandraStore.from_url(url).open()
+            store = CassandraStore.from_url(_with(url, "schema=auto")).open()
+            try:
+                assert store.tweets([1]) == {1: TweetRow(1, 2, 3, "old", False)}
+                assert store.users([2]) == {2: UserRow(2, "h", "n", False)}
+                assert store.relations(2) == Relations() and store.reposts_of([1]) == {}
+            finally:
+                store.close()
+            # Step 002 run again, as after an apply cut short before it was recorded.
+            session.execute("DELETE FROM schema_version WHERE version = 2")
+            assert [s.label for s in apply_schema(session, config.keyspace,
+                                                  config.replication.cql_map())] == [
+                "002_timeline_kinds"]
+            CassandraStore.from_url(url).open().close()
+        finally:
+            cluster.shutdown()

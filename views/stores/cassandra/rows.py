@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
-from views.stores.base import Entry, TweetRow, UserRow
+from views.stores.base import Entry, Relations, TweetRow, UserRow
 from views.stores.cassandra import statements as cql
 
 Rows = list[tuple[Any, ...]]
@@ -65,14 +66,27 @@ def merge_authors(authors: list[int], pages: list[Rows], limit: int) -> list[Ent
 
 
 def tweet_rows(pages: list[Rows]) -> dict[int, TweetRow]:
-    """Tweets by id; a row an UPDATE made (a delete never posted) reads as zeros."""
+    """Tweets and reposts by id; cells never written (a delete never posted) read as zeros."""
     out = {}
     for rows in pages:
-        for tweet, author, created_at, body, deleted in rows:
-            out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted))
+        for tweet, author, created_at, body, deleted, reply_to, original, original_author in rows:
+            out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted),
+                                  reply_to or 0, original or 0, original_author or 0)
     return out
 
 
 def user_rows(pages: list[Rows]) -> dict[int, UserRow]:
-    """Profiles by id."""
-    return {u: UserRow(u, h or "", n or "") for rows in pages for u, h, n in rows}
+    """Profiles by id; an account deleted before any profile reads with empty names."""
+    return {u: UserRow(u, h or "", n or "", bool(d)) for rows in pages for u, h, n, d in rows}
+
+
+def relation_set(rows: Rows) -> Relations:
+    """One user's ``relations`` partition: blocks either way, and mutes."""
+    blocks, muted = set(cql.RELATION_ROWS[BLOCK]), {cql.RELATION_ROWS[MUTE][0]}
+    return Relations(frozenset(other for relation, other in rows if relation in blocks),
+                     frozenset(other for relation, other in rows if relation in muted))
+
+
+def reposts_by_original(originals: list[int], pages: list[Rows]) -> dict[int, list[Entry]]:
+    """Each original's shown reposts (newest first, as clustered); originals with none left out."""
+    return {o: entries(rows) for o, rows in zip(originals, pages, strict=True) if rows}

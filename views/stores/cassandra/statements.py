@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from ingest.events import BLOCK, MUTE
 from views.delta import Key
-from views.stores.base import DeadRow, ProfileRow, WritePlan
+from views.errors import StoreError
+from views.stores.base import DeadRow, ProfileRow, RelationRow, TweetRow, WritePlan
 
 Op = tuple[str, tuple[Any, ...]]
 """A statement name of :data:`STATEMENTS` and the values to bind to it."""
@@ -69,15 +71,25 @@ STATEMENTS: Final[dict[str, str]] = {
                   "WHERE author_id = ? AND created_at = ? AND tweet_id = ?",
     "author_page": "SELECT created_at, tweet_id FROM author_tweets "
                    "WHERE author_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
-    "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted) "
-                  "VALUES (?, ?, ?, ?, false) USING TIMESTAMP ?",
+    "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
+                  "reply_to) VALUES (?, ?, ?, ?, false, ?) USING TIMESTAMP ?",
     "tweet_gone": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, deleted = true, "
                   "body = '' WHERE tweet_id = ?",
     "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
                      "deleted = true, body = '' WHERE tweet_id = ?",
     "tweet_state": "SELECT created_at, deleted, author_id FROM tweets WHERE tweet_id = ?",
-    "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted FROM tweets "
-                 "WHERE tweet_id = ?",
+    "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
+                 "original_id, original_author FROM tweets WHERE tweet_id = ?",
+    # -- reposts ---------------------------------------------------------------------------
+    "repost_set": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
+                  "original_id, original_author) VALUES (?, ?, ?, '', ?, ?, ?) "
+                  "USING TIMESTAMP ?",
+    "repost_add": "INSERT INTO reposts_by_original (original_id, created_at, tweet_id, "
+                  "author_id) VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "repost_del": "DELETE FROM reposts_by_original USING TIMESTAMP ? "
+                  "WHERE original_id = ? AND created_at = ? AND tweet_id = ?",
+    "reposts_of": "SELECT created_at, tweet_id, author_id FROM reposts_by_original "
+                  "WHERE original_id = ?",
     # -- graph and profiles --------------------------------------------------------------
     "follow_on": "INSERT INTO follows (follower_id, followee_id, created_at) "
                  "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -94,8 +106,17 @@ STATEMENTS: Final[dict[str, str]] = {
     "celebs": "SELECT author_id FROM celebrities WHERE bucket = 0",
     "user_set": "INSERT INTO users (user_id, handle, name, created_at) "
                 "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
-    "user_time": "SELECT created_at FROM users WHERE user_id = ?",
-    "user_get": "SELECT user_id, handle, name FROM users WHERE user_id = ?",
+    # Never cleared: an account deletion is final, and profiles never write the flag.
+    # The profile is forgotten; the writer writes no profile over a deleted account.
+    "user_gone": "UPDATE users USING TIMESTAMP ? SET deleted = true, handle = '', name = '' "
+                 "WHERE user_id = ?",
+    "user_time": "SELECT created_at, deleted FROM users WHERE user_id = ?",
+    "user_get": "SELECT user_id, handle, name, deleted FROM users WHERE user_id = ?",
+    "relation_on": "INSERT INTO relations (user_id, relation, other_id, created_at) "
+                   "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+    "relation_off": "DELETE FROM relations USING TIMESTAMP ? "
+                    "WHERE user_id = ? AND relation = ? AND other_id = ?",
+    "relations_get": "SELECT relation, other_id FROM relations WHERE user_id = ?",
     # -- bookkeeping -----------------------------------------------------------------------
     "offset_set": "INSERT INTO applied_offsets (topic, kafka_partition, kafka_offset) "
                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -119,7 +140,7 @@ STATEMENTS: Final[dict[str, str]] = {
     # -- the writer's lookups, many partitions per request (see LOOKUP_IN) -------------
     "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size "
                    "FROM timeline_meta WHERE user_id IN ?",
-    "user_time_in": "SELECT user_id, created_at FROM users WHERE user_id IN ?",
+    "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
     "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id FROM tweets "
                       "WHERE tweet_id IN ?",
     # -- full scans (operators and verify only) ----------------------------------------
@@ -130,7 +151,8 @@ STATEMENTS: Final[dict[str, str]] = {
 
 #: Tables that :meth:`CassandraStore.counts` reports, as the SQLite store does.
 COUNTED: Final = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
-                  "celebrities", "users", "dead_letters", "timeline_meta")
+                  "celebrities", "users", "dead_letters", "timeline_meta",
+                  "reposts_by_original", "relations")
 # Identifiers from the fixed tuple above, never values: CQL cannot bind a table name.
 STATEMENTS.update({f"count_{t}": f"SELECT count(*) FROM {t}" for t in COUNTED})
 
@@ -149,6 +171,8 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "follow_on": ("follows", 0), "follow_off": ("follows", 1),
     "celeb_edge_on": ("celebrity_follows", 0), "celeb_edge_off": ("celebrity_follows", 1),
     "celeb_on": ("celebrities", None), "celeb_off": ("celebrities", None),
+    "repost_add": ("reposts_by_original", 0), "repost_del": ("reposts_by_original", 1),
+    "relation_on": ("relations", 0), "relation_off": ("relations", 1),
 }
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
@@ -332,7 +356,8 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
         owner = stored.author_id if stored is not None else author
         if not row.deleted:
             if stored is None or not stored.deleted or owner != author:
-                ops.append(("tweet_live", (tweet, author, row.created_at, row.text, ts)))
+                ops.append(("tweet_live", (tweet, author, row.created_at, row.text,
+                                           row.reply_to, ts)))
                 ops.append(("author_add", (author, row.created_at, tweet, ts)))
         elif owner != author:
             continue  # someone else's tweet
@@ -341,6 +366,53 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
             ops.append(("author_del", (ts, author, times[tweet], tweet)))
         else:  # never posted here: nothing to remove from author_tweets
             ops.append(("tweet_gone", (ts, author, tweet)))
+    return ops
+
+
+def repost_ops(reposts: Mapping[int, TweetRow], ts: int) -> list[Op]:
+    """Reposts as the join last decided them: shown, or not (undone, or superseded).
+
+    The ``tweets`` row keeps the repost's original either way (``deleted`` = not
+    shown); while shown the repost is also an entry of the reposter (``author_tweets``)
+    and a repost of its original (``reposts_by_original``), and hiding it deletes
+    both. Not final, unlike a tweet's delete: a later batch may show it again, and its
+    timestamp wins.
+    """
+    ops: list[Op] = []
+    for repost, row in sorted(reposts.items()):
+        author, at, original = row.author_id, row.created_at, row.original_id
+        ops.append(("repost_set", (repost, author, at, row.deleted, original,
+                                   row.original_author, ts)))
+        if row.deleted:
+            ops += [("author_del", (ts, author, at, repost)),
+                    ("repost_del", (ts, original, at, repost))]
+        else:
+            ops += [("author_add", (author, at, repost, ts)),
+                    ("repost_add", (original, at, repost, author, ts))]
+    return ops
+
+
+#: How a relation is stored: the acting user's row, and the other user's (None: none).
+#: A block filters both users' timelines, so each of them reads it in one partition.
+RELATION_ROWS: Final[dict[str, tuple[str, str | None]]] = {
+    BLOCK: (BLOCK, "blocked_by"), MUTE: (MUTE, None)}
+
+
+def relation_ops(relations: Iterable[RelationRow], ts: int) -> list[Op]:
+    """Blocks and mutes: a row while one stands (both users' rows for a block)."""
+    ops: list[Op] = []
+    for row in sorted(relations):
+        sides = RELATION_ROWS.get(row.relation)
+        if sides is None:
+            msg = f"unknown relation {row.relation!r} (expected one of {sorted(RELATION_ROWS)})"
+            raise StoreError(msg)
+        mine, theirs = sides
+        pairs = [(row.user_id, mine, row.other_id)]
+        if theirs is not None:
+            pairs.append((row.other_id, theirs, row.user_id))
+        for user, stored, other in pairs:
+            ops.append(("relation_on", (user, stored, other, row.created_at, ts)) if row.on
+                       else ("relation_off", (ts, user, stored, other)))
     return ops
 
 
@@ -359,14 +431,29 @@ def graph_ops(plan: WritePlan, ts: int) -> list[Op]:
 
 
 def user_ops(users: Mapping[int, ProfileRow], stored: Mapping[int, int | None],
-             ts: int) -> list[Op]:
-    """Profiles newer than (or as new as) the stored one, as SQLite's guarded upsert."""
-    ops: list[Op] = []
+             ts: int, deleted: Mapping[int, int] | None = None,
+             gone: Collection[int] = ()) -> list[Op]:
+    """Account deletions; profiles newer than (or as new as) the stored one.
+
+    ``deleted`` are the batch's account deletions and ``gone`` the users whose stored
+    row is deleted already: a deletion is final, so no profile is written for either
+    (whichever order the deletion and the profile came in).
+    """
+    deleted = deleted or {}
+    ops: list[Op] = [("user_gone", (ts, user)) for user in sorted(deleted)]
     for user, p in sorted(users.items()):
+        if user in deleted or user in gone:
+            continue
         old = stored.get(user)
         if old is None or p.created_at >= old:
             ops.append(("user_set", (user, p.handle, p.name, p.created_at, ts)))
     return ops
+
+
+def stored_users(rows: Mapping[int, list[tuple[Any, ...]]]) -> tuple[dict[int, int], set[int]]:
+    """From ``user_time`` reads: each stored profile's time, and the deleted accounts."""
+    times = {u: r[0][0] for u, r in rows.items() if r and r[0][0] is not None}
+    return times, {u for u, r in rows.items() if r and r[0][1]}
 
 
 def wipe_ops(wipes: Mapping[int, set[int]], partitions: Mapping[int, list[tuple[int, int, int]]],

@@ -1,8 +1,10 @@
 """The production store: Cassandra through cassandra-driver (DESIGN §6).
 
 Tables (``views/stores/cassandra/cql/``): ``home_timeline`` has one partition per user,
-clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per author,
-the same way; the rest are keyed lookups. Statements are prepared once at
+clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per author
+and ``reposts_by_original`` one per reposted tweet, the same way; ``relations`` one
+per user, holding the blocks and mutes that filter that user's timeline (a block is
+written into both users' partitions); the rest are keyed lookups. Statements are prepared once at
 :meth:`open` and routed token-aware to a replica in the local datacenter; the job's
 writes go through ``cassandra.concurrent.execute_concurrent`` with at most
 ``concurrency`` requests in flight (see :mod:`views.stores.cassandra.config`), each
@@ -13,7 +15,8 @@ partition's writes together, small partitions of one replica set packed).
 :meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes
 before the next starts: (1) reads the batch needs — its timestamp ``T``, the stored
 state of its tweets, the partitions of wiped users, stored profiles, the touched
-users' ``timeline_meta``; (2) at ``T``: tweets, graph, profiles, wipes, removes;
+users' ``timeline_meta``; (2) at ``T``: tweets and reposts, graph, blocks and
+mutes, profiles and account deletions, wipes, removes;
 (3) at ``T+1``: adds; (4) at ``T+2``: trims and ``timeline_meta``; (5) offsets,
 dead letters, the batch record. Every write is an upsert or delete keyed by its
 primary key with an explicit timestamp, so re-running a batch — after a crash at
@@ -77,6 +80,7 @@ from views.stores.base import (
     BatchInfo,
     DeadLetter,
     Entry,
+    Relations,
     Store,
     TweetRow,
     UserRow,
@@ -269,15 +273,16 @@ class CassandraStore(Store):
                               "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
         states = {t: s for t, rows in found["tweet_state"].items()
                   if (s := cql.TweetState.decode(rows)) is not None}
-        stored = {u: r[0][0] for u, r in found["user_time"].items() if r}
+        stored, gone = cql.stored_users(found["user_time"])
         owners = {t: s.author_id for t, s in states.items()}
         removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
                                           ts)
         if skipped:
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
-        self._run(cql.tweet_ops(plan, states, ts) + cql.graph_ops(plan, ts)
-                  + cql.user_ops(plan.users, stored, ts)
+        self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, ts)
+                  + cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
+                  + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
         return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
 
@@ -346,6 +351,16 @@ class CassandraStore(Store):
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
         ops = reads.keyed_queries("user_get", ids)
         return reads.user_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
+
+    def relations(self, user: int) -> Relations:
+        """One partition: the user's own blocks and mutes, and the blocks of the user."""
+        return reads.relation_set(self._rows("relations_get", (user,)))
+
+    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+        """One partition per original, read concurrently (token-aware), newest first."""
+        ops = reads.keyed_queries("reposts_of", originals)
+        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
+        return reads.reposts_by_original([p[0] for _, p in ops], pages)
 
     def celebrities(self) -> list[int]:
         return sorted(reads.column(self._rows("celebs")))

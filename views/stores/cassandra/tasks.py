@@ -6,16 +6,18 @@ no Spark in it. The phases, timestamps and statements are those of
 :class:`~views.stores.cassandra.CassandraStore` (``T + REMOVE``/``ADD``/``TRIM``,
 :mod:`views.stores.cassandra.statements`); what changes is who runs them:
 
-- :meth:`TaskWriter.write_tweets` — a task that owns a set of *tweets* (the batch
-  routed by ``tweet_id``): reads their stored state, writes ``tweets`` and
-  ``author_tweets`` at ``T + REMOVE`` and the dead letters, and resolves every
-  timeline remove of those tweets to a row key (a remove of unknown time takes it
-  from ``tweets``, only if the tweet is the removing author's).
+- :meth:`TaskWriter.write_tweets` — a task that owns a set of *tweets* and reposts
+  (the batch routed by ``tweet_id``): reads their stored state, writes ``tweets``,
+  ``author_tweets`` and ``reposts_by_original`` at ``T + REMOVE`` and the dead
+  letters, and resolves every timeline remove of those tweets to a row key (a
+  remove of unknown time takes it from ``tweets``, only if the tweet is the removing
+  author's).
 - :meth:`TaskWriter.write_users` — a task that owns a set of *users* (routed by
-  user): their follows, celebrity edges, profiles, wipes and resolved removes at
-  ``T + REMOVE``, adds at ``T + ADD``, trims and ``timeline_meta`` at ``T + TRIM``.
-  Every read-before-write of a user's rows (partition for wipes, ``timeline_meta``,
-  profile time, the head for a trim) is in the one task that writes them.
+  user): their follows, celebrity edges, blocks and mutes, profiles and account
+  deletions, wipes and resolved removes at ``T + REMOVE``, adds at ``T + ADD``,
+  trims and ``timeline_meta`` at ``T + TRIM``. Every read-before-write of a user's
+  rows (partition for wipes, ``timeline_meta``, profile time and deletion, the head
+  for a trim) is in the one task that writes them.
 - :meth:`TaskWriter.begin` / :meth:`TaskWriter.finish` — the driver, before and
   after the tasks: the batch's timestamp, then the applied offsets and batch record.
 
@@ -143,6 +145,7 @@ class TaskWriter(CassandraStore):
         removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
                                           ts + cql.REMOVE)
         self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
+                  + cql.repost_ops(plan.reposts, ts + cql.REMOVE)
                   + cql.dead_ops(plan.dead, int(time.time() * 1000)))
         return removes, skipped
 
@@ -152,10 +155,11 @@ class TaskWriter(CassandraStore):
         wipes = cql.wipe_users(plan.wipes)
         found = self._lookup({"home_all": sorted(wipes), "user_time": sorted(plan.users),
                               "meta_get": cql.meta_users(plan)})
-        stored = {u: r[0][0] for u, r in found["user_time"].items() if r}
+        stored, gone = cql.stored_users(found["user_time"])
         removes, _ = cql.remove_ops(plan.removes, {}, {}, ts + cql.REMOVE)
         self._run(cql.graph_ops(plan, ts + cql.REMOVE)
-                  + cql.user_ops(plan.users, stored, ts + cql.REMOVE)
+                  + cql.relation_ops(plan.relations.values(), ts + cql.REMOVE)
+                  + cql.user_ops(plan.users, stored, ts + cql.REMOVE, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts + cql.REMOVE) + removes)
         meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
         adds = cql.kept_adds(plan, meta)
