@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import signal
 import threading
 from collections.abc import Iterator
@@ -22,15 +23,27 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from ingest.generator import generate
+from ingest.events import (
+    BLOCK,
+    MUTE,
+    AccountDelete,
+    Delete,
+    Event,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+)
+from ingest.generator import History, generate
 from serving.timeline import home_top
 from tests.cassandra_helpers import fresh_keyspace
-from views.delta import DELTA_FIELDS, Delta, DeltaKind
+from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, DeltaKind
 from views.errors import StoreError
 from views.executor_sink import ExecutorSink, tweet_stage, user_stage
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.stores.base import BatchStats, Store
+from views.row import arrow_schema
+from views.stores.base import BatchStats, Relations, Store, UserRow
 from views.stores.cassandra.store import CassandraStore
 from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
@@ -38,10 +51,9 @@ from views.stores.sqlite import SQLiteStore
 pytestmark = [pytest.mark.timeout(600)]
 
 CAP = 12
-_TYPES = {"kind": pa.int32(), "flag": pa.int32(), "partition": pa.int32(), "text": pa.string(),
-          "name": pa.string(), "topic": pa.string(), "raw": pa.binary()}
-_BY_TWEET = {DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT, DeltaKind.TL_ADD,
-             DeltaKind.FANOUT}
+_DELTA_SCHEMA = arrow_schema(DELTA_COLUMNS)
+_BY_TWEET = {DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
+             DeltaKind.TL_ADD, DeltaKind.FANOUT}
 
 
 class Recording(SQLiteStore):
@@ -57,8 +69,15 @@ class Recording(SQLiteStore):
 
 
 def _arrow(deltas: list[Delta]) -> pa.Table:
-    return pa.table({f: pa.array([getattr(d, f) for d in deltas],
-                                 type=_TYPES.get(f, pa.int64())) for f in DELTA_FIELDS})
+    return pa.table({f: [getattr(d, f) for d in deltas] for f in DELTA_FIELDS},
+                    schema=_DELTA_SCHEMA)
+
+
+def _no_nulls_where_not_null(table: pa.Table) -> pa.Table:
+    """Stage 1's rows as Spark takes them: no null in a column its schema says is NOT NULL."""
+    for f in table.schema:
+        assert f.nullable or table.column(f.name).null_count == 0, f.name
+    return table
 
 
 def _tweet_key(row: dict) -> int:
@@ -87,7 +106,7 @@ def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: i
         for _ in range(2 if tweet_tasks_twice else 1):  # a task Spark ran again
             out = list(tweet_stage(config, cap, ts, iter(part.to_batches())))
         routed += out
-    table = pa.Table.from_batches(routed)
+    table = _no_nulls_where_not_null(pa.Table.from_batches(routed))
     tallies = [SimpleNamespace(**row)
                for part in _split(table, lambda r: r["route"], n)
                for batch in user_stage(config, cap, ts, iter(part.to_batches()))
@@ -96,10 +115,13 @@ def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: i
 
 
 def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, object]:
+    gone = {u for u, row in store.users(users).items() if row.deleted}  # served no timeline
     return {
+        "relations": {u: store.relations(u) for u in users},
+        "reposts_of": store.reposts_of(tweets),
         # What is served: the cache's tail past the cap, and so the horizon, may differ
         # with when trims ran (a rerun batch raises the size estimate, trimming sooner).
-        "home": {u: home_top(store, u, CAP) for u in users},
+        "home": {u: home_top(store, u, CAP) for u in users if u not in gone},
         "followees": {u: sorted(store.followees(u)) for u in users},
         "celebrity_edges": {u: sorted(store.celebrities_followed(u)) for u in users},
         "celebrities": store.celebrities(),
@@ -125,10 +147,42 @@ def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, Cassan
             close_writers()
 
 
+def _timeline_kinds(history: History, seed: int) -> list[Event]:
+    """Reposts (some undone, some twice), replies, blocks, mutes and account deletions
+    over a generated history's users and posts, each later than what it names."""
+    rng = random.Random(seed)
+    users = sorted({u.user_id for u in history.users})
+    posts = [t for t in history.tweets if isinstance(t, Post)]
+    ids = iter(range(max(t.tweet_id for t in history.tweets) + 1, 2**62))
+    out: list[Event] = []
+    for post in rng.sample(posts, 250):
+        reposter = rng.choice([u for u in users if u != post.author_id])
+        at = post.created_at + rng.randrange(1, 10**8)
+        repost = Repost(next(ids), reposter, post.tweet_id, post.author_id, at)
+        out.append(repost)
+        undo, later = rng.random(), at + rng.randrange(1, 10**8)
+        if undo < 0.2:
+            out.append(Unrepost(repost.tweet_id, reposter, later))
+        elif undo < 0.3:
+            out.append(Delete(repost.tweet_id, reposter, later))
+        elif undo < 0.45:  # a second repost of the same tweet: a no-op while the first stands
+            out.append(dataclasses.replace(repost, tweet_id=next(ids), created_at=later))
+    for post in rng.sample(posts, 80):
+        other = rng.choice([u for u in users if u != post.author_id])
+        out.append(Post(next(ids), post.author_id, post.created_at + 1, "re", other))
+    for _ in range(120):
+        actor, other = rng.sample(users, 2)
+        at = rng.choice(posts).created_at
+        out.append(Relation(actor, other, at, rng.choice((BLOCK, MUTE)), rng.random() < 0.7))
+    out += [AccountDelete(u, rng.choice(posts).created_at) for u in rng.sample(users, 4)]
+    return out
+
+
 def test_stages_write_what_the_driver_path_writes(two_keyspaces):
     driver, executors = two_keyspaces
     history = generate(100, 1200, 1000, seed=7, delete_ratio=0.1, unfollow_ratio=0.15)
-    events = list(history.events())
+    extra = _timeline_kinds(history, seed=7)
+    events = sorted([*history.events(), *extra], key=lambda e: e.created_at)
     reference = Recording().open()
     join = LocalJoin(JoinConfig(cap=CAP, promote_at=25, demote_below=20), reference)
     for i in range(0, len(events), 400):
@@ -140,15 +194,42 @@ def test_stages_write_what_the_driver_path_writes(two_keyspaces):
         if batch_id == 2:  # the batch again, as Spark reruns it after a crash
             _apply_in_tasks(sink, deltas, batch_id)
     users = sorted({u.user_id for u in history.users})
-    tweets = sorted({t.tweet_id for t in history.tweets})
+    tweets = sorted({t.tweet_id for t in [*history.tweets, *extra] if hasattr(t, "tweet_id")})
     assert driver.celebrities(), "the history should cross the celebrity threshold"
     assert stats.timeline_adds > 0
     expected, got = _read_all(driver, users, tweets), _read_all(executors, users, tweets)
     for table in expected:
         assert got[table] == expected[table], table
+    # The new kinds reached the store: reposts shown and hidden, replies, blocks, mutes.
+    rows = driver.tweets(tweets).values()
+    assert {(r.is_repost, r.deleted) for r in rows} >= {(True, True), (True, False)}
+    assert any(r.reply_to for r in rows) and driver.reposts_of(tweets)
+    relations = [driver.relations(u) for u in users]
+    assert any(r.blocked for r in relations) and any(r.muted for r in relations)
+    assert sum(u.deleted for u in driver.users(users).values()) == 4
     assert [b.batch_id for b in executors.batches(3)] == [len(reference.recorded) - 1,
                                                          len(reference.recorded) - 2,
                                                          len(reference.recorded) - 3]
+
+
+def test_stage_two_folds_what_the_shuffle_reorders(two_keyspaces):
+    """Spark delivers a task's rows in no particular order: the newest relation wins (an
+    un-op a tie), the newest profile, and an account deletion whatever came with it."""
+    _, executors = two_keyspaces
+    sink = ExecutorSink(executors)
+    for batch_id, reverse in enumerate((False, True)):
+        u, x, y, z = (9_000 + 10 * batch_id + i for i in range(4))
+        deltas = [Delta.relation(u, x, "block", False, 7), Delta.relation(u, x, "block", True, 5),
+                  Delta.relation(u, y, "mute", True, 6), Delta.relation(u, y, "mute", False, 6),
+                  Delta.relation(u, z, "mute", True, 4), Delta.relation(z, u, "block", True, 4),
+                  Delta.profile(y, 4, "new", "New"), Delta.profile(y, 3, "old", "Old"),
+                  Delta.account_deleted(z, 9), Delta.profile(z, 10, "late", "Late")]
+        _apply_in_tasks(sink, deltas[::-1] if reverse else deltas, batch_id)
+        assert executors.relations(u) == Relations(frozenset({z}), frozenset({z}))
+        assert executors.relations(x) == Relations()
+        assert executors.relations(z) == Relations(frozenset({u}), frozenset())
+        assert executors.users([y, z]) == {y: UserRow(y, "new", "New"),
+                                           z: UserRow(z, "", "", True)}
 
 
 def _node_pid(hosts: str) -> int | None:

@@ -15,15 +15,19 @@ does the read, so tasks never race on a row:
 stage                     routed by    writes
 ========================  ===========  =============================================
 1 (``tweet_stage``)       tweet_id     ``tweets``, ``author_tweets`` (read first: the
-                                       stored state); the timeline removes of those
-                                       tweets are resolved to row keys here (a delete
-                                       of unknown time reads it from ``tweets``); dead
-                                       letters (any task)
+                                       stored state); reposts (``tweets``,
+                                       ``author_tweets``, ``reposts_by_original``, no
+                                       read); the timeline removes of those tweets are
+                                       resolved to row keys here (a delete of unknown
+                                       time reads it from ``tweets``); dead letters
+                                       (any task)
 2 (``user_stage``)        user_id      ``home_timeline`` wipes (read the partition),
                                        removes, adds, trims (read the head),
                                        ``timeline_meta`` (read: horizon, size),
                                        ``follows`` (by follower), ``celebrity_follows``,
-                                       ``users`` (read: the stored profile's time),
+                                       ``users`` (read: the stored profile's time and
+                                       deletion), ``relations`` (by the acting user, no
+                                       read; a block's two rows from one task),
                                        ``celebrities`` (by author, no read)
 ========================  ===========  =============================================
 
@@ -60,7 +64,14 @@ from views.delta import DELTA_COLUMNS, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow
-from views.stores.base import BatchStats, FollowRow, ProfileRow, Store, WritePlan
+from views.stores.base import (
+    BatchStats,
+    FollowRow,
+    ProfileRow,
+    RelationRow,
+    Store,
+    WritePlan,
+)
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import CassandraConfig
 from views.stores.cassandra.store import CassandraStore
@@ -82,11 +93,13 @@ TALLY_DDL: Final = ddl(_TALLY_COLUMNS)
 #: ``partition``), riding to stage 2 in a routed row.
 TALLY: Final = 0
 #: Kinds stage 1 consumes: everything it needs to write ``tweets`` and resolve removes.
-_TWEET_SIDE: Final = frozenset({DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
-                                DeltaKind.DEAD})
+_TWEET_SIDE: Final = frozenset({DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL,
+                                DeltaKind.UNFANOUT, DeltaKind.DEAD})
 #: Kinds routed to stage 1 by tweet id (the rest by their user or author).
-_BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
+_BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
                     DeltaKind.TL_ADD, DeltaKind.FANOUT)
+#: Kinds that reach stage 2 whole (they carry strings), routed by ``user_id``.
+_KEYED: Final = (DeltaKind.USER, DeltaKind.RELATION, DeltaKind.OFFSET)
 _ROUTED_SCHEMA: Final = arrow_schema(_ROUTED_COLUMNS)
 _TALLY_SCHEMA: Final = arrow_schema(_TALLY_COLUMNS)
 
@@ -118,7 +131,7 @@ class _Routed:
         # (~10 us a broadcast) was most of stage 1 when taken per delta.
         self.users: list[np.ndarray] = []
         self.values: dict[str, list[Any]] = {n: [] for n in _SPREAD}
-        self.keyed: list[Delta] = []  # rows with strings: profiles, offsets, tallies
+        self.keyed: list[Delta] = []  # rows with strings: profiles, relations, offsets, tallies
 
     def rows(self, kind: int, users: Any, *, tweet: Any = 0, author: Any = 0,
              created_at: Any = 0, flag: int = 0) -> None:
@@ -130,11 +143,11 @@ class _Routed:
         counts = np.fromiter((len(u) for u in self.users), np.int64, len(self.users))
         users = np.concatenate(self.users) if self.users else np.zeros(0, np.int64)
         arrays = {name: _spread(parts, counts) for name, parts in self.values.items()}
-        zeros = np.zeros(len(users), np.int64)
-        arrays.update(user_id=users, route=users, partition=zeros, offset=zeros)
+        arrays.update(user_id=users, route=users)
+        zeros = np.zeros(len(users), np.int64)  # the columns these rows do not use
         n = len(arrays["kind"])
-        bulk = pa.table({f.name: (pa.nulls(n, f.type) if f.name not in arrays
-                                  else pa.array(arrays[f.name], f.type))
+        bulk = pa.table({f.name: pa.nulls(n, f.type) if f.nullable and f.name not in arrays
+                         else pa.array(arrays.get(f.name, zeros), f.type)
                          for f in _ROUTED_SCHEMA}, schema=_ROUTED_SCHEMA)
         keyed = pa.table({f.name: pa.array([_route(d) if f.name == "route"
                                             else getattr(d, f.name) for d in self.keyed],
@@ -173,7 +186,7 @@ def _unpack(d: Delta, out: _Routed) -> None:
         out.rows(kind, pairs[0::2], author=d.author_id, created_at=pairs[1::2], flag=d.flag)
     elif kind == DeltaKind.CELEB:
         out.rows(kind, d.author_id, author=d.author_id, flag=d.flag)
-    elif kind in (DeltaKind.USER, DeltaKind.OFFSET):
+    elif kind in _KEYED:
         out.keyed.append(d)
     else:
         msg = f"the executor sink has no route for delta kind {kind}"
@@ -192,8 +205,8 @@ def tweet_stage(config: CassandraConfig, cap: int, ts: int,
         if removes:
             cols = np.array([params for _, params in removes], dtype=np.int64)
             out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
-        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.dead),
-                               partition=len(plan.dead)))
+        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.reposts)
+                               + len(plan.dead), partition=len(plan.dead)))
     for d in deltas:
         if d.kind not in _TWEET_SIDE:
             _unpack(d, out)
@@ -208,7 +221,7 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
     names = ("kind", "user_id", "tweet_id", "author_id", "created_at", "flag", "partition",
              "offset")
     columns = [table.column(n).to_numpy() for n in names]
-    keyed = np.flatnonzero(np.isin(columns[0], (DeltaKind.USER, DeltaKind.OFFSET)))
+    keyed = np.flatnonzero(np.isin(columns[0], _KEYED))
     for kind, user, tweet, author, at, flag, part, off in zip(
             *(c.tolist() for c in columns), strict=True):
         if kind == DeltaKind.TL_ADD:
@@ -228,15 +241,28 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
         elif kind == TALLY:
             rows, dead = rows + off, dead + part
     for d in deltas_from_arrow(table.take(keyed)):
-        if d.kind == DeltaKind.OFFSET:
-            where = (d.topic or "", d.partition)
-            plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
-            plan.max_event_time = max(plan.max_event_time, d.created_at)
-        else:  # the newest profile wins, whatever order the shuffle delivered them in
-            old = plan.users.get(d.user_id)
-            if old is None or d.created_at >= old.created_at:
-                plan.users[d.user_id] = ProfileRow.of(d)
+        _fold_keyed(plan, d)
     return plan, rows, dead
+
+
+def _fold_keyed(plan: WritePlan, d: Delta) -> None:
+    """A whole delta into stage 2's plan, whatever order the shuffle delivered them in."""
+    if d.kind == DeltaKind.OFFSET:
+        where = (d.topic or "", d.partition)
+        plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
+        plan.max_event_time = max(plan.max_event_time, d.created_at)
+    elif d.kind == DeltaKind.RELATION:  # the newest wins, an un-op a tie (as in the join)
+        row = RelationRow(d.user_id, d.author_id, d.text or "", bool(d.flag), d.created_at)
+        key = (row.user_id, row.other_id, row.relation)
+        old = plan.relations.get(key)
+        if old is None or (row.created_at, not row.on) > (old.created_at, not old.on):
+            plan.relations[key] = row
+    elif d.flag:  # an account deletion (final, so profiles of it are not written)
+        plan.deleted_users[d.user_id] = d.created_at
+    else:  # the newest profile wins
+        old_profile = plan.users.get(d.user_id)
+        if old_profile is None or d.created_at >= old_profile.created_at:
+            plan.users[d.user_id] = ProfileRow.of(d)
 
 
 def user_stage(config: CassandraConfig, cap: int, ts: int,
