@@ -5,20 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 from ingest.events import Follow, Post
 from serving.timeline import home_top
-from views.delta import DELTA_FIELDS, Delta
+from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.sink import SpoolingSink
-from views.stores.base import Store
+from views.row import arrow_schema
+from views.sink import SpoolingSink, deltas_from_arrow
+from views.stores.base import Entry, Relations, Store, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
 
-_TYPES = {"kind": pa.int32(), "flag": pa.int32(), "partition": pa.int32(), "text": pa.string(),
-          "name": pa.string(), "topic": pa.string(), "raw": pa.binary()}
+#: The delta row's Arrow schema, as Spark hands it to foreachBatch.
+_SCHEMA = arrow_schema(DELTA_COLUMNS)
 
 
 class Frame:
@@ -28,8 +30,8 @@ class Frame:
         self.deltas = deltas
 
     def toArrow(self) -> pa.Table:  # noqa: N802 (Spark's name)
-        return pa.table({f: pa.array([getattr(d, f) for d in self.deltas],
-                                     type=_TYPES.get(f, pa.int64())) for f in DELTA_FIELDS})
+        return pa.table({f: [getattr(d, f) for d in self.deltas] for f in DELTA_FIELDS},
+                        schema=_SCHEMA)
 
 
 class Recorder(LocalJoin):
@@ -129,3 +131,22 @@ def test_delta_kinds_survive_the_spool(tmp_path):
     assert (letter.topic, letter.partition, letter.offset, letter.raw) == ("tweets", 1, 7,
                                                                            b"\x00\xff")
     assert store.applied_offsets() == {("tweets", 1): 7}
+
+
+def test_reposts_replies_relations_and_deleted_accounts_survive_the_spool(tmp_path):
+    deltas = [Delta.tweet(10, 1, 5, "re", reply_to=2), Delta.tweet(2**62, 2, 6, "big"),
+              Delta.repost(11, 3, 7, (2**62, 2), True),
+              Delta.relation(4, 1, "block", True, 8), Delta.relation(4, 2, "mute", True, 8),
+              Delta.profile(5, 1, "h", "n"), Delta.account_deleted(5, 9)]
+    store = _store(tmp_path, "k")
+    sink = SpoolingSink(store, tmp_path / "spool")
+    path = sink._spool(Frame(deltas).toArrow(), 0)
+    with ipc.open_file(path) as reader:
+        assert deltas_from_arrow(reader.read_all()) == deltas
+    assert sink.recover() == 1
+    assert store.tweets([10, 11]) == {10: TweetRow(10, 1, 5, "re", False, reply_to=2),
+                                      11: TweetRow(11, 3, 7, "", False, 0, 2**62, 2)}
+    assert store.reposts_of([2**62]) == {2**62: [Entry(7, 11, 3)]}
+    assert store.relations(4) == Relations(frozenset({1}), frozenset({2}))
+    assert store.relations(1) == Relations(frozenset({4}))
+    assert store.users([5]) == {5: UserRow(5, "", "", True)}
