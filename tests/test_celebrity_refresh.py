@@ -1,10 +1,11 @@
 """The celebrity cache's incremental refresh equals a full reload (serving.celebrities).
 
 A celebrity's held list after ``refresh()`` (incremental: the newest ``window``
-tweets merged into what was held) must equal what a fresh cache loads whole, for
-random histories of posts and deletes, as long as nothing older than the window
-changed (deletes at the top may leave fewer held, never others), and pages read
-through it equal the query; a refresh with the store's version unchanged reads nothing.
+entries merged into what was held) must equal what a fresh cache loads whole, for
+random histories of posts, deletes, reposts (of other authors' tweets, some twice)
+and unreposts, as long as nothing older than the window changed (undos at the top
+may leave fewer held, never others), and pages read through it equal the §4b query;
+a refresh with the store's version unchanged reads nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.events import Delete, Event, Follow, Post
+from ingest.events import Delete, Event, Follow, Post, Repost, Unrepost
 from serving.celebrities import CelebrityCache
 from serving.timeline import home_page, home_top
 from tests.test_join import Harness
@@ -22,6 +23,7 @@ from views.join import JoinConfig
 from views.reference import Reference
 
 CELEB = 1
+OTHER = 9  # whose tweets the celebrity reposts
 FOLLOWERS = range(2, 6)
 CONFIG = JoinConfig(cap=50, promote_at=3, demote_below=2)
 
@@ -29,6 +31,7 @@ CONFIG = JoinConfig(cap=50, promote_at=3, demote_below=2)
 def _celebrity() -> tuple[Harness, list[Event]]:
     history: list[Event] = [Follow(f, CELEB, 0) for f in FOLLOWERS]
     history += [Post(100 + i, CELEB, 10 + i, f"old {i}") for i in range(6)]
+    history += [Post(50 + i, OTHER, 5, f"other's {i}") for i in range(3)]
     harness = Harness(CONFIG)
     harness.run(history)
     assert harness.store.celebrities() == [CELEB]
@@ -50,7 +53,7 @@ def _held(cache: CelebrityCache) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["post", "delete"]), st.integers(0, 11)),
+@given(st.lists(st.tuples(st.sampled_from(["post", "repost", "undo"]), st.integers(0, 11)),
                 min_size=1, max_size=12),
        st.integers(1, 8), st.integers(2, 12))
 def test_incremental_refresh_equals_a_full_reload(ops: list[tuple[str, int]], window: int,
@@ -59,20 +62,12 @@ def test_incremental_refresh_equals_a_full_reload(ops: list[tuple[str, int]], wi
     version = _Version()
     cache = CelebrityCache(harness.store, depth=depth, version=version, window=window)
     cache.refresh()
-    step = 0
-    for kind, n in ops:
-        step += 1
-        # New tweets are newer than all before them; deletes hit the newest `window`
+    for step, (kind, n) in enumerate(ops, start=1):
+        # New entries are newer than all before them; undos hit the newest `window`
         # held (older ones wait for the periodic full reload, by design).
-        if kind == "post":
-            event: Event = Post(200 + step, CELEB, 100 + step, f"new {step}")
-        else:
-            live = sorted(((p.created_at, p.tweet_id) for p in history if isinstance(p, Post)
-                           and not any(isinstance(d, Delete) and d.tweet_id == p.tweet_id
-                                       for d in history)), reverse=True)[:window]
-            if not live:
-                continue
-            event = Delete(live[n % len(live)][1], CELEB, 1000 + step)
+        event = _event(kind, n, step, Reference().add(history).author_tweets(CELEB)[:window])
+        if event is None:
+            continue
         history.append(event)
         harness.run([event])
         version.value += 1
@@ -80,12 +75,25 @@ def test_incremental_refresh_equals_a_full_reload(ops: list[tuple[str, int]], wi
         fresh = CelebrityCache(harness.store, depth=depth)
         fresh.refresh()
         held, whole = _held(cache), _held(fresh)
-        # Deletes at the top can leave fewer than `depth` held: still the newest ones,
+        # Undos at the top can leave fewer than `depth` held: still the newest ones,
         # and an incomplete list's floor sends deeper pages to the store.
         assert whole[len(whole) - len(held):] == held, f"after {event}"
         if cache._lists[CELEB].complete:
             assert held == whole
         _pages_are_the_query(harness, history, cache)
+
+
+def _event(kind: str, n: int, step: int, live: list[tuple[int, int]]) -> Event | None:
+    """A post, a repost of one of OTHER's three tweets (again: a no-op), or the undo of
+    one of the celebrity's ``live`` entries (a delete of a post, an unrepost)."""
+    if kind == "post":
+        return Post(200 + step, CELEB, 100 + step, f"new {step}")
+    if kind == "repost":
+        return Repost(300 + step, CELEB, 50 + n % 3, OTHER, 100 + step)
+    if not live:
+        return None
+    entry = live[n % len(live)][1]
+    return (Unrepost if entry >= 300 else Delete)(entry, CELEB, 1000 + step)
 
 
 def _pages_are_the_query(harness: Harness, history: list[Event], cache: CelebrityCache) -> None:
