@@ -14,7 +14,7 @@ bulk reads, and entries whose tweet is gone by then are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,47 +38,62 @@ def hydrated(store: Store, entries: Sequence[HomeEntry],
              users: Mapping[int, UserRow] | None = None) -> list[dict[str, Any]]:
     """Entries in the shape of :class:`serving.app.TimelineEntry`, page order.
 
-    Rows missing from ``tweets``/``users`` are read (one bulk read each); an entry
+    ``tweets``/``users``: the rows the page was decided on (a user without a profile
+    is simply not there); without them, they are read (one bulk read each). An entry
     whose original is not a live tweet in the rows is left out.
     """
-    tweets = _complete(store.tweets, tweets or {}, [e.original_id for e in entries])
-    people = [e.author_id for e in entries] + [e.original_author for e in entries]
-    users = _complete(store.users, users or {}, people)
-    profiles: dict[int, dict[str, Any]] = {}
+    if tweets is None:
+        tweets = store.tweets(list({e.original_id for e in entries})) if entries else {}
+    if users is None:
+        people = {e.author_id for e in entries} | {e.original_author for e in entries}
+        users = store.users(list(people)) if people else {}
     out = []
+    render = _Render(users)
     for entry in entries:
         tweet = tweets.get(entry.original_id)
-        if tweet is None or tweet.deleted:
-            continue
-        out.append(entry_dict(entry, tweet, _profile(profiles, users, entry.author_id),
-                              _profile(profiles, users, tweet.author_id)))
+        if tweet is not None and not tweet.deleted:
+            out.append(render.entry(entry, tweet))
     return out
 
 
-def _complete(read: Any, rows: Mapping[int, Any], ids: list[int]) -> Mapping[int, Any]:
-    missing = [i for i in dict.fromkeys(ids) if i not in rows]
-    return {**rows, **read(missing)} if missing else rows
+class _Render:
+    """Builds entry dicts, each user's and each time's part once per page."""
 
+    def __init__(self, users: Mapping[int, UserRow]) -> None:
+        self.users = users
+        self.people: dict[int, dict[str, Any]] = {}
+        self.times: dict[int, str] = {}
 
-def _profile(memo: dict[int, dict[str, Any]], users: Mapping[int, UserRow],
-             user: int) -> dict[str, Any]:
-    found = memo.get(user)
-    if found is None:
-        row = users.get(user)
-        handle = row.handle if row is not None and row.handle else None
-        found = memo[user] = {"id": str(user), "handle": handle,
-                              "name": row.name if handle is not None and row else None}
-    return found
+    def entry(self, entry: HomeEntry, tweet: TweetRow) -> dict[str, Any]:
+        return entry_dict(entry, tweet, self.person(entry.author_id),
+                          self.person(tweet.author_id), self.iso)
+
+    def person(self, user: int) -> dict[str, Any]:
+        found = self.people.get(user)
+        if found is None:
+            row = self.users.get(user)
+            known = row is not None and bool(row.handle)
+            found = self.people[user] = {"id": str(user),
+                                         "handle": row.handle if known and row else None,
+                                         "name": row.name if known and row else None}
+        return found
+
+    def iso(self, ms: int) -> str:
+        found = self.times.get(ms)
+        if found is None:
+            found = self.times[ms] = iso_millis(ms)
+        return found
 
 
 def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
-               author: dict[str, Any]) -> dict[str, Any]:
+               author: dict[str, Any], iso: Callable[[int], str] = iso_millis,
+               ) -> dict[str, Any]:
     """One entry in the shape of :class:`serving.app.TimelineEntry`."""
     return {"tweet_id": str(entry.tweet_id), "kind": entry.kind,
-            "created_at": entry.created_at, "created_at_iso": iso_millis(entry.created_at),
+            "created_at": entry.created_at, "created_at_iso": iso(entry.created_at),
             "actor": actor,
             "tweet": {"id": str(tweet.tweet_id), "created_at": tweet.created_at,
-                      "created_at_iso": iso_millis(tweet.created_at), "text": tweet.text,
+                      "created_at_iso": iso(tweet.created_at), "text": tweet.text,
                       "author": author,
                       "in_reply_to_user_id": str(tweet.reply_to) if tweet.reply_to else None}}
 

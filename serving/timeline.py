@@ -114,7 +114,7 @@ def author_page(store: Store, author: int, below: Key | None, limit: int) -> Pag
 def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
           keep: Callable[[list[Entry]], list[HomeEntry]]) -> Page:
     """Candidates from ``batch`` filtered by ``keep`` until ``limit`` are served."""
-    position, size, out = below or TOP, limit, list[HomeEntry]()
+    position, size, out = below or TOP, _first_batch(limit), list[HomeEntry]()
     while True:
         candidates, more = batch(position, size)
         out += keep(candidates)
@@ -127,6 +127,16 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
     more = len(out) > limit or (len(out) == limit and not ended)
     out = out[:limit]
     return Page(out, out[-1].key if more else None, viewer.tweets, viewer.users)
+
+
+def _first_batch(limit: int) -> int:
+    """Candidates read first: a page and a half.
+
+    A page that loses some entries to the filter (replies to strangers, blocks, mutes)
+    is then usually full after one batch: another round costs more than deciding on a
+    few more rows (``benchmarks/bench_read_filter.py``).
+    """
+    return limit + (limit >> 1) + 1
 
 
 def _gone(user: int) -> AccountGone:
@@ -172,6 +182,8 @@ class _Home:
 
 def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:
     """The newest ``limit`` of two lists, newest first, an entry in both once."""
+    if not b or not a:  # one list from the store: its keys are distinct
+        return (a or b)[:limit]
     seen: set[Key] = set()
     out: list[Entry] = []
     for entry in heapq.merge(a, b, reverse=True):

@@ -148,7 +148,7 @@ class Viewer:
     def _entry(self, candidate: Entry, row: TweetRow) -> HomeEntry | None:
         # Deleted, hidden, or not in the store at all; or listed at a position that is
         # not the row's (an index row left behind: the row is the truth).
-        if row.deleted or _key(row) != candidate.key:
+        if row.deleted or row.created_at != candidate.created_at:
             return None
         if not row.is_repost:
             return HomeEntry(candidate.created_at, row.tweet_id, row.author_id, row.tweet_id,
@@ -160,12 +160,11 @@ class Viewer:
                          original.author_id, original.reply_to)
 
     def _shown(self, e: HomeEntry) -> bool:
-        relations = self.relations()
-        people = (e.author_id, e.original_author)
-        if any(self.deleted(p) or p in relations.blocked or p in relations.muted
-               for p in people):
-            return False
-        if e.kind == "repost":
+        blocked, muted = self.relations()
+        for person in (e.author_id, e.original_author):
+            if person in blocked or person in muted or self.deleted(person):
+                return False
+        if e.tweet_id != e.original_id:  # a repost
             return e.original_author != self.user
         return self._reply_visible(e.author_id, e.reply_to)
 
@@ -175,17 +174,25 @@ class Viewer:
     def _newest_per_original(self, entries: list[HomeEntry]) -> list[HomeEntry]:
         """Entries with no newer visible appearance of their original (``ranked``, rn = 1)."""
         reposts = self.store.reposts_of(list({e.original_id for e in entries}))
-        newer = {e.tweet_id: [r for r in reposts.get(e.original_id, ())
-                              if r.key > e.key and r.tweet_id != e.tweet_id] for e in entries}
-        posts = {e.tweet_id: self.tweet(e.original_id) for e in entries if e.kind == "repost"
-                 and _key(self.tweet(e.original_id)) > e.key}
-        if not any(newer.values()) and not posts:
+        newer: dict[int, list[Entry]] = {}
+        for e in entries:
+            later = [r for r in reposts.get(e.original_id, ())
+                     if r.key > e.key and r.tweet_id != e.tweet_id]
+            if later:
+                newer[e.tweet_id] = later
+        posts = {e.tweet_id: self.tweet(e.original_id) for e in entries
+                 if e.tweet_id != e.original_id and _key(self.tweet(e.original_id)) > e.key}
+        if not newer and not posts:
             return entries
+        # Only a reposter the reader follows can make a repost visible: the followee
+        # list (one read) usually rules them all out before any row is read.
+        followees = self.followees()
+        newer = {e: [r for r in rs if r.author_id in followees] for e, rs in newer.items()}
         others = [r for rs in newer.values() for r in rs]
         self.load_tweets(r.tweet_id for r in others)
         self.load_users(r.author_id for r in others)
         return [e for e in entries
-                if not any(self._repost_visible(r, e) for r in newer[e.tweet_id])
+                if not any(self._repost_visible(r, e) for r in newer.get(e.tweet_id, ()))
                 and not (e.tweet_id in posts and self._post_visible(posts[e.tweet_id]))]
 
     def _repost_visible(self, repost: Entry, of: HomeEntry) -> bool:
