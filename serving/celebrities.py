@@ -1,4 +1,4 @@
-"""Celebrities' recent tweets, cached in the serving process for the read-time merge.
+"""Celebrities' recent entries (posts and reposts), cached in the serving process.
 
 A user who follows many celebrities must still read fast (DESIGN §4): the home path
 asks the store once for the user's celebrity list and takes each celebrity's
@@ -8,7 +8,12 @@ celebrities followed.
 **Staleness.** A background refresh runs every ``refresh_s`` seconds; a read sees a
 celebrity's tweets as of at most ``refresh_s`` + one refresh ago. A celebrity the
 cache does not know yet (just promoted) is loaded on first use, synchronously. Reads
-that must see a given write use ``?after=`` (the API then bypasses this cache).
+that must see a given write use ``?after=`` (the API then bypasses this cache). The
+cache only proposes candidates; what is served is decided on the store's rows
+(:mod:`serving.visibility`), so a block, mute or account delete applies at once. One
+staleness shows there: a celebrity's repost newer than the last refresh already
+hides the older appearance of its original (the store says so) before the cache
+offers the repost itself — for at most one refresh.
 
 **Incremental refresh.** Reloading every celebrity's ``depth`` tweets twice a second
 costs about a core on a large graph, so a refresh does only what changed. When the
@@ -18,10 +23,10 @@ demoted ones, and reads each held celebrity's newest ``window`` tweets: those ab
 the newest held one are added, held ones inside the window that are gone (deleted)
 are dropped, and a celebrity with ``window`` new tweets or more is reloaded whole.
 A delete of an older held tweet (or a tweet arriving late, older than the window) is
-caught by the full reload every ``full_every_s``. Until then a deleted tweet is never
-shown (hydration drops it), and the API reads a page that hydration found short again
-without this cache (:meth:`serving.reads.Read.body`), so it is not one entry short; a
-late tweet older than the window stays missing until the full reload.
+caught by the full reload every ``full_every_s``. Until then a deleted tweet (or an
+undone repost) is never shown — its row says so — and the page takes the next
+candidate instead (:mod:`serving.timeline`), so it is not one entry short; a late
+tweet older than the window stays missing until the full reload.
 
 **Depth.** Only the newest ``depth`` tweets of a celebrity are held. Each list knows
 whether it is the celebrity's complete history; a page that would reach below the
