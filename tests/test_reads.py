@@ -197,3 +197,36 @@ def test_a_celebrity_tweet_deleted_below_the_refresh_window_leaves_no_short_page
             assert _ids(page) == [t for t in range(139, 108, -1) if t != 115]
     finally:
         harness.store.close()
+
+
+def test_the_celebrity_cache_proposes_but_the_store_decides(tmp_path: Path) -> None:
+    """A block, a mute or an account delete applies to the next read although the
+    celebrity cache (refreshed once a minute here) still holds the celebrity's entries."""
+    path = tmp_path / "v.sqlite"
+    stranger = 9
+    harness = Harness(JoinConfig(cap=50, promote_at=1, demote_below=1),
+                      SQLiteStore(path, cap=50).open())
+    harness.run([Follow(READER, AUTHOR, T0), Post(50, stranger, T0, "theirs"),
+                 Repost(60, AUTHOR, 50, stranger, T0 + 5)]
+                + [Post(100 + i, AUTHOR, T0 + i, f"tweet {i}") for i in range(3)])
+    assert list(harness.store.celebrities()) == [AUTHOR]
+    settings = ServingSettings(store_url=f"sqlite:///{path}", timeline_cap=50,
+                               celebrity_refresh_s=60, auth=False)
+    try:
+        with running(create_app(settings)) as base, \
+                httpx.Client(base_url=base, timeout=10) as client:
+            def home() -> list[int]:
+                return _ids(client.get(f"/v1/users/{READER}/home"))
+
+            assert home() == [60, 102, 101, 100]
+            harness.run([Relation(stranger, READER, T0 + 9)])  # the original's author
+            assert home() == [102, 101, 100]
+            harness.run([Relation(stranger, READER, T0 + 10, active=False),
+                         Relation(READER, AUTHOR, T0 + 10, MUTE)])
+            assert home() == []
+            harness.run([Relation(READER, AUTHOR, T0 + 11, MUTE, active=False)])
+            assert home() == [60, 102, 101, 100]
+            harness.run([AccountDelete(AUTHOR, T0 + 12)])
+            assert home() == []
+    finally:
+        harness.store.close()
