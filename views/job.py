@@ -30,7 +30,6 @@ from views.processor import JoinProcessor
 from views.settings import ViewSettings
 from views.sink import Sink, SpoolingSink
 from views.source import FORMAT as PYTHON_FORMAT
-from views.stores import store_from_url
 from views.stores.base import Store
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
         stop: threading.Event,
         on_started: Callable[[], object] | None = None) -> int:
     """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
-    store = store_from_url(view.store_url, cap=view.timeline_cap).open()
+    store = view.store().open()
     sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
     log.info("view job started: store %s, checkpoint %s", view.store_url, checkpoint_path(view))

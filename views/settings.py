@@ -14,10 +14,13 @@ from pydantic import Field
 
 from ingest.settings import FanoutSettings, env_alias
 from views.join import JoinConfig
+from views.stores import store_from_url
+from views.stores.base import Store
 
 __all__ = ("CELEBRITY_THRESHOLD_ENV", "CHECKPOINTS", "CHECKPOINT_DIR_ENV",
            "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_CHECKPOINT_DIR", "DEFAULT_RUN_DIR",
-           "DEFAULT_STORE_URL", "DEFAULT_TIMELINE_CAP", "KAFKA_SOURCE_ENV", "STORE_ENV",
+           "DEFAULT_STORE_URL", "DEFAULT_TIMELINE_CAP", "INACTIVE_DAYS_ENV", "KAFKA_SOURCE_ENV",
+           "STORE_ENV",
            "STORE_FILE", "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
 
 STORE_ENV: Final = "FANOUT_STORE"
@@ -25,6 +28,7 @@ TIMELINE_CAP_ENV: Final = "FANOUT_TIMELINE_CAP"
 CELEBRITY_THRESHOLD_ENV: Final = "FANOUT_CELEBRITY_THRESHOLD"
 CHECKPOINT_DIR_ENV: Final = "FANOUT_CHECKPOINT_DIR"
 KAFKA_SOURCE_ENV: Final = "FANOUT_KAFKA_SOURCE"
+INACTIVE_DAYS_ENV: Final = "FANOUT_INACTIVE_DAYS"
 
 #: Where a run directory keeps the SQLite store and the Spark checkpoint.
 DEFAULT_RUN_DIR: Final = Path("run")
@@ -54,6 +58,12 @@ class ViewSettings(FanoutSettings):
         validation_alias=env_alias(CELEBRITY_THRESHOLD_ENV, "celebrity_threshold"))
     demote_ratio: float = Field(0.8, gt=0, le=1,
                                 validation_alias=env_alias("FANOUT_DEMOTE_RATIO", "demote_ratio"))
+    inactive_days: float = Field(
+        30.0, ge=0, validation_alias=env_alias(INACTIVE_DAYS_ENV, "inactive_days"),
+        description="Users who have not read their home timeline for this many days "
+                    "(event time, from the activity log) get no fan-out writes; their "
+                    "next read is evaluated at read time and regenerates the cache "
+                    "(DESIGN §4b; Twitter used 30, Mastodon 7). 0 turns it off.")
     checkpoint_dir: Path = Field(DEFAULT_CHECKPOINT_DIR,
                                  validation_alias=env_alias(CHECKPOINT_DIR_ENV, "checkpoint_dir"))
     trigger_seconds: float = Field(0.5, ge=0,
@@ -79,6 +89,11 @@ class ViewSettings(FanoutSettings):
                     "(spark-sql-kafka-0-10, the default: as fast in the whole pipeline "
                     "and far less of our code) or the project's Python source "
                     "(views.source); see benchmarks/RESULTS.md.")
+
+    def store(self) -> Store:
+        """The store this job writes (not opened)."""
+        return store_from_url(self.store_url, cap=self.timeline_cap,
+                              inactive_days=self.inactive_days)
 
     def join_config(self) -> JoinConfig:
         return JoinConfig.with_ratio(self.timeline_cap, self.celebrity_threshold,

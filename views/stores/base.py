@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from views.delta import (
+    TOP,
     Delta,
     DeltaKind,
     Key,
@@ -29,6 +30,12 @@ from views.delta import (
     timeline_removes,
     unpack_longs,
 )
+
+#: The horizon of a *dormant* user's timeline: above every key, so every read of it is
+#: evaluated at read time (exact) and no fan-out write lands in it. A user becomes
+#: dormant when an entry arrives more than ``Store.inactive_ms`` after their newest
+#: read (the ``activity`` log); their next read's record regenerates the cache.
+DORMANT: Key = TOP
 
 
 class Entry(NamedTuple):
@@ -204,8 +211,12 @@ class BatchStats:
 class Store(abc.ABC):
     """A materialized-view store; see the module docstring."""
 
-    def __init__(self, cap: int = 800) -> None:
+    def __init__(self, cap: int = 800, inactive_days: float = 0.0) -> None:
         self.cap = cap
+        #: Inactive users (DESIGN §4b): a user whose newest read is older than this
+        #: (in event time) than an entry meant for them gets no more fan-out writes
+        #: until they read again (0: off). See :data:`DORMANT`.
+        self.inactive_ms = round(inactive_days * 86_400_000)
 
     # -- lifecycle ---------------------------------------------------------------
     @abc.abstractmethod
@@ -259,7 +270,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def horizon(self, user: int) -> Key | None:
-        """The key below which ``user``'s cache may be incomplete (None: complete)."""
+        """The key below which ``user``'s cache may be incomplete (None: complete).
+
+        :data:`DORMANT` for an inactive user: nothing of the cache is trusted.
+        """
 
     @abc.abstractmethod
     def celebrities_followed(self, user: int) -> list[int]:

@@ -147,8 +147,9 @@ def unbatch(groups: list[list[int]], results: list[reads.Rows], n: int) -> list[
 class CassandraStore(Store):
     """Store in a Cassandra keyspace; see the module docstring."""
 
-    def __init__(self, config: CassandraConfig, cap: int = 800) -> None:
-        super().__init__(cap)
+    def __init__(self, config: CassandraConfig, cap: int = 800,
+                 inactive_days: float = 0.0) -> None:
+        super().__init__(cap, inactive_days)
         self.config = config
         self._cluster: Any = None
         self._session: Any = None
@@ -160,9 +161,9 @@ class CassandraStore(Store):
         self._write_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, cap: int = 800) -> CassandraStore:
+    def from_url(cls, url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
         """Build (not connect) from ``cassandra://hosts/keyspace?options``."""
-        return cls(parse_url(url), cap=cap)
+        return cls(parse_url(url), cap=cap, inactive_days=inactive_days)
 
     def __repr__(self) -> str:
         return f"CassandraStore({self.config!r}, cap={self.cap})"
