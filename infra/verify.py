@@ -1,11 +1,14 @@
 """``fanout verify``: the live store against the DESIGN's SQL recomputed from the logs.
 
 The changelogs are read in batch from the beginning (``views.changelog``), folded
-into :class:`~views.reference.Reference` and queried with the literal SQL. Each
+into :class:`~views.reference.Reference` and queried with the literal §4b SQL. Each
 user's served timeline — read page by page through ``serving.timeline``, the same
-merge the API uses (cache, celebrity tweets, read-time fallback) — must equal the
-query's first ``N`` rows. Checked users: every user the log says follows someone,
-plus every user the store holds anything for (stale rows count as divergence).
+path the API uses (cache, celebrity entries, read-time fallback, then blocks, mutes,
+deleted accounts and originals, reply visibility, one entry per original) — must
+equal the query's first ``N`` entries, field by field: entry id, time, actor,
+original tweet and its author. Checked users: every user the log says follows
+someone, plus every user the store holds anything for (stale rows count as
+divergence), minus deleted accounts, whose timelines are not served.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from ingest.settings import KafkaSettings
+from serving.errors import NotFound
 from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
-from views.reference import Reference
+from views.reference import HomeRow, Reference
 from views.stores.base import Store
 
 log = logging.getLogger(__name__)
@@ -97,19 +101,24 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
     """Compare without reading Kafka (the log already read); ``progress`` draws a bar."""
     log.info("recomputing the view from %d events", len(log_.events))
     ref = Reference().add(log_.events)
-    users = sorted(set(ref.users()) | set(store.home_users()))
+    users = sorted((set(ref.users()) | set(store.home_users())) - ref.deleted_accounts)
     if sample is not None and sample < len(users):
         users = sorted(random.Random(seed).sample(users, sample))
     result = VerifyResult(events=len(log_.events), invalid=sum(log_.invalid.values()))
 
-    def served(user: int) -> list[int]:
-        return [entry.tweet_id for entry in home_top(store, user, cap)]
+    def served(user: int) -> list[HomeRow] | str:
+        try:
+            entries = home_top(store, user, cap)
+        except NotFound as exc:
+            return f"not served: {exc}"
+        return [HomeRow(e.tweet_id, e.created_at, e.author_id, e.original_id,
+                        e.original_author) for e in entries]
 
     with (ThreadPoolExecutor(READERS) as pool,
           tqdm(total=len(users), desc="verify", unit="user", file=sys.stderr,
                disable=not progress) as bar):
         for user, got in zip(users, pool.map(served, users), strict=True):
-            want = [row[0] for row in ref.home(user, cap)]
+            want = ref.home(user, cap)
             result.users_checked += 1
             bar.update()
             if got != want:
@@ -119,8 +128,17 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
     return result
 
 
-def _describe(user: int, want: list[int], got: list[int]) -> str:
-    missing = [t for t in want if t not in set(got)][:5]
-    extra = [t for t in got if t not in set(want)][:5]
-    return (f"user {user}: expected {len(want)} entries, served {len(got)}; "
-            f"missing {missing}, unexpected {extra}")
+def _describe(user: int, want: list[HomeRow], got: list[HomeRow] | str) -> str:
+    """What differs, by entry id first, then field by field."""
+    if isinstance(got, str):
+        return f"user {user}: expected {len(want)} entries, {got}"
+    head = f"user {user}: expected {len(want)} entries, served {len(got)}"
+    wanted, served = {r.entry_id: r for r in want}, {r.entry_id: r for r in got}
+    missing = [t for t in wanted if t not in served][:5]
+    extra = [t for t in served if t not in wanted][:5]
+    if missing or extra:
+        return f"{head}; missing {missing}, unexpected {extra}"
+    for i, (w, g) in enumerate(zip(want, got, strict=False)):
+        if w != g:
+            return f"{head}; entry {i} should be {tuple(w)}, served {tuple(g)}"
+    return f"{head}; the same entries, some repeated"
