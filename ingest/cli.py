@@ -17,13 +17,16 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from ingest import generator, history
+import numpy as np
+
+from ingest import generator, history, social
 from ingest.errors import BrokerUnavailable, IngestError
-from ingest.events import Event
+from ingest.events import Event, UserUpsert
 from ingest.producer import ChangelogProducer
 from ingest.replay import DryRunProducer, Sink, replay
 from ingest.settings import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, KafkaSettings
@@ -65,7 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
             args.users, args.follows, args.tweets, args.seed, celebrities=args.celebrities,
             celebrity_share=args.celebrity_share, zipf_exponent=args.zipf_exponent,
             delete_ratio=args.delete_ratio, unfollow_ratio=args.unfollow_ratio,
-            start_ms=args.start, span_ms=_span_ms(args))
+            start_ms=args.start, span_ms=_span_ms(args), mix=record_mix(args))
     except ValueError as exc:
         print(f"fanout generate: {exc}")
         return 2
@@ -142,29 +145,41 @@ def _plan(paths: list[Path], args: argparse.Namespace, report: history.ReadRepor
 
 def _edge_streams(paths: list[Path], args: argparse.Namespace, report: history.ReadReport
                   ) -> tuple[list[Iterable[Event]], int]:
-    """Edge lists with synthetic times, plus profiles and tweets made for their graph."""
+    """Edge lists with synthetic times, plus profiles and activity made for their graph."""
     started = time.monotonic()
     censuses = [history.census(p, id_offset=args.id_offset) for p in paths]
     start, span = _window(censuses, args)
     lo, hi = generator.activity_window(start, span)
+    times = [history.EdgeTimes.spread(c.edges, lo, hi) for c in censuses]
     streams: list[Iterable[Event]] = [
-        history.iter_events(p, report, history.EdgeTimes.spread(c.edges, lo, hi),
-                            id_offset=args.id_offset)
-        for p, c in zip(paths, censuses, strict=True)]
+        history.iter_events(p, report, t, id_offset=args.id_offset)
+        for p, t in zip(paths, times, strict=True)]
     counts: dict[int, int] = {}
     for c in censuses:
         for user, n in c.follower_counts.items():
             counts[user] = counts.get(user, 0) + n
+    mix = record_mix(args)
+    # Activity along the graph needs its edges: one more pass, with the replay's times.
+    edges = None if mix.posts_only else _edges(paths, times, args.id_offset)
     made = generator.for_graph(counts, args.generate_tweets, args.seed,
-                               delete_ratio=args.delete_ratio, start_ms=start, span_ms=span)
+                               delete_ratio=args.delete_ratio, start_ms=start, span_ms=span,
+                               mix=mix, edges=edges)
     if args.no_profiles:
-        made.users = []
+        made.users = [u for u in made.users if not isinstance(u, UserUpsert)]
     streams.append(made.events())
-    size = sum(c.edges for c in censuses) + len(made.users) + len(made.tweets)
+    generated = len(made.users) + len(made.follows) + len(made.tweets)
+    edge_count = sum(c.edges for c in censuses)
     log.info("edge lists: %d users, %d edges, generated %d events in %.1fs",
-             len(counts), size - len(made.users) - len(made.tweets),
-             len(made.users) + len(made.tweets), time.monotonic() - started)
-    return streams, size
+             len(counts), edge_count, generated, time.monotonic() - started)
+    return streams, edge_count + generated
+
+
+def _edges(paths: list[Path], times: list[history.EdgeTimes], id_offset: int
+           ) -> generator.FollowEdges:
+    parts = [history.follow_edges(p, t, id_offset=id_offset)
+             for p, t in zip(paths, times, strict=True)]
+    return generator.FollowEdges(*(np.concatenate([getattr(e, f.name) for e in parts])
+                                   for f in fields(generator.FollowEdges)))
 
 
 def _window(censuses: list[history.GraphCensus], args: argparse.Namespace
@@ -215,22 +230,26 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--unfollow-ratio", type=_ratio, default=0.05,
                    help="unfollows per follow (default: %(default)s)")
     _add_time_window(p)
+    _add_mix(p, "social")
     p.set_defaults(func=run_generate)
 
 
 def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "replay", help="produce history files into the changelog topics",
-        description="Replay generator directories, .jsonl files, CSV or SNAP edge lists "
-                    "(optionally gzipped) in event-time order. Edge lists get synthetic "
-                    "times spread over the window, user profiles, and with "
-                    "--generate-tweets N, N tweets by follower-weighted authors.")
+        description="Replay generator directories, .jsonl files, CSV files of records or "
+                    "of edges, or SNAP edge lists (optionally gzipped) in event-time order. "
+                    "Edge lists get synthetic times spread over the window, user profiles, "
+                    "and with --generate-tweets N, N posts by follower-weighted authors; "
+                    "with --mix social, also replies, reposts, blocks, mutes and account "
+                    "deletions drawn along their graph.")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--speedup", type=_positive_float, default=None, metavar="X",
                    help="pace at the original inter-event times divided by X "
                         "(default: as fast as possible)")
     p.add_argument("--generate-tweets", type=_count, default=0, metavar="N",
-                   help="for edge lists: generate N tweets by follower-weighted authors")
+                   help="for edge lists: generate N posts (replies included) by "
+                        "follower-weighted authors")
     p.add_argument("--no-profiles", action="store_true",
                    help="for edge lists: do not generate user profiles")
     p.add_argument("--id-offset", type=_count, default=0, metavar="N",
@@ -250,7 +269,39 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="read, validate and encode everything, but send nothing")
     _add_time_window(p)
+    _add_mix(p, "posts")
     p.set_defaults(func=run_replay, environ=os.environ)
+
+
+def _add_mix(p: argparse.ArgumentParser, default: str) -> None:
+    s = social.SOCIAL
+    g = p.add_argument_group(
+        "record mix", "What users do besides posting (DESIGN §4b), drawn along the follow "
+                      "graph; each flag below overrides the --mix preset. The social "
+                      "figures are in ingest/social.py, with their sources.")
+    g.add_argument("--mix", choices=tuple(social.MIXES), default=default,
+                   help="posts: posts, deletes and follows only, as before DESIGN §4b; "
+                        "social: every record, in realistic proportions "
+                        "(default: %(default)s)")
+    for name, kind, meaning, social_value in (
+            ("replies", _ratio, "share of the posts that are replies", s.replies),
+            ("reposts", _nonnegative, "reposts per post", s.reposts),
+            ("unrepost-ratio", _ratio, "share of reposts undone", s.unrepost_ratio),
+            ("blocks", _nonnegative, "blocks per post", s.blocks),
+            ("mutes", _nonnegative, "mutes per post", s.mutes),
+            ("unblock-ratio", _ratio, "share of blocks undone", s.unblock_ratio),
+            ("unmute-ratio", _ratio, "share of mutes undone", s.unmute_ratio),
+            ("account-deletes", _ratio, "share of users whose account is deleted",
+             s.account_deletes)):
+        g.add_argument(f"--{name}", type=kind, default=None, metavar="X",
+                       help=f"{meaning} (social: {social_value:g}, posts: 0)")
+
+
+def record_mix(args: argparse.Namespace) -> social.RecordMix:
+    """The ``--mix`` preset with the flags given over it."""
+    given = {f.name: getattr(args, f.name) for f in fields(social.RecordMix)
+             if getattr(args, f.name) is not None}
+    return replace(social.MIXES[args.mix], **given)
 
 
 def _add_time_window(p: argparse.ArgumentParser) -> None:
@@ -298,6 +349,14 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         msg = "must be > 0"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _nonnegative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        msg = "must be >= 0"
         raise argparse.ArgumentTypeError(msg)
     return value
 

@@ -1,4 +1,4 @@
-"""Synthetic history: user profiles, a power-law follow graph, tweets, deletes, unfollows.
+"""Synthetic history: profiles, a power-law follow graph, posts, and what users do with them.
 
 Deterministic for a given seed (and faker version): numpy's PCG64 draws every number
 and a seeded faker fills small pools of names and sentences once, which are then
@@ -14,7 +14,15 @@ over a random ranking of the users, and the top ``celebrities`` ranks additional
 share about ``celebrity_share`` of all edges, so a few users have very many followers
 (about: nobody's expected follower count may exceed half of the users). Tweet
 authors are drawn with weight ``followers + 1``. Tweet ids are snowflake-like:
-``(created_at - TWITTER_EPOCH_MS) << 22 | sequence``, time-ordered 64-bit integers.
+``(created_at - TWITTER_EPOCH_MS) << 22 | sequence``, time-ordered 64-bit integers,
+given to posts, replies and reposts together, so that no two share one.
+
+A :class:`~ingest.social.RecordMix` adds the records of DESIGN §4b (replies, reposts and
+their undos, blocks, mutes, account deletions) along the graph; see ``ingest.social``
+for the model and where its proportions come from. They draw from a random stream of
+their own, so the posts, deletes and follows of a seed are the same with or without
+them, and a history made with :data:`~ingest.social.POSTS_ONLY` (the default here) is
+byte for byte the history of the generator before them.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ import heapq
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
@@ -32,16 +41,24 @@ from typing import Any, Final
 import numpy as np
 from faker import Faker
 
+from ingest import social
 from ingest.events import (
+    BLOCK,
     MAX_TEXT,
+    MUTE,
     TOPIC_RANK,
+    AccountDelete,
     Delete,
     Event,
     Follow,
     Post,
+    Relation,
+    Repost,
+    Unrepost,
     UserUpsert,
     encode,
 )
+from ingest.social import NEVER, POSTS_ONLY, Posts, RecordMix
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +70,25 @@ FILES: Final = {"users": "users.jsonl", "follows": "follows.jsonl", "tweets": "t
 MANIFEST: Final = "manifest.json"
 _SEQUENCE_BITS: Final = 22
 _HANDLE_LEN: Final = 15
+#: The social records' own random stream: ``default_rng([seed, _SOCIAL_STREAM])``.
+_SOCIAL_STREAM: Final = 13
+#: Kinds of event a history counts, in the manifest's order.
+KINDS: Final = ("users", "account_deletes", "follows", "unfollows", "blocks", "unblocks",
+                "mutes", "unmutes", "posts", "replies", "deletes", "reposts", "unreposts")
+
+UserEvent = UserUpsert | AccountDelete
+EdgeEvent = Follow | Relation
+TweetEvent = Post | Delete | Repost | Unrepost
 
 
 @dataclass
 class History:
-    """A generated history, each list sorted by ``created_at``."""
+    """A generated history by topic, each list sorted by ``created_at``."""
 
     seed: int
-    users: list[UserUpsert]
-    follows: list[Follow]
-    tweets: list[Post | Delete]
+    users: list[UserEvent]
+    follows: list[EdgeEvent]
+    tweets: list[TweetEvent]
     params: dict[str, Any] = field(default_factory=dict)
 
     def events(self) -> Iterator[Event]:
@@ -72,12 +98,44 @@ class History:
         return heapq.merge(self.users, self.follows, self.tweets, key=key)
 
     def counts(self) -> dict[str, int]:
-        """Number of events by kind."""
-        unfollows = sum(not f.active for f in self.follows)
-        deletes = sum(isinstance(t, Delete) for t in self.tweets)
-        return {"users": len(self.users), "follows": len(self.follows) - unfollows,
-                "unfollows": unfollows, "posts": len(self.tweets) - deletes,
-                "deletes": deletes}
+        """Number of events by kind (:data:`KINDS`); they add up to all events."""
+        seen = Counter(map(kind, [*self.users, *self.follows, *self.tweets]))
+        return {name: seen[name] for name in KINDS}
+
+
+def kind(event: Event) -> str:
+    """The :data:`KINDS` name of ``event``: a reply is not a post, an unblock not a block."""
+    if isinstance(event, Post):
+        return "replies" if event.in_reply_to_user_id else "posts"
+    if isinstance(event, UserUpsert):
+        return "users"
+    if isinstance(event, AccountDelete):
+        return "account_deletes"
+    return f"{event.op}s"
+
+
+@dataclass(frozen=True)
+class FollowEdges:
+    """Follow edges by user id: ``follower[i]`` follows ``followee[i]`` from ``since[i]`` on.
+
+    What :func:`for_graph` needs of a graph's edges to draw activity along them (edge
+    lists have no unfollows).
+    """
+
+    follower: np.ndarray
+    followee: np.ndarray
+    since: np.ndarray
+
+    def graph(self, ids: np.ndarray) -> social.Graph:
+        """The edges by index into the sorted ``ids``, which must hold every endpoint."""
+        follower, followee = (np.searchsorted(ids, side) for side in (self.follower,
+                                                                       self.followee))
+        for index, side in ((follower, self.follower), (followee, self.followee)):
+            if len(side) and not np.array_equal(ids[np.minimum(index, len(ids) - 1)], side):
+                msg = "an edge names a user missing from the follower counts"
+                raise ValueError(msg)
+        return social.Graph(len(ids), follower, followee, self.since.astype(np.int64),
+                            np.full(len(follower), NEVER, dtype=np.int64))
 
 
 def activity_window(start_ms: int, span_ms: int) -> tuple[int, int]:
@@ -89,10 +147,11 @@ def generate(users: int, follows: int, tweets: int, seed: int = 0, *,
              celebrities: int | None = None, celebrity_share: float = 0.2,
              zipf_exponent: float = 0.9, delete_ratio: float = 0.02,
              unfollow_ratio: float = 0.05, start_ms: int = DEFAULT_START_MS,
-             span_ms: int = DEFAULT_SPAN_MS) -> History:
-    """A whole synthetic history: profiles, follow graph, tweets, deletes, unfollows.
+             span_ms: int = DEFAULT_SPAN_MS, mix: RecordMix = POSTS_ONLY) -> History:
+    """A whole synthetic history: profiles, follow graph, posts, deletes, unfollows.
 
-    ``celebrities`` defaults to one per 2,000 users (at least one).
+    ``tweets`` counts the posts, replies included; ``mix`` adds the records of DESIGN
+    §4b. ``celebrities`` defaults to one per 2,000 users (at least one).
     """
     _check_sizes(users, follows, start_ms, span_ms)
     rng, texts = np.random.default_rng(seed), TextPool(seed)
@@ -101,36 +160,46 @@ def generate(users: int, follows: int, tweets: int, seed: int = 0, *,
     k = max(1, users // 2000) if celebrities is None else celebrities
     probs = popularity(users, rng, k, celebrity_share, zipf_exponent, follows)
     follower, followee = _sample_edges(follows, probs, rng)
-    follow_events = _follow_events(ids[follower], ids[followee], rng, lo, hi, unfollow_ratio)
+    follow_events, since, until = _follow_events(ids[follower], ids[followee], rng, lo, hi,
+                                                 unfollow_ratio)
     followers = np.bincount(followee, minlength=users)
     params = {"users": users, "follows": follows, "tweets": tweets, "celebrities": k,
               "celebrity_share": celebrity_share, "zipf_exponent": zipf_exponent,
               "delete_ratio": delete_ratio, "unfollow_ratio": unfollow_ratio,
-              "start_ms": start_ms, "span_ms": span_ms}
-    return History(seed, profiles(ids, texts, rng, start_ms, lo),
-                   follow_events,
-                   _tweet_events(ids, followers, tweets, rng, texts, (lo, hi), delete_ratio),
-                   params)
+              "start_ms": start_ms, "span_ms": span_ms, "mix": asdict(mix)}
+    users_topic: list[UserEvent] = [*profiles(ids, texts, rng, start_ms, lo)]
+    made = History(seed, users_topic, follow_events, [], params)
+    graph = social.Graph(users, follower, followee, since, until)
+    _add_content(made, ids, followers, tweets, (rng, texts), (lo, hi), delete_ratio, mix,
+                 graph)
+    return made
 
 
 def for_graph(follower_counts: Mapping[int, int], tweets: int, seed: int = 0, *,
               delete_ratio: float = 0.02, start_ms: int = DEFAULT_START_MS,
-              span_ms: int = DEFAULT_SPAN_MS) -> History:
-    """Profiles for every user of an existing graph, and tweets by follower count.
+              span_ms: int = DEFAULT_SPAN_MS, mix: RecordMix = POSTS_ONLY,
+              edges: FollowEdges | None = None) -> History:
+    """Profiles for every user of an existing graph, posts by follower count, and more.
 
     ``follower_counts`` maps every user id of the graph (0 followers included) to its
-    follower count; see :func:`follower_counts`. The graph's own edges are not part
-    of the result.
+    follower count; see :func:`follower_counts`. A ``mix`` beyond posts needs the
+    graph's ``edges``, along which replies, reposts, blocks and mutes are drawn. The
+    graph's own edges are not part of the result.
     """
+    if not mix.posts_only and edges is None:
+        msg = "replies, reposts, blocks, mutes and account deletions need the graph's edges"
+        raise ValueError(msg)
     rng, texts = np.random.default_rng(seed), TextPool(seed)
     ids = np.fromiter(sorted(follower_counts), dtype=np.int64, count=len(follower_counts))
     weights = np.array([follower_counts[int(i)] for i in ids], dtype=np.int64)
     lo, hi = activity_window(start_ms, span_ms)
     params = {"tweets": tweets, "delete_ratio": delete_ratio, "start_ms": start_ms,
-              "span_ms": span_ms, "graph_users": len(ids)}
-    return History(seed, profiles(ids, texts, rng, start_ms, lo), [],
-                   _tweet_events(ids, weights, tweets, rng, texts, (lo, hi), delete_ratio),
-                   params)
+              "span_ms": span_ms, "graph_users": len(ids), "mix": asdict(mix)}
+    users_topic: list[UserEvent] = [*profiles(ids, texts, rng, start_ms, lo)]
+    made = History(seed, users_topic, [], [], params)
+    graph = None if edges is None or mix.posts_only else edges.graph(ids)
+    _add_content(made, ids, weights, tweets, (rng, texts), (lo, hi), delete_ratio, mix, graph)
+    return made
 
 
 def follower_counts(edges: Iterable[Event]) -> dict[int, int]:
@@ -254,43 +323,130 @@ def _sample_edges(n: int, probs: np.ndarray, rng: np.random.Generator
 
 
 def _follow_events(follower: np.ndarray, followee: np.ndarray, rng: np.random.Generator,
-                   lo: int, hi: int, unfollow_ratio: float) -> list[Follow]:
+                   lo: int, hi: int, unfollow_ratio: float
+                   ) -> tuple[list[EdgeEvent], np.ndarray, np.ndarray]:
+    """Follow and unfollow events, and when each edge starts and ends (NEVER)."""
     times = np.sort(rng.integers(lo, hi, len(follower)))
     k = round(len(follower) * unfollow_ratio)
     undo = rng.choice(len(follower), size=k, replace=False)
     later = _later(times[undo], hi, rng)
-    events = [Follow(f, g, t) for f, g, t in
-              zip(follower.tolist(), followee.tolist(), times.tolist(), strict=True)]
+    events: list[EdgeEvent] = [Follow(f, g, t) for f, g, t in
+                               zip(follower.tolist(), followee.tolist(), times.tolist(),
+                                   strict=True)]
     events += [Follow(f, g, t, active=False) for f, g, t in
                zip(follower[undo].tolist(), followee[undo].tolist(), later.tolist(),
                    strict=True)]
     events.sort(key=_time)
-    return events
+    until = np.full(len(follower), NEVER, dtype=np.int64)
+    until[undo] = later
+    return events, times, until
 
 
-def _tweet_events(ids: np.ndarray, followers: np.ndarray, n: int, rng: np.random.Generator,
-                  texts: TextPool, window: tuple[int, int], delete_ratio: float
-                  ) -> list[Post | Delete]:
+def _add_content(made: History, ids: np.ndarray, weights: np.ndarray, n: int,
+                 draws: tuple[np.random.Generator, TextPool], window: tuple[int, int],
+                 delete_ratio: float, mix: RecordMix, graph: social.Graph | None) -> None:
+    """Fill ``made`` with ``n`` posts (replies included) and the rest of ``mix``."""
+    rng, texts = draws
     if n and not len(ids):
         msg = "cannot generate tweets without users"
         raise ValueError(msg)
-    if not n:
-        return []
+    originals, words, gone = _originals(ids, weights, n - round(n * mix.replies), rng, texts,
+                                        window, delete_ratio)
+    if graph is None or mix.posts_only:
+        made.tweets = _tweets(ids, originals, words, gone, None, [])
+        return
+    stream = np.random.default_rng([made.seed, _SOCIAL_STREAM])
+    drawn = social.draw(mix, graph, originals, n, stream, window, delete_ratio)
+    short = n - len(originals) - len(drawn.replies)
+    if short > 0:  # replies the graph had no room for are posts, so n posts there are
+        extra, more_words, more_gone = _originals(ids, weights, short, stream, texts, window,
+                                                  delete_ratio)
+        before = len(originals)
+        gone = np.concatenate([gone, before + more_gone])
+        originals, words = social.concat(originals, extra), [*words, *more_words]
+        # Reposts point into originals then replies: the replies moved up by ``short``.
+        drawn.reposts["original"] += np.where(drawn.reposts["original"] >= before, short, 0)
+    made.tweets = _tweets(ids, originals, words, gone, drawn,
+                          texts.tweets(len(drawn.replies), stream))
+    made.follows = sorted([*made.follows, *_relations(ids, drawn.relations)], key=_time)
+    made.users = sorted([*made.users, *(AccountDelete(u, t) for u, t in zip(
+        ids[drawn.gone["user"]].tolist(), drawn.gone["time"].tolist(), strict=True))],
+        key=_time)
+
+
+def _originals(ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator,
+               texts: TextPool, window: tuple[int, int], delete_ratio: float
+               ) -> tuple[Posts, list[str], np.ndarray]:
+    """``n`` posts by follower-weighted authors: (posts, texts, the deleted ones in order).
+
+    The draws, in their order, are those of the generator before DESIGN §4b.
+    """
     lo, hi = window
-    weights = followers.astype(np.float64) + 1.0
-    authors = ids[rng.choice(len(ids), size=n, p=weights / weights.sum())]
+    if not n:
+        empty = np.zeros(0, dtype=np.int64)
+        return Posts(empty, empty, empty, empty), [], empty
+    w = weights.astype(np.float64) + 1.0
+    authors = rng.choice(len(ids), size=n, p=w / w.sum())
     times = np.sort(rng.integers(lo, hi, n))
-    tweet_ids = snowflake(times)
-    events: list[Post | Delete] = [
-        Post(i, a, t, s) for i, a, t, s in zip(tweet_ids.tolist(), authors.tolist(),
-                                               times.tolist(), texts.tweets(n, rng),
-                                               strict=True)]
+    words = texts.tweets(n, rng)
     gone = rng.choice(n, size=round(n * delete_ratio), replace=False)
-    later = _later(times[gone], hi, rng)
-    events += [Delete(i, a, t) for i, a, t in zip(tweet_ids[gone].tolist(),
-                                                  authors[gone].tolist(), later.tolist(),
-                                                  strict=True)]
+    deleted_at = np.full(n, NEVER, dtype=np.int64)
+    deleted_at[gone] = _later(times[gone], hi, rng)
+    return Posts(authors, times, deleted_at, np.full(n, -1, dtype=np.int64)), words, gone
+
+
+def _tweets(ids: np.ndarray, originals: Posts, words: list[str], gone: np.ndarray,
+            drawn: social.Social | None, reply_words: list[str]) -> list[TweetEvent]:
+    """The tweets topic's events; posts, replies and reposts share one snowflake sequence."""
+    replies = drawn.replies if drawn is not None else Posts(*(np.zeros(0, np.int64),) * 4)
+    reposts = drawn.reposts if drawn is not None else {"time": np.zeros(0, np.int64)}
+    times = np.concatenate([originals.time, replies.time, reposts["time"]])
+    order = np.argsort(times, kind="stable")
+    tweet_ids = np.empty(len(times), dtype=np.int64)
+    tweet_ids[order] = snowflake(times[order])
+    posts = social.concat(originals, replies)
+    post_ids = tweet_ids[:len(posts)]
+    authors = ids[posts.author]
+    reply_to = np.where(posts.reply_to >= 0, ids[np.maximum(posts.reply_to, 0)], 0)
+    events: list[TweetEvent] = [
+        Post(i, a, t, s, r) for i, a, t, s, r in zip(
+            post_ids.tolist(), authors.tolist(), posts.time.tolist(), [*words, *reply_words],
+            reply_to.tolist(), strict=True)]
+    deleted = [*gone.tolist(), *(len(originals) + np.flatnonzero(
+        replies.deleted_at != NEVER)).tolist()]
+    events += [Delete(int(post_ids[j]), int(authors[j]), int(posts.deleted_at[j]))
+               for j in deleted]
+    if drawn is not None:
+        events += _repost_events(ids, drawn.reposts, tweet_ids[len(posts):], post_ids, authors)
     events.sort(key=_time)
+    return events
+
+
+def _repost_events(ids: np.ndarray, reposts: social.Rows, repost_ids: np.ndarray,
+                   post_ids: np.ndarray, post_authors: np.ndarray) -> list[TweetEvent]:
+    """Reposts, and their undos: an unrepost, or a delete naming the repost id."""
+    actors = ids[reposts["actor"]].tolist()
+    original = reposts["original"]
+    events: list[TweetEvent] = [
+        Repost(i, a, o, oa, t) for i, a, o, oa, t in zip(
+            repost_ids.tolist(), actors, post_ids[original].tolist(),
+            post_authors[original].tolist(), reposts["time"].tolist(), strict=True)]
+    for j in np.flatnonzero(reposts["undone_at"] != NEVER).tolist():
+        undo = Delete if reposts["by_delete"][j] else Unrepost
+        events.append(undo(int(repost_ids[j]), actors[j], int(reposts["undone_at"][j])))
+    return events
+
+
+def _relations(ids: np.ndarray, rows: social.Rows) -> list[EdgeEvent]:
+    """Blocks and mutes, and the unblocks and unmutes of some."""
+    actors, targets = ids[rows["actor"]].tolist(), ids[rows["target"]].tolist()
+    kinds = [MUTE if m else BLOCK for m in rows["mute"].tolist()]
+    events: list[EdgeEvent] = [
+        Relation(a, x, t, k) for a, x, t, k in zip(actors, targets, rows["time"].tolist(),
+                                                    kinds, strict=True)]
+    for j in np.flatnonzero(rows["undone_at"] != NEVER).tolist():
+        events.append(Relation(actors[j], targets[j], int(rows["undone_at"][j]), kinds[j],
+                               active=False))
     return events
 
 

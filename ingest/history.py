@@ -2,12 +2,22 @@
 
 Formats, chosen by name: a directory written by ``fanout generate`` (``users.jsonl``,
 ``follows.jsonl``, ``tweets.jsonl``); a ``.jsonl``/``.ndjson`` file of contract values
-in any mix of topics (the ``op`` tells which); a ``.csv`` of
-``follower_id,followee_id[,created_at]`` with or without a header; anything else is a
-SNAP-style edge list, ``follower followee`` separated by whitespace, ``#`` comments
-allowed. Any of them may be gzipped (``.gz``). Ids of an edge list can be shifted by an
-``id_offset`` (``fanout replay --id-offset 1``): most SNAP graphs count nodes from 0,
-and the contract's ids are positive (DESIGN §3).
+in any mix of topics (the ``op`` tells which; ``delete`` is the users topic's when it
+names ``user_id`` and the tweets topic's when it names ``tweet_id`` and ``author_id``,
+DESIGN §4b); a ``.csv`` of records, whose header has an ``op`` column (below); a
+``.csv`` of ``follower_id,followee_id[,created_at]`` with or without a header; anything
+else is a SNAP-style edge list, ``follower followee`` separated by whitespace, ``#``
+comments allowed. Any of them may be gzipped (``.gz``). Ids of an edge list can be
+shifted by an ``id_offset`` (``fanout replay --id-offset 1``): most SNAP graphs count
+nodes from 0, and the contract's ids are positive (DESIGN §3).
+
+A CSV of records holds any contract records, one per row, like JSONL: its header names
+``op`` and any of the contract's fields (``created_at,op,tweet_id,author_id,text,
+in_reply_to_user_id,original_tweet_id,original_author_id,follower_id,followee_id,
+user_id,handle,name``, in any order, ``v`` optional); a row sets the fields its record
+has and leaves the others empty. An empty cell is an absent field, except the ``name``
+of an ``upsert``, which may be empty. Every row needs its ``created_at``; ids are not
+shifted.
 
 Edge lists carry no time. Edge ``i`` (counting kept edges, in file order) gets
 ``created_at = EdgeTimes.start_ms + i * EdgeTimes.step_ms``, so the graph grows in file
@@ -25,15 +35,20 @@ import csv
 import gzip
 import heapq
 import io
+import json
 import logging
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO, Final, cast
+from typing import IO, Any, BinaryIO, Final, cast
+
+import numpy as np
 
 from ingest.errors import InvalidEvent
 from ingest.events import (
+    ACTIVITY,
     FOLLOWS,
     MAX_CREATED_AT,
     MAX_ID,
@@ -45,14 +60,22 @@ from ingest.events import (
     decode,
     load_object,
 )
-from ingest.generator import DEFAULT_START_MS, FILES
+from ingest.generator import DEFAULT_START_MS, FILES, FollowEdges
 
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES: Final = 5
-_TOPIC_OF_OP: Final = {"post": TWEETS, "delete": TWEETS, "follow": FOLLOWS,
-                       "unfollow": FOLLOWS, "upsert": USERS}
-_KEY_FIELD: Final = {TWEETS: "author_id", FOLLOWS: "followee_id", USERS: "user_id"}
+_TOPIC_OF_OP: Final = {
+    "post": TWEETS, "repost": TWEETS, "unrepost": TWEETS,
+    "follow": FOLLOWS, "unfollow": FOLLOWS, "block": FOLLOWS, "unblock": FOLLOWS,
+    "mute": FOLLOWS, "unmute": FOLLOWS, "upsert": USERS, "read": ACTIVITY}
+_KEY_FIELD: Final = {TWEETS: "author_id", FOLLOWS: "followee_id", USERS: "user_id",
+                     ACTIVITY: "user_id"}
+#: The contract's fields, for the header of a CSV of records; these hold integers.
+_INT_FIELDS: Final = ("v", "created_at", "tweet_id", "author_id", "in_reply_to_user_id",
+                      "original_tweet_id", "original_author_id", "follower_id",
+                      "followee_id", "user_id")
+_RECORD_FIELDS: Final = frozenset({*_INT_FIELDS, "op", "text", "handle", "name"})
 _JSONL_SUFFIXES: Final = {".jsonl", ".ndjson", ".json"}
 _CSV_HEADER: Final = ("follower_id", "followee_id", "created_at")
 #: What to do about node id 0, said with every such line and in the report.
@@ -124,8 +147,10 @@ class GraphCensus:
 
 
 def is_edge_list(path: Path) -> bool:
-    """Whether ``path`` is a CSV or SNAP edge list (as opposed to contract JSONL)."""
-    return not path.is_dir() and _suffix(path) not in _JSONL_SUFFIXES
+    """Whether ``path`` is a CSV or SNAP edge list (not contract JSONL or CSV records)."""
+    if path.is_dir() or _suffix(path) in _JSONL_SUFFIXES:
+        return False
+    return _suffix(path) != ".csv" or not _csv_has_records(path)
 
 
 def iter_events(path: Path | str, report: ReadReport | None = None,
@@ -140,6 +165,8 @@ def iter_events(path: Path | str, report: ReadReport | None = None,
         return _iter_dir(path, report)
     if _suffix(path) in _JSONL_SUFFIXES:
         return _in_order(_iter_jsonl(path, report), report)
+    if _suffix(path) == ".csv" and _csv_has_records(path):
+        return _in_order(_iter_records_csv(path, report), report)
     if _suffix(path) == ".csv":
         return _in_order(_iter_csv(path, report, edge_times or EdgeTimes(), id_offset), report)
     return _iter_edges(path, report, edge_times or EdgeTimes(), id_offset)
@@ -170,16 +197,52 @@ def census(path: Path | str, *, id_offset: int = 0) -> GraphCensus:
     return result
 
 
+def follow_edges(path: Path | str, edge_times: EdgeTimes, *, id_offset: int = 0
+                 ) -> FollowEdges:
+    """The follow edges of an edge-list file, with the times a replay gives them."""
+    follower, followee, since = array("q"), array("q"), array("q")
+    for event in iter_events(path, ReadReport(), edge_times, id_offset=id_offset):
+        if isinstance(event, Follow) and event.active:
+            follower.append(event.follower_id)
+            followee.append(event.followee_id)
+            since.append(event.created_at)
+    return FollowEdges(*(np.frombuffer(a, dtype=np.int64) for a in (follower, followee, since)))
+
+
 def decode_line(line: bytes | str) -> Event:
-    """Decode one contract JSON value whose topic follows from its ``op``."""
+    """Decode one contract JSON value whose topic follows from its ``op`` (and fields)."""
     body = load_object(line)
-    topic = _TOPIC_OF_OP.get(body.get("op"))  # type: ignore[arg-type]
+    raw = line if isinstance(line, bytes) else line.encode()
+    return _decode_body(body, raw)
+
+
+def topic_of(body: dict[str, Any]) -> str:
+    """The topic of a contract record read from a file, which names none.
+
+    The ``op`` tells, except for ``delete`` (DESIGN §4b): ``user_id`` alone deletes an
+    account (users topic), ``tweet_id`` and ``author_id`` a tweet (tweets topic).
+    """
+    op = body.get("op")
+    if op == "delete":
+        tweet = "tweet_id" in body or "author_id" in body
+        if "user_id" in body and not tweet:
+            return USERS
+        if not tweet:
+            msg = ("a delete names neither a tweet (tweet_id, author_id) nor an account "
+                   "(user_id)")
+            raise InvalidEvent(msg)
+        return TWEETS
+    topic = _TOPIC_OF_OP.get(op) if isinstance(op, str) else None
     if topic is None:
-        msg = f"unknown op {body.get('op')!r}"
+        msg = f"unknown op {op!r}"
         raise InvalidEvent(msg)
+    return topic
+
+
+def _decode_body(body: dict[str, Any], raw: bytes) -> Event:
+    topic = topic_of(body)
     # The file has no Kafka key: derive it, so decode checks everything else.
     key = str(body.get(_KEY_FIELD[topic])).encode()
-    raw = line if isinstance(line, bytes) else line.encode()
     return decode(topic, key, raw)
 
 
@@ -205,6 +268,47 @@ def _iter_jsonl(path: Path, report: ReadReport) -> Iterator[Event]:
                 yield decode_line(line)
             except InvalidEvent as exc:
                 report.invalid_line(f"{path.name}:{number}", str(exc))
+
+
+def _iter_records_csv(path: Path, report: ReadReport) -> Iterator[Event]:
+    with _open_text(path) as fh:
+        rows = csv.reader(fh)
+        columns = _record_columns(next(rows, []))
+        for number, row in enumerate(rows, 2):
+            if not row or row[0].startswith("#"):
+                continue
+            try:
+                body = _record(columns, row)
+                yield _decode_body(body, json.dumps(body).encode())
+            except InvalidEvent as exc:
+                report.invalid_line(f"{path.name}:{number}", str(exc))
+
+
+def _record_columns(header: list[str]) -> tuple[str, ...]:
+    names = tuple(h.strip().lower() for h in header)
+    unknown = sorted(set(names) - _RECORD_FIELDS)
+    if unknown or len(set(names)) != len(names):
+        what = f"unknown column(s) {', '.join(unknown)}" if unknown else "a column twice"
+        msg = (f"CSV header {header} names {what}; a CSV of records has columns named "
+               f"after the contract's fields: {', '.join(sorted(_RECORD_FIELDS))}")
+        raise ValueError(msg)
+    return names
+
+
+def _record(columns: tuple[str, ...], row: list[str]) -> dict[str, Any]:
+    """The contract body of one CSV row: empty cells left out, integers parsed."""
+    if len(row) > len(columns):
+        msg = "more fields than the header names"
+        raise InvalidEvent(msg)
+    body: dict[str, Any] = {"v": 1}
+    for name, cell in zip(columns, row, strict=False):
+        if name in _INT_FIELDS and cell.strip():
+            body[name] = _integer(cell.strip(), name)
+        elif cell:
+            body[name] = cell
+    if body.get("op") == "upsert" and "name" in columns:
+        body.setdefault("name", "")  # a profile's name may be empty
+    return body
 
 
 def _iter_csv(path: Path, report: ReadReport, times: EdgeTimes,
@@ -330,17 +434,30 @@ def _csv_columns(header: list[str]) -> tuple[str, ...]:
     names = tuple(h.strip().lower() for h in header)
     missing = {"follower_id", "followee_id"} - set(names)
     if missing:
-        msg = f"CSV header {header} lacks {', '.join(sorted(missing))}"
+        msg = (f"CSV header {header} lacks {', '.join(sorted(missing))} (a CSV of edges), "
+               "and op (a CSV of records)")
         raise ValueError(msg)
     return names
 
 
-def _csv_has_times(path: Path) -> bool:
+def _csv_header(path: Path) -> list[str] | None:
+    """The first row of a CSV file if it is a header (its first cell is not a number)."""
     with _open_text(path) as fh:
         first = next(csv.reader(fh), [])
-    if first and not first[0].strip().lstrip("-").isdigit():
-        return "created_at" in _csv_columns(first)
-    return len(first) >= 3
+    return first if first and not first[0].strip().lstrip("-").isdigit() else None
+
+
+def _csv_has_records(path: Path) -> bool:
+    header = _csv_header(path)
+    return header is not None and "op" in (h.strip().lower() for h in header)
+
+
+def _csv_has_times(path: Path) -> bool:
+    header = _csv_header(path)
+    if header is not None:
+        return "created_at" in _csv_columns(header)
+    with _open_text(path) as fh:
+        return len(next(csv.reader(fh), [])) >= 3
 
 
 def _in_order(events: Iterator[Event], report: ReadReport) -> Iterator[Event]:

@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import bisect
+import hashlib
 import json
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pytest
 
 from ingest import cli, generator
-from ingest.events import MAX_ID, MAX_TEXT, TOPIC_RANK, Delete, Follow, Post, decode, encode
-from ingest.generator import FILES, MANIFEST, History, for_graph, generate
+from ingest.events import (
+    BLOCK,
+    MAX_ID,
+    MAX_TEXT,
+    MUTE,
+    TOPIC_RANK,
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+    decode,
+    encode,
+)
+from ingest.generator import FILES, KINDS, MANIFEST, FollowEdges, History, for_graph, generate
+from ingest.social import POSTS_ONLY, SOCIAL, RecordMix
 
 SMALL = {"users": 2_000, "follows": 20_000, "tweets": 10_000}
 
@@ -44,8 +65,9 @@ def test_same_seed_same_files(tmp_path):
 
 def test_counts(history):
     counts = history.counts()
-    assert counts == {"users": 2_000, "follows": 20_000, "unfollows": 2_000,
-                      "posts": 10_000, "deletes": 500}
+    assert counts == dict.fromkeys(KINDS, 0) | {"users": 2_000, "follows": 20_000,
+                                                "unfollows": 2_000, "posts": 10_000,
+                                                "deletes": 500}
 
 
 def test_follower_counts_follow_a_power_law(history):
@@ -177,6 +199,346 @@ def test_generate_command(tmp_path, capsys):
                               "--start", "2023-06-01", "--span-days", "2"])
     assert args.func(args) == 0
     manifest = json.loads((tmp_path / "h" / MANIFEST).read_text())
-    assert manifest["counts"]["posts"] == 300
+    counts = manifest["counts"]
+    # The command's default mix is the social one: 300 posts, 55% of them replies.
+    assert (counts["posts"], counts["replies"], counts["reposts"]) == (135, 165, 255)
     assert manifest["params"]["start_ms"] == 1_685_577_600_000
+    assert manifest["params"]["mix"] == asdict(SOCIAL)
     assert "wrote" in capsys.readouterr().out
+
+
+# -- byte-identical histories without the records of DESIGN §4b -----------------------------
+
+
+def digest(h: History) -> str:
+    d = hashlib.sha256()
+    for e in h.events():
+        d.update(encode(e)[1] + b"\n")
+    return d.hexdigest()
+
+
+@pytest.mark.parametrize("made,expected", [
+    (lambda: generate(300, 2_000, 1_000, seed=3),
+     "edd3a086e617e0f721be2133c7af03bd17b8f1fa8cd5ae3007ba1d5ad4a09ca8"),
+    (lambda: generate(300, 2_000, 1_000, seed=3, delete_ratio=0.1, unfollow_ratio=0.2),
+     "1d834f1615f14f99ea85d0617961912c3f52b4fe8935c6caf626c7446fb9c8bb"),
+    (lambda: for_graph({1: 50, 2: 3, 3: 0, 9: 7}, 500, seed=4),
+     "76a3da5525622fad6b8569e4b64e4de852174090a199677aeab90d299ef6a230"),
+], ids=["generate", "generate-ratios", "for_graph"])
+def test_posts_only_histories_are_those_of_before(made, expected):
+    # Digests of the generator's output before DESIGN §4b (commit 67d7c5a): replays,
+    # benchmarks and their recorded figures keep meaning the same history.
+    assert digest(made()) == expected
+
+
+def test_the_social_records_leave_the_posts_and_follows_of_a_seed_alone():
+    plain = generate(300, 2_000, 1_000, seed=3)
+    rich = generate(300, 2_000, 1_000, seed=3, mix=RecordMix(reposts=0.5, blocks=0.01,
+                                                               account_deletes=0.01))
+    assert [f for f in rich.follows if isinstance(f, Follow)] == plain.follows
+    assert [u for u in rich.users if isinstance(u, UserUpsert)] == plain.users
+    texts = [(p.author_id, p.created_at, p.text) for p in plain.tweets if isinstance(p, Post)]
+    assert [(p.author_id, p.created_at, p.text) for p in rich.tweets
+            if isinstance(p, Post)] == texts
+
+
+# -- the social mix: every record kind, along the graph ---------------------------------
+
+
+@dataclass
+class World:
+    """The rules of a history's social records, re-derived from its events alone."""
+
+    follows: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
+    posts: dict[int, Post] = field(default_factory=dict)
+    by_author: dict[int, list[Post]] = field(default_factory=lambda: defaultdict(list))
+    reposts: dict[int, Repost] = field(default_factory=dict)
+    deleted: dict[int, int] = field(default_factory=dict)
+    undone: dict[int, Event] = field(default_factory=dict)
+    gone: dict[int, int] = field(default_factory=dict)
+    #: (author, replied-to user) -> the reply ids, oldest first.
+    replies_to: dict[tuple[int, int], list[int]] = field(default_factory=lambda: defaultdict(list))
+    reposted_by: dict[int, list[Repost]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def of(cls, events: list[Event]) -> World:
+        w = cls()
+        edges: dict[tuple[int, int], list[Follow]] = defaultdict(list)
+        for e in sorted(events, key=lambda e: e.created_at):
+            if isinstance(e, Follow):
+                edges[(e.follower_id, e.followee_id)].append(e)
+            elif isinstance(e, Post):
+                w.posts[e.tweet_id] = e
+                w.by_author[e.author_id].append(e)
+                if e.in_reply_to_user_id:
+                    w.replies_to[(e.author_id, e.in_reply_to_user_id)].append(e.tweet_id)
+            elif isinstance(e, Repost):
+                w.reposts[e.tweet_id] = e
+                w.reposted_by[e.original_tweet_id].append(e)
+            elif isinstance(e, Delete | Unrepost) and e.tweet_id in w.reposts:
+                w.undone[e.tweet_id] = e
+            elif isinstance(e, Delete):
+                w.deleted[e.tweet_id] = e.created_at
+            elif isinstance(e, AccountDelete):
+                w.gone[e.user_id] = e.created_at
+        w.follows = {pair: _intervals(changes) for pair, changes in edges.items()}
+        return w
+
+    def live(self, u: int, f: int, t: int) -> bool:
+        return any(a < t < b for a, b in self.follows.get((u, f), []))
+
+    def up(self, user: int, t: int) -> bool:
+        return self.gone.get(user, 2**63) > t
+
+    def shown(self, tweet_id: int, t: int) -> bool:
+        post = self.posts[tweet_id]
+        return post.created_at < t < self.deleted.get(tweet_id, 2**63) and self.up(
+            post.author_id, t)
+
+    def replied(self, x: int, u: int, t: int, *, still_up: bool = False) -> bool:
+        """Whether ``x`` replied to ``u`` before ``t`` (and the reply is up at ``t``)."""
+        replies = self.replies_to.get((x, u), [])
+        times = [self.posts[r].created_at for r in replies]
+        before = replies[:bisect.bisect_left(times, t)]
+        return any(self.shown(r, t) for r in before) if still_up else bool(before)
+
+
+def _intervals(changes: list[Follow]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for f in changes:
+        if f.active and start is None:
+            start = f.created_at
+        elif not f.active and start is not None:
+            spans.append((start, f.created_at))
+            start = None
+    return spans + ([(start, 2**63)] if start is not None else [])
+
+
+SOCIAL_SIZES = {"users": 1_500, "follows": 25_000, "tweets": 6_000}
+
+
+@pytest.fixture(scope="module")
+def rich() -> History:
+    return generate(**SOCIAL_SIZES, seed=7, mix=SOCIAL)
+
+
+def _graph_history() -> tuple[History, list[Follow], dict[int, int], FollowEdges]:
+    base = generate(800, 8_000, 0, seed=2, unfollow_ratio=0)
+    follows = [f for f in base.follows if isinstance(f, Follow)]
+    edges = FollowEdges(*(np.array([getattr(f, name) for f in follows], dtype=np.int64)
+                          for name in ("follower_id", "followee_id", "created_at")))
+    counts = generator.follower_counts(follows)
+    return for_graph(counts, 4_000, seed=5, mix=SOCIAL, edges=edges), follows, counts, edges
+
+
+#: Many deleted accounts, blocks and mutes, on a graph where many have no followers.
+STRESS = replace(SOCIAL, account_deletes=0.25, blocks=0.05, mutes=0.05, unrepost_ratio=0.2)
+
+
+@pytest.fixture(scope="module", params=["dense", "sparse", "stress", "hurried", "for_graph"])
+def made(request, rich) -> tuple[History, World]:
+    """A history with a social mix, and the world its events (and graph) make."""
+    if request.param == "dense":
+        h, graph = rich, []
+    elif request.param == "sparse":  # few edges: replies fall short and become posts
+        h, graph = generate(80, 120, 1_000, seed=3, mix=SOCIAL), []
+    elif request.param == "stress":
+        h, graph = generate(400, 1_000, 3_000, seed=4, mix=STRESS), []
+    elif request.param == "hurried":  # two hours: reactions often meet deletions
+        h, graph = generate(300, 3_000, 3_000, seed=6, span_ms=2 * 3_600_000, delete_ratio=0.3,
+                            mix=replace(STRESS, account_deletes=0.3, blocks=0.2)), []
+    else:
+        h, graph, _, _ = _graph_history()
+    return h, World.of([*graph, *h.events()])
+
+
+def test_social_history_holds_every_kind_in_its_proportions(rich):
+    counts, n = rich.counts(), SOCIAL_SIZES["tweets"]
+    assert all(counts[k] > 0 for k in KINDS), counts
+    assert counts["replies"] == round(n * SOCIAL.replies)
+    assert counts["posts"] + counts["replies"] == n
+    assert counts["reposts"] == round(n * SOCIAL.reposts)
+    assert counts["blocks"] == round(n * SOCIAL.blocks)
+    assert counts["mutes"] == round(n * SOCIAL.mutes)
+    assert counts["account_deletes"] == round(SOCIAL_SIZES["users"] * SOCIAL.account_deletes)
+    assert counts["unblocks"] == round(counts["blocks"] * SOCIAL.unblock_ratio)
+    tweets_topic = counts["posts"] + counts["replies"] + counts["reposts"]
+    assert 0.4 < counts["reposts"] / tweets_topic < 0.5, "reposts: about 46% (Pew)"
+    assert 0.25 < counts["replies"] / tweets_topic < 0.35, "replies: about 30% (Pew)"
+
+
+def test_social_history_is_deterministic(rich):
+    assert digest(generate(**SOCIAL_SIZES, seed=7, mix=SOCIAL)) == digest(rich)
+    assert digest(generate(**SOCIAL_SIZES, seed=8, mix=SOCIAL)) != digest(rich)
+
+
+def test_a_sparse_graph_keeps_the_post_budget(made):
+    h, _ = made
+    counts = h.counts()
+    assert counts["posts"] + counts["replies"] == h.params["tweets"]
+
+
+def test_every_record_meets_the_contract(made):
+    for e in made[0].events():
+        assert decode(e.topic, *encode(e)) == e
+
+
+def test_posts_replies_and_reposts_have_distinct_time_ordered_snowflakes(made):
+    entries = [e for e in made[0].tweets if isinstance(e, Post | Repost)]
+    ids = [e.tweet_id for e in entries]
+    assert len(set(ids)) == len(ids)
+    by_id = sorted(entries, key=lambda e: e.tweet_id)
+    assert [e.created_at for e in by_id] == sorted(e.created_at for e in entries)
+    assert all((e.tweet_id >> 22) + generator.TWITTER_EPOCH_MS == e.created_at for e in entries)
+
+
+def test_reposts_follow_the_graph(made):
+    world = made[1]
+    cascades, seen = 0, set()
+    assert world.reposts
+    for r in world.reposts.values():
+        u, o, t = r.author_id, r.original_tweet_id, r.created_at
+        assert (u, o) not in seen, "a user reposts a tweet once"
+        seen.add((u, o))
+        original = world.posts[o]
+        assert original.author_id == r.original_author_id != u
+        assert world.shown(o, t) and world.up(u, t)
+        direct = world.live(u, original.author_id, t)
+        via = [q for q in world.reposted_by[o] if q.created_at < t
+               and world.live(u, q.author_id, t)
+               and (q.tweet_id not in world.undone or world.undone[q.tweet_id].created_at > t)]
+        assert direct or via, f"{r}: nobody {u} follows posted or reposted it before"
+        cascades += not direct
+    assert cascades > 0.03 * len(world.reposts), "reposts of reposts travel the graph"
+
+
+def test_reposts_are_undone_by_their_reposter_later(made):
+    world = made[1]
+    for rid, undo in world.undone.items():
+        repost = world.reposts[rid]
+        assert undo.author_id == repost.author_id
+        assert repost.created_at < undo.created_at and world.up(repost.author_id,
+                                                                 undo.created_at)
+
+
+def test_undos_of_reposts_are_unreposts_and_deletes(rich):
+    world = World.of(list(rich.events()))
+    undos = Counter(type(e).__name__ for e in world.undone.values())
+    assert undos["Unrepost"] > undos["Delete"] > 0
+
+
+def test_replies_stay_within_conversations(made):
+    world = made[1]
+    replies = [p for p in world.posts.values() if p.in_reply_to_user_id]
+    answers = 0
+    for p in replies:
+        u, v, t = p.author_id, p.in_reply_to_user_id, p.created_at
+        assert u != v and world.up(u, t) and world.up(v, t)
+        to_followee = world.live(u, v, t) and any(
+            q.created_at < t and world.shown(q.tweet_id, t) for q in world.by_author[v])
+        answer = world.replied(v, u, t, still_up=True)
+        assert to_followee or answer, f"{p}: neither a followee's post nor an answer"
+        answers += not to_followee
+    assert answers > 0.2 * len(replies), "back-and-forth replies make conversations"
+
+
+def test_blocks_and_mutes_aim_mostly_at_followees_and_repliers(made):
+    h, world = made
+    relations = [e for e in h.follows if isinstance(e, Relation) and e.active]
+    near = 0
+    for e in relations:
+        u, x, t = e.follower_id, e.followee_id, e.created_at
+        assert u != x and world.up(u, t) and world.up(x, t)
+        near += world.live(u, x, t) or world.replied(x, u, t)
+    if len(relations) >= 20:  # a share means something only over enough of them
+        assert near >= 0.75 * len(relations)
+    assert {e.relation for e in relations} == {BLOCK, MUTE}
+    pairs = Counter((e.follower_id, e.followee_id, e.relation) for e in relations)
+    assert max(pairs.values()) == 1
+    first = {(e.follower_id, e.followee_id, e.relation): e.created_at for e in relations}
+    for e in (e for e in h.follows if isinstance(e, Relation) and not e.active):
+        assert first[(e.follower_id, e.followee_id, e.relation)] < e.created_at
+
+
+def test_deleted_accounts_had_followers_and_never_act_again(made):
+    h, world = made
+    profiles = sum(isinstance(u, UserUpsert) for u in h.users)
+    assert len(world.gone) == round(profiles * h.params["mix"]["account_deletes"])
+    followed = {pair[1] for pair in world.follows}
+    assert set(world.gone) <= followed
+    for e in h.events():
+        actor = {Post: "author_id", Delete: "author_id", Repost: "author_id",
+                 Unrepost: "author_id", Follow: "follower_id", Relation: "follower_id",
+                 UserUpsert: "user_id"}.get(type(e))
+        if actor is not None:
+            assert world.up(getattr(e, actor), e.created_at), f"{e} after the account went"
+        target = (e.in_reply_to_user_id if isinstance(e, Post) else e.original_author_id
+                  if isinstance(e, Repost) else e.followee_id if isinstance(e, Relation)
+                  else world.reposts[e.tweet_id].original_author_id
+                  if isinstance(e, Unrepost | Delete) and e.tweet_id in world.reposts else 0)
+        assert not target or world.up(target, e.created_at), f"{e} toward a deleted account"
+
+
+def test_for_graph_draws_activity_along_the_given_edges():
+    made, _, counts, edges = _graph_history()
+    got = made.counts()
+    assert (got["posts"] + got["replies"], got["reposts"]) == (4_000, 3_400)
+    assert got["blocks"] and got["mutes"] and got["account_deletes"]
+    assert made.follows and all(isinstance(e, Relation) for e in made.follows)
+    assert digest(for_graph(counts, 4_000, seed=5, mix=SOCIAL, edges=edges)) == digest(made)
+
+
+def test_for_graph_needs_edges_for_more_than_posts():
+    with pytest.raises(ValueError, match="need the graph's edges"):
+        for_graph({1: 1, 2: 0}, 10, mix=SOCIAL)
+    with pytest.raises(ValueError, match="missing from the follower counts"):
+        for_graph({1: 1, 2: 0}, 10, mix=SOCIAL,
+                  edges=FollowEdges(np.array([2]), np.array([3]), np.array([10])))
+
+
+def test_a_graph_without_edges_yields_what_it_can():
+    made = generate(50, 0, 200, seed=1, mix=SOCIAL)
+    counts = made.counts()
+    # No edges: nobody sees anyone's posts, so no replies nor reposts; all 200 are
+    # posts, and blocks of strangers are still possible.
+    assert (counts["posts"], counts["replies"], counts["reposts"]) == (200, 0, 0)
+    assert counts["blocks"] == 0 or all(isinstance(e, Relation) for e in made.follows)
+
+
+@pytest.mark.parametrize("bad", [{"replies": 1.0}, {"reposts": -0.1}, {"unmute_ratio": 1.5},
+                                 {"account_deletes": float("nan")}])
+def test_record_mix_refuses_impossible_shares(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        RecordMix(**bad)
+
+
+def test_posts_only_is_the_default_and_has_no_new_records():
+    assert POSTS_ONLY.posts_only and not SOCIAL.posts_only
+    counts = generate(100, 500, 300, seed=1).counts()
+    assert sum(counts[k] for k in KINDS if k not in
+               {"users", "follows", "unfollows", "posts", "deletes"}) == 0
+
+
+def test_social_files_read_back_by_topic(rich, tmp_path):
+    manifest = json.loads(generator.write(rich, tmp_path).read_text())
+    assert manifest["counts"] == rich.counts()
+    lines = sum(len((tmp_path / name).read_bytes().splitlines()) for name in FILES.values())
+    assert lines == sum(manifest["counts"].values())
+    users = (tmp_path / FILES["users"]).read_bytes().splitlines()
+    assert sum(b'"op":"delete"' in line for line in users) == rich.counts()["account_deletes"]
+
+
+def test_generate_command_takes_a_mix(tmp_path):
+    parser = argparse.ArgumentParser(prog="fanout")
+    cli.register(parser.add_subparsers(required=True))
+    common = ["--users", "200", "--follows", "2000", "--tweets", "400", "--seed", "5"]
+    for name, extra in (("plain", ["--mix", "posts"]),
+                        ("tuned", ["--reposts", "0.5", "--blocks", "0.01", "--replies", "0"])):
+        args = parser.parse_args(["generate", "--out", str(tmp_path / name), *common, *extra])
+        assert args.func(args) == 0
+    plain = json.loads((tmp_path / "plain" / MANIFEST).read_text())["counts"]
+    tuned = json.loads((tmp_path / "tuned" / MANIFEST).read_text())["counts"]
+    assert (plain["posts"], plain["reposts"], plain["replies"]) == (400, 0, 0)
+    assert (tuned["posts"], tuned["reposts"], tuned["blocks"], tuned["replies"]) == (
+        400, 200, 4, 0)
+    assert tuned["mutes"] == round(400 * SOCIAL.mutes), "unset flags keep the social mix"

@@ -13,17 +13,33 @@ import pytest
 from ingest import cli as ingest_cli
 from ingest import generator
 from ingest.events import (
+    BLOCK,
     FOLLOWS,
+    MUTE,
     TOPIC_RANK,
     TWEETS,
     USERS,
+    AccountDelete,
+    Activity,
     Delete,
     Follow,
     Post,
+    Relation,
+    Repost,
+    Unrepost,
     UserUpsert,
     encode,
 )
-from ingest.history import EdgeTimes, ReadReport, census, iter_events, merge_by_time
+from ingest.history import (
+    EdgeTimes,
+    ReadReport,
+    census,
+    follow_edges,
+    is_edge_list,
+    iter_events,
+    merge_by_time,
+)
+from ingest.social import SOCIAL
 
 EGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "ego-twitter" / "follows.txt.gz"
 needs_ego = pytest.mark.skipif(not EGO.exists(), reason=f"{EGO} not present")
@@ -306,3 +322,151 @@ def test_merge_of_edge_list_and_generated_tweets(tmp_path, ego_head):
     assert times == sorted(times)
     assert isinstance(merged[0], UserUpsert), "profiles come before any activity"
     json.dumps(result.follower_counts)  # plain ints, serialisable
+
+
+# -- the records of DESIGN §4b in JSONL, generator directories and CSV -----------------------
+
+EVERY_KIND = [
+    UserUpsert(1, "a", "A", 10), UserUpsert(2, "b", "", 10), UserUpsert(3, "c", "C", 10),
+    Follow(2, 1, 20), Follow(3, 1, 21), Follow(1, 2, 22),
+    Post(100, 1, 30, "hi, \"all\""), Post(101, 2, 31, "@a hello\nthere", in_reply_to_user_id=1),
+    Repost(102, 2, 100, 1, 32), Relation(3, 2, 33, BLOCK), Relation(1, 3, 34, MUTE),
+    Unrepost(102, 2, 40), Repost(103, 3, 100, 1, 41), Delete(103, 3, 42),  # undo by delete
+    Relation(3, 2, 43, BLOCK, active=False), Relation(1, 3, 44, MUTE, active=False),
+    Delete(100, 1, 45), Follow(2, 1, 46, active=False), Activity(2, 47),
+    AccountDelete(3, 50),
+]
+
+
+def jsonl(path: Path, events: list) -> Path:
+    path.write_bytes(b"".join(encode(e)[1] + b"\n" for e in events))
+    return path
+
+
+def test_jsonl_holds_every_kind_of_record(tmp_path):
+    report = ReadReport()
+    assert list(iter_events(jsonl(tmp_path / "h.jsonl", EVERY_KIND), report)) == EVERY_KIND
+    assert (report.invalid, report.out_of_order) == (0, 0)
+
+
+def test_the_two_deletes_are_told_apart_by_their_fields(tmp_path):
+    lines = ['{"v":1,"op":"delete","user_id":3,"created_at":5}',
+             '{"v":1,"op":"delete","tweet_id":9,"author_id":3,"created_at":6}',
+             '{"v":1,"op":"delete","created_at":7}',
+             '{"v":1,"op":"delete","user_id":3,"tweet_id":9,"author_id":3,"created_at":8}',
+             '{"v":1,"op":"delete","tweet_id":9,"created_at":9}']
+    path = tmp_path / "h.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = ReadReport()
+    assert list(iter_events(path, report)) == [AccountDelete(3, 5), Delete(9, 3, 6)]
+    assert report.examples == [
+        "h.jsonl:3: a delete names neither a tweet (tweet_id, author_id) nor an account "
+        "(user_id)",
+        "h.jsonl:4: unexpected field(s) user_id",
+        "h.jsonl:5: missing field author_id"]
+
+
+def test_social_generator_directory_reads_back_in_time_order(tmp_path):
+    made = generator.generate(200, 1_500, 800, seed=11, mix=SOCIAL)
+    assert made.counts()["reposts"] and made.counts()["blocks"]
+    generator.write(made, tmp_path)
+    report = ReadReport()
+    assert list(iter_events(tmp_path, report)) == list(made.events())
+    assert report.invalid == 0 and report.out_of_order == 0
+
+
+RECORDS_CSV = [
+    "created_at,op,tweet_id,author_id,text,in_reply_to_user_id,original_tweet_id,"
+    "original_author_id,follower_id,followee_id,user_id,handle,name",
+    "10,upsert,,,,,,,,,1,a,A",
+    "10,upsert,,,,,,,,,2,b,",
+    "10,upsert,,,,,,,,,3,c,C",
+    "20,follow,,,,,,,2,1,,,",
+    "21,follow,,,,,,,3,1,,,",
+    "22,follow,,,,,,,1,2,,,",
+    '30,post,100,1,"hi, ""all""",,,,,,,,',
+    '31,post,101,2,"@a hello\nthere",1,,,,,,,',
+    "32,repost,102,2,,,100,1,,,,,",
+    "33,block,,,,,,,3,2,,,",
+    "34,mute,,,,,,,1,3,,,",
+    "40,unrepost,102,2,,,,,,,,,",
+    "41,repost,103,3,,,100,1,,,,,",
+    "42,delete,103,3,,,,,,,,,",
+    "43,unblock,,,,,,,3,2,,,",
+    "44,unmute,,,,,,,1,3,,,",
+    "45,delete,100,1,,,,,,,,,",
+    "46,unfollow,,,,,,,2,1,,,",
+    "47,read,,,,,,,,,2,,",
+    "50,delete,,,,,,,,,3,,",
+]
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_csv_of_records_holds_every_kind(tmp_path, gzipped):
+    path = tmp_path / ("h.csv.gz" if gzipped else "h.csv")
+    if gzipped:
+        write_gz(path, RECORDS_CSV)
+    else:
+        path.write_text("\n".join(RECORDS_CSV) + "\n")
+    report = ReadReport()
+    assert list(iter_events(path, report)) == EVERY_KIND
+    assert report.invalid == 0
+    assert not is_edge_list(path), "a CSV of records is replayed like JSONL"
+
+
+def test_csv_of_records_takes_any_column_order_and_only_the_columns_it_needs(tmp_path):
+    path = tmp_path / "blocks.csv"
+    path.write_text("op,followee_id,follower_id,created_at,v\nblock,2,1,5,1\nunmute,3,1,6,\n")
+    assert list(iter_events(path)) == [Relation(1, 2, 5, BLOCK),
+                                       Relation(1, 3, 6, MUTE, active=False)]
+
+
+def test_csv_of_records_counts_bad_rows_with_their_reasons(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_text("op,created_at,tweet_id,author_id,original_tweet_id,original_author_id,"
+                    "follower_id,followee_id,user_id,text,in_reply_to_user_id\n"
+                    "repost,5,7,2,x,3,,,,,\n"          # an id that is not a number
+                    "repost,,7,2,6,3,,,,,\n"           # no time
+                    "repost,5,7,2,7,3,,,,,\n"          # its own original
+                    "block,5,,,,,4,4,,,\n"             # self-block
+                    "post,5,8,2,,,,,,hi,2\n"           # self-reply
+                    "retweet,5,7,2,6,3,,,,,\n"         # unknown op
+                    "delete,5,,,,,,,,,,extra\n"        # more cells than columns
+                    "\n"
+                    "unrepost,6,7,2,,,,,,,\n")
+    report = ReadReport()
+    assert list(iter_events(path, report)) == [Unrepost(7, 2, 6)]
+    assert report.invalid == 7
+    assert report.examples == [
+        "h.csv:2: original_tweet_id 'x' is not an integer",
+        "h.csv:3: missing field created_at",
+        "h.csv:4: repost tweet_id=7 equals original_tweet_id: a repost has its own id",
+        "h.csv:5: user 4 cannot block themselves",
+        "h.csv:6: in_reply_to_user_id=2 is the author: a self-reply carries none"]
+
+
+@pytest.mark.parametrize("header,match", [("op,created_at,retweets", "unknown column.*retweets"),
+                                          ("op,user_id,user_id", "a column twice")])
+def test_csv_of_records_with_a_bad_header_is_an_error(tmp_path, header, match):
+    path = tmp_path / "h.csv"
+    path.write_text(header + "\n")
+    with pytest.raises(ValueError, match=match):
+        list(iter_events(path))
+
+
+def test_csv_without_op_or_edge_columns_names_both_formats(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_text("tweet_id,author_id\n1,2\n")
+    with pytest.raises(ValueError, match="lacks followee_id, follower_id .a CSV of edges.*op"):
+        list(iter_events(path))
+    assert is_edge_list(path)
+
+
+def test_follow_edges_are_the_replayed_edges(ego_head):
+    times = EdgeTimes(start_ms=5_000, step_ms=3)
+    edges = follow_edges(ego_head, times)
+    replayed = list(iter_events(ego_head, edge_times=times))
+    assert len(edges.follower) == len(replayed) == 9_999
+    assert [(int(a), int(b), int(t)) for a, b, t in zip(
+        edges.follower, edges.followee, edges.since, strict=True)] == [
+        (e.follower_id, e.followee_id, e.created_at) for e in replayed]

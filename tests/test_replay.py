@@ -7,18 +7,34 @@ import socket
 import time
 import uuid
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from ingest import cli, generator
+from ingest import cli, generator, history
 from ingest.errors import BrokerUnavailable
-from ingest.events import TOPICS, Event, Follow, Post, UserUpsert, decode, encode
-from ingest.history import ReadReport, iter_events
+from ingest.events import (
+    TOPICS,
+    AccountDelete,
+    Activity,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    UserUpsert,
+    decode,
+    encode,
+)
+from ingest.history import ReadReport, iter_events, merge_by_time
 from ingest.producer import ChangelogProducer, Position, ProducerStats
 from ingest.replay import DryRunProducer, replay
 from ingest.settings import KafkaSettings
+from ingest.social import SOCIAL
 from ingest.topics import TopicLayoutError
+from tests.test_generator import World
+from tests.test_history import EVERY_KIND, jsonl
 
 T = 1_704_067_200_000
 
@@ -92,14 +108,18 @@ def follows_at(*times_ms: int) -> list[Follow]:
 
 
 def test_replay_as_fast_as_possible_accounts_for_everything():
-    made = generator.generate(100, 500, 300, seed=2)
+    made = generator.generate(100, 500, 300, seed=2, mix=SOCIAL)
     report = ReadReport(invalid=3)
     report.skip("self-loop", "x:1")
     summary = replay(made.events(), DryRunProducer(), progress=False, report=report)
     counts = made.counts()
     assert summary.sent_by_topic == {
-        "users": counts["users"], "follows": counts["follows"] + counts["unfollows"],
-        "tweets": counts["posts"] + counts["deletes"]}
+        "users": counts["users"] + counts["account_deletes"],
+        "follows": sum(counts[k] for k in ("follows", "unfollows", "blocks", "unblocks",
+                                           "mutes", "unmutes")),
+        "tweets": sum(counts[k] for k in ("posts", "replies", "deletes", "reposts",
+                                          "unreposts")),
+        "activity": 0}
     assert summary.delivered == summary.events == sum(counts.values())
     assert summary.ok and summary.behind_s is None
     assert (summary.invalid, summary.skipped) == (3, {"self-loop": 1})
@@ -205,6 +225,95 @@ def test_replay_command_dry_run_of_an_edge_list(tmp_path, capsys):
     assert "invalid lines skipped 1, self-loop skipped 1" in out
 
 
+def test_replay_command_of_every_kind_of_record(tmp_path, capsys):
+    args = parse(["replay", str(jsonl(tmp_path / "h.jsonl", EVERY_KIND)), "--dry-run",
+                  "--no-progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    topics = Counter(e.topic for e in EVERY_KIND)
+    assert (f"replayed {len(EVERY_KIND)} events" in out and f"activity {topics['activity']}"
+            in out and f"follows {topics['follows']}" in out
+            and f"tweets {topics['tweets']}" in out and f"users {topics['users']}" in out)
+    assert "invalid lines skipped 0" in out
+
+
+class Recording(DryRunProducer):
+    """A dry run that keeps what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+
+    def send(self, event: Event, on_delivery=None) -> None:
+        super().send(event, on_delivery)
+        self.events.append(event)
+
+
+def replayed(monkeypatch, argv: list[str]) -> list[Event]:
+    sink = Recording()
+    monkeypatch.setattr(cli, "_sink", lambda args: sink)
+    args = parse(["replay", *argv, "--no-progress"])
+    assert args.func(args) == 0
+    return sink.events
+
+
+@pytest.fixture(scope="module")
+def edge_list(tmp_path_factory) -> str:
+    """A follow graph as a SNAP edge list: 300 users, 4,000 edges (0-based, like SNAP's)."""
+    made = generator.generate(300, 4_000, 0, seed=9, unfollow_ratio=0)
+    path = tmp_path_factory.mktemp("graph") / "edges.txt"
+    path.write_text("".join(f"{f.follower_id - 1} {f.followee_id - 1}\n" for f in made.follows))
+    return str(path)
+
+
+def test_replay_of_an_edge_list_generates_activity_along_its_graph(monkeypatch, edge_list):
+    events = replayed(monkeypatch, [edge_list, "--id-offset", "1", "--generate-tweets", "1500",
+                                    "--mix", "social", "--seed", "4"])
+    times = [e.created_at for e in events]
+    assert times == sorted(times)
+    kinds = Counter(generator.kind(e) for e in events)
+    assert (kinds["follows"], kinds["users"]) == (4_000, 300)
+    assert (kinds["posts"] + kinds["replies"], kinds["replies"], kinds["reposts"]) == (
+        1_500, round(1_500 * SOCIAL.replies), round(1_500 * SOCIAL.reposts))
+    assert kinds["blocks"] and kinds["mutes"] and kinds["account_deletes"]
+    # The edges the activity was drawn along are the replayed follows, at their times.
+    world = World.of(events)
+    for r in (e for e in events if isinstance(e, Repost)):
+        sources = {world.posts[r.original_tweet_id].author_id,
+                   *(q.author_id for q in world.reposted_by[r.original_tweet_id]
+                     if q.created_at < r.created_at)}
+        assert any(world.live(r.author_id, f, r.created_at) for f in sources), r
+    for p in (e for e in events if isinstance(e, Post) and e.in_reply_to_user_id):
+        assert world.live(p.author_id, p.in_reply_to_user_id, p.created_at) or world.replied(
+            p.in_reply_to_user_id, p.author_id, p.created_at)
+    deleted = {e.user_id for e in events if isinstance(e, AccountDelete)}
+    assert deleted <= {e.followee_id for e in events if isinstance(e, Follow)}
+
+
+def test_replay_of_an_edge_list_without_a_mix_is_as_before(monkeypatch, edge_list):
+    events = replayed(monkeypatch, [edge_list, "--id-offset", "1", "--generate-tweets", "500"])
+    kinds = Counter(generator.kind(e) for e in events)
+    assert kinds == {"follows": 4_000, "users": 300, "posts": 500, "deletes": 10}
+
+
+def test_replay_without_profiles_keeps_the_account_deletions(monkeypatch, edge_list):
+    events = replayed(monkeypatch, [edge_list, "--id-offset", "1", "--generate-tweets", "100",
+                                    "--mix", "social", "--no-profiles", "--account-deletes",
+                                    "0.05", "--blocks", "0.1"])
+    assert not any(isinstance(e, UserUpsert) for e in events)
+    assert sum(isinstance(e, AccountDelete) for e in events) == 15
+    assert sum(isinstance(e, Relation) and e.active and e.relation == "block"
+               for e in events) == 10
+
+
+def test_replay_of_a_csv_of_records(monkeypatch, tmp_path):
+    from tests.test_history import RECORDS_CSV
+    path = tmp_path / "h.csv"
+    path.write_text("\n".join(RECORDS_CSV) + "\n")
+    assert not history.is_edge_list(path)
+    assert replayed(monkeypatch, [str(path)]) == EVERY_KIND
+
+
 def test_replay_command_reports_missing_files(tmp_path, capsys):
     args = parse(["replay", str(tmp_path / "nope.jsonl"), "--dry-run"])
     assert args.func(args) == 2
@@ -248,13 +357,17 @@ def read_back(settings: KafkaSettings, expected: int, timeout: float = 60.0) -> 
 
 @pytest.mark.broker
 def test_replay_into_the_broker_round_trips_every_event(kafka_settings, tmp_path):
-    made = generator.generate(300, 3_000, 2_000, seed=5)
+    made = generator.generate(300, 3_000, 2_000, seed=5,
+                              mix=replace(SOCIAL, blocks=0.02, mutes=0.02))
     generator.write(made, tmp_path)
+    reads = [Activity(u, generator.DEFAULT_START_MS + 3_600_000 * u) for u in range(1, 40)]
     report = ReadReport()
     producer = ChangelogProducer(kafka_settings)
-    summary = replay(iter_events(tmp_path, report), producer, progress=False, report=report)
+    summary = replay(merge_by_time(iter_events(tmp_path, report), reads), producer,
+                     progress=False, report=report)
     assert summary.ok, summary.render()
-    expected = list(made.events())
+    expected = list(merge_by_time(made.events(), reads))
+    assert {generator.kind(e) for e in expected} >= set(generator.KINDS)
     assert summary.delivered == summary.events == len(expected)
     late = UserUpsert(7, "late", "Late Comer", expected[-1].created_at + 1)
     token = producer.send_sync(late)
