@@ -25,8 +25,10 @@ are dropped, and a celebrity with ``window`` new tweets or more is reloaded whol
 A delete of an older held tweet (or a tweet arriving late, older than the window) is
 caught by the full reload every ``full_every_s``. Until then a deleted tweet (or an
 undone repost) is never shown — its row says so — and the page takes the next
-candidate instead (:mod:`serving.timeline`), so it is not one entry short; a late
-tweet older than the window stays missing until the full reload.
+candidate instead (:mod:`serving.timeline`), so it is not one entry short. A late
+entry older than the window stays missing until the full reload: a tweet arriving
+late, or a repost that takes over when the user's earlier repost of the same tweet
+is undone.
 
 **Depth.** Only the newest ``depth`` tweets of a celebrity are held. Each list knows
 whether it is the celebrity's complete history; a page that would reach below the
