@@ -9,10 +9,12 @@ reaches past auth into the handlers; auth itself is tested in tests/test_auth.py
 
 Asserted: no 5xx; every 4xx is JSON with ``error`` and ``message``; and
 schemathesis's own checks (status codes and bodies conform to the schema, invalid
-data is rejected, valid data accepted). "Valid data accepted" is waived for the two
+data is rejected, valid data accepted). "Valid data accepted" is waived for the
 kinds of request the schema cannot tell from valid ones: those carrying an opaque
-token (``after``, ``cursor``: any string fits, only issued ones are valid) and a
-follow of oneself (a rule across two parameters). Bounded: ``MAX_EXAMPLES`` per
+token (``after``, ``cursor``: any string fits, only issued ones are valid), a follow,
+block or mute of oneself (a rule across two parameters), and a reply to an id out of
+range (``in_reply_to`` is a decimal string, whose range [1, 2^63-1] no pattern
+states). Bounded: ``MAX_EXAMPLES`` per
 operation and mode, a per-example deadline, no shrinking. The number of examples
 run is printed.
 """
@@ -96,10 +98,15 @@ def _check(case: Case, response: schemathesis.Response) -> None:
 
 
 def _beyond_the_schema(case: Case) -> bool:
-    """Schema-valid yet rightly refused: an opaque token, or following oneself (both 400)."""
+    """Schema-valid yet rightly refused (400): an opaque token, an edge to oneself, a
+    reply to an id out of range."""
     path = case.path_parameters or {}
-    self_follow = "other_id" in path and str(path.get("user_id")) == str(path["other_id"])
-    return bool(OPAQUE & set(case.query or {})) or self_follow
+    self_edge = "other_id" in path and str(path.get("user_id")) == str(path["other_id"])
+    body = case.body if isinstance(case.body, dict) else {}
+    reply_to = body.get("in_reply_to")
+    bad_reply = isinstance(reply_to, str) and not (
+        reply_to.isascii() and reply_to.isdigit() and 1 <= int(reply_to) <= MAX_ID)
+    return bool(OPAQUE & set(case.query or {})) or self_edge or bad_reply
 
 
 def _fuzz(base: str, operation: schemathesis.APIOperation, mode: GenerationMode) -> int:
