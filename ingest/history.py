@@ -26,7 +26,8 @@ window (see ``ingest.generator.activity_window``).
 
 Nothing is dropped silently: a malformed line is counted in a :class:`ReadReport` with
 its place and reason (the first few kept as examples) and the read goes on; a
-self-loop is counted as skipped. Readers never hold a whole file in memory.
+self-loop is counted as skipped. Readers never hold a whole file in memory;
+:func:`follow_edges`, asked for a graph's edges, keeps them as three int64 arrays.
 """
 
 from __future__ import annotations
