@@ -111,8 +111,11 @@ def _show_timelines(stack: Stack, store: Store, users: int = 3, entries: int = 5
             print(f"\nGET /v1/users/{user}/home?limit={entries}  (follows "
                   f"{len(store.followees(user))}, next_cursor {body.get('next_cursor')})")
             for e in body["entries"]:
-                author = e["author"].get("handle") or e["author"]["id"]
-                print(f"  {e['created_at_iso']}  @{author}: {e['text'][:70]}")
+                tweet = e["tweet"]
+                author = tweet["author"].get("handle") or tweet["author"]["id"]
+                actor = e["actor"].get("handle") or e["actor"]["id"]
+                how = f"@{actor} reposted @{author}" if e["kind"] == "repost" else f"@{author}"
+                print(f"  {e['created_at_iso']}  {how}: {tweet['text'][:70]}")
 
 
 class _Clock:

@@ -12,10 +12,10 @@ the celebrity cache, and fan-out on read (``read_time_page``). Every served entr
 must equal :class:`views.reference.Reference` — the literal §4b SQL — field by
 field. The focused examples below are the cases issue 13 lists, each checked against
 both a hand-written expectation and the reference, on the fan-out and celebrity
-paths. Two kinds of input the join path gets wrong today — a repost id duplicated
+paths. Two kinds of input the join path once got wrong — a repost id duplicated
 with other fields, a delete under another author's id in its post's batch — are
-generated only behind :data:`VARIED_DUPLICATES` and :data:`FORGED_DELETES`, and
-pinned by strict xfails at the end, so that the property keeps finding other bugs.
+generated behind :data:`VARIED_DUPLICATES` and :data:`FORGED_DELETES` (both on) and
+pinned by the examples at the end.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ KINDS = (["follow"] * 10 + ["post"] * 12 + ["repost"] * 14
 
 #: Whether one repost id may come again with other fields (the smallest counts, DESIGN
 #: §4b pinned semantics), and whether a delete may name another author's tweet. Both
-#: off while the join and the store get them wrong: see the strict xfails below.
-VARIED_DUPLICATES = False
-FORGED_DELETES = False
+#: were off while the join and the store got them wrong (see the examples at the end).
+VARIED_DUPLICATES = True
+FORGED_DELETES = True
 
 Shapes = dict[int, Repost]
 
@@ -515,11 +515,8 @@ def test_pages_and_cursors_across_every_kind(config):
                  (13, 3, A, 13, A), (11, 1, A, 11, A), (10, 0, A, 10, A)])
 
 
-# -- known mismatches between the join path and §4b (reported; strict: they flip when fixed) -----
+# -- once mismatches between the join path and §4b, found by the property above -----------------
 
-@pytest.mark.xfail(strict=True, reason="views.join._settle_reposts re-emits a shown repost only "
-                   "when its id changes, not when a smaller duplicate changes its fields; and "
-                   "hides/shows per original in set order (issue 13 report)")
 @pytest.mark.parametrize(("first", "smaller"), [
     (Repost(30, B, 10, C, 0), Repost(30, B, 10, A, 0)),  # the original's author
     (Repost(30, B, 10, A, 5), Repost(30, B, 10, A, 2)),  # the time
@@ -532,9 +529,6 @@ def test_a_duplicated_repost_id_counts_its_smallest_fields(first, smaller):
     t.expect(U, [(30, smaller.created_at, B, smaller.original_tweet_id, A)])
 
 
-@pytest.mark.xfail(strict=True, reason="views.stores.base._fold_tweet merges a post and a "
-                   "delete of its id under another author in one batch: the post is lost "
-                   "(issue 13 report)")
 @pytest.mark.parametrize("delete_first", [False, True], ids=["post first", "delete first"])
 def test_a_forged_delete_in_the_posts_batch_hides_nothing(delete_first):
     t = Timeline(NORMAL).run(*followed(A))

@@ -212,7 +212,7 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
         _delete(state, key, change, out)
         _undo(state, change.tweet_id, originals)
     elif kind == Kind.REPOST:
-        _repost(state, change, originals)
+        _repost(state, key, change, cfg, out, originals)
     elif kind == Kind.UNREPOST:
         state.undone.add(change.tweet_id)
         _undo(state, change.tweet_id, originals)
@@ -291,16 +291,25 @@ def _backfill(state: AuthorState, user: int, out: _Out) -> None:
         out.horizon(user, state.evicted)
 
 
-def _repost(state: AuthorState, repost: Change, originals: set[int]) -> None:
-    """Remember the repost; which of a user's reposts of a tweet shows is settled per batch."""
+def _repost(state: AuthorState, key: int, repost: Change, cfg: JoinConfig, out: _Out,
+            originals: set[int]) -> None:
+    """Remember the repost; which of a user's reposts of a tweet shows is settled per batch.
+
+    Copies of one repost id count by their smallest (created_at, original, its
+    author): a smaller copy replaces what was remembered, and if that version is shown
+    it is hidden first, so that settling shows the new one in its place.
+    """
     seen = state.reposts.get(repost.tweet_id)
     mine = (repost.created_at, repost.ref_id, repost.other_id)
-    if seen is not None and seen <= mine:
-        return
+    if seen is not None:
+        if seen <= mine:
+            return
+        if state.shown.get(seen[1]) == repost.tweet_id:
+            _show_repost(state, key, repost.tweet_id, False, cfg, out)
+            del state.shown[seen[1]]
+        originals.add(seen[1])
     state.reposts[repost.tweet_id] = mine
     originals.add(repost.ref_id)
-    if seen is not None:
-        originals.add(seen[1])
 
 
 def _undo(state: AuthorState, entry_id: int, originals: set[int]) -> None:

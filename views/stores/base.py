@@ -350,7 +350,13 @@ def _fold_tweet(plan: WritePlan, d: Delta) -> None:
     row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag),
                    reply_to=d.reply_to)
     old = plan.tweets.get(d.tweet_id)
-    if old is not None:
+    if old is not None and old.author_id != row.author_id and old.deleted != row.deleted:
+        # A tweet id belongs to whoever posted it: a delete under another author's id
+        # in the post's batch hides nothing (the stores apply the same rule across
+        # batches), so the post is what this batch writes.
+        if row.deleted:
+            return
+    elif old is not None:
         # A post and its delete in one batch: deleted wins, keep what is known.
         row = row._replace(deleted=old.deleted or row.deleted,
                            created_at=row.created_at or old.created_at,

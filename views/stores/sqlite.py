@@ -21,6 +21,7 @@ from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
 from views.stores.base import (
+    DORMANT,
     BatchInfo,
     DeadLetter,
     Entry,
@@ -40,7 +41,8 @@ CREATE TABLE IF NOT EXISTS home_timeline (
   author_id INTEGER NOT NULL, PRIMARY KEY (user_id, created_at, tweet_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS timeline_meta (
   user_id INTEGER PRIMARY KEY, horizon_created_at INTEGER NOT NULL,
-  horizon_tweet_id INTEGER NOT NULL, size INTEGER NOT NULL);
+  horizon_tweet_id INTEGER NOT NULL, size INTEGER NOT NULL,
+  read_at INTEGER NOT NULL DEFAULT -1);
 CREATE TABLE IF NOT EXISTS author_tweets (
   author_id INTEGER NOT NULL, created_at INTEGER NOT NULL, tweet_id INTEGER NOT NULL,
   PRIMARY KEY (author_id, created_at, tweet_id)) WITHOUT ROWID;
@@ -82,7 +84,7 @@ _TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_fol
 BLOCKED_BY = "blocked_by"
 #: Columns this version added to older tables: a file without them predates DESIGN §4b.
 _NEW_COLUMNS = {"tweets": ("reply_to", "original_id", "original_author"),
-                "users": ("deleted",)}
+                "users": ("deleted",), "timeline_meta": ("read_at",)}
 
 
 def _relation_rows(r: RelationRow) -> list[tuple[int, int, str, int]]:
@@ -96,8 +98,11 @@ def _relation_rows(r: RelationRow) -> list[tuple[int, int, str, int]]:
 class SQLiteStore(Store):
     """Store in one SQLite file; see the module docstring."""
 
-    def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None) -> None:
-        super().__init__(cap)
+    def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None,
+                 inactive_days: float = 0.0) -> None:
+        super().__init__(cap, inactive_days)
+        #: Timeline rows inserted since open (fan-out writes, regenerations included).
+        self.rows_written = 0
         #: Rows a timeline may hold past the cap before it is trimmed (amortizes trims).
         self.trim_slack = max(16, cap // 4) if trim_slack is None else trim_slack
         self.path = str(path)
@@ -192,10 +197,18 @@ class SQLiteStore(Store):
         """Reposts: the last state written wins, shown or not (unlike a post's delete).
 
         A shown repost is one of its reposter's entries, so it is in ``author_tweets``
-        exactly while shown. Written after the tweets, so that in one batch the join's
-        repost state is what stays.
+        exactly while shown, at the time last written (a duplicate with an earlier
+        time may replace it: the row at the stored time goes first). Written after
+        the tweets, so that in one batch the join's repost state is what stays.
         """
         rows = plan.reposts.values()
+        db.executemany(
+            "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ? AND created_at = "
+            "(SELECT created_at FROM tweets WHERE tweet_id = ?)",
+            [(r.author_id, r.tweet_id, r.tweet_id) for r in rows])
+        db.executemany(
+            "DELETE FROM author_tweets WHERE author_id = ? AND created_at = ? AND tweet_id = ?",
+            [(r.author_id, r.created_at, r.tweet_id) for r in rows if r.deleted])
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, '', ?, 0, ?, ?) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
@@ -205,8 +218,6 @@ class SQLiteStore(Store):
               r.original_author) for r in rows])
         db.executemany("INSERT OR IGNORE INTO author_tweets VALUES (?, ?, ?)",
                        [(r.author_id, r.created_at, r.tweet_id) for r in rows if not r.deleted])
-        db.executemany("DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
-                       [(r.author_id, r.tweet_id) for r in rows if r.deleted])
 
     @staticmethod
     def _write_graph(db: sqlite3.Connection, plan: WritePlan) -> None:
@@ -264,29 +275,74 @@ class SQLiteStore(Store):
             "AND created_at = coalesce(nullif(?, 0), "
             "(SELECT created_at FROM tweets WHERE tweet_id = ?))",
             [(u, t, a, c, t) for u, t, c, a in plan.removes])
-        meta = self._meta(db, {row[0] for row in plan.adds} | set(plan.horizons))
+        meta = self._meta(db, {row[0] for row in plan.adds} | set(plan.horizons)
+                          | set(plan.activity))
+        self._read(db, plan.activity, meta)
         for user, key in plan.horizons.items():
             meta[user][0] = max(meta[user][0], key)
+        self._go_dormant(db, plan.adds, meta)
         # At or below its horizon a timeline is read through the query, not the cache,
-        # so an add there would only be trimmed again: skip it.
+        # so an add there would only be trimmed again: skip it (all of a dormant one's).
         adds = sorted(a for a in plan.adds if (a[1], a[2]) > meta[a[0]][0])
         db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", adds)
+        self.rows_written += len(adds)
         for user, added in Counter(a[0] for a in adds).items():
             self._maybe_trim(db, user, meta[user], added)
-        db.executemany("INSERT OR REPLACE INTO timeline_meta VALUES (?, ?, ?, ?)",
-                       [(u, h[0], h[1], size) for u, (h, size) in meta.items()])
+        db.executemany("INSERT OR REPLACE INTO timeline_meta VALUES (?, ?, ?, ?, ?)",
+                       [(u, h[0], h[1], size, read_at) for u, (h, size, read_at) in meta.items()])
+
+    def _read(self, db: sqlite3.Connection, activity: dict[int, int],
+              meta: dict[int, list]) -> None:
+        """Record reads; a dormant user who read gets their cache regenerated."""
+        for user, read_at in activity.items():
+            m = meta[user]
+            m[2] = max(m[2], read_at)
+            if m[0] == DORMANT:
+                m[0], m[1] = self._regenerate(db, user)
+
+    def _regenerate(self, db: sqlite3.Connection, user: int) -> tuple[Key, int]:
+        """Fill a returning user's cache as fan-out would have: (horizon, size).
+
+        The newest ``cap`` entries of the followees on fan-out (celebrities are merged
+        at read time), read from ``author_tweets`` after this batch's tweets were
+        written; below them the horizon, where reads go to the query.
+        """
+        celebs = set(self.celebrities_followed(user))
+        authors = [a for a in self.followees(user) if a not in celebs]
+        entries = self.author_tweets(authors, None, self.cap + 1)
+        kept = entries[:self.cap]
+        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)",
+                       [(user, e.created_at, e.tweet_id, e.author_id) for e in kept])
+        self.rows_written += len(kept)
+        horizon = entries[self.cap].key if len(entries) > self.cap else NO_HORIZON
+        return horizon, len(kept)
+
+    def _go_dormant(self, db: sqlite3.Connection, adds: list[tuple[int, int, int, int]],
+                    meta: dict[int, list]) -> None:
+        """Users an entry reaches more than ``inactive_ms`` after their newest read.
+
+        Their cache is dropped and their horizon set to :data:`DORMANT`, so this
+        batch's adds and every later one skip them until they read again.
+        """
+        if not self.inactive_ms:
+            return
+        for user, created_at, _, _ in adds:
+            m = meta[user]
+            if 0 <= m[2] < created_at - self.inactive_ms and m[0] != DORMANT:
+                db.execute("DELETE FROM home_timeline WHERE user_id = ?", (user,))
+                m[0], m[1] = DORMANT, 0
 
     @staticmethod
     def _meta(db: sqlite3.Connection, users: set[int]) -> dict[int, list]:
-        """Per user: [horizon key, size estimate], (-1, -1) and 0 for a user not seen yet."""
-        meta: dict[int, list] = {u: [NO_HORIZON, 0] for u in users}
+        """Per user: [horizon key, size estimate, newest read], (-1, -1), 0 and -1 if unseen."""
+        meta: dict[int, list] = {u: [NO_HORIZON, 0, -1] for u in users}
         ordered = sorted(users)
         for i in range(0, len(ordered), 500):
             chunk = ordered[i:i + 500]
-            for u, c, t, size in db.execute(
-                    "SELECT user_id, horizon_created_at, horizon_tweet_id, size FROM "
+            for u, c, t, size, read_at in db.execute(
+                    "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at FROM "
                     f"timeline_meta WHERE user_id IN ({','.join('?' * len(chunk))})", chunk):
-                meta[u] = [(c, t), size]
+                meta[u] = [(c, t), size, read_at]
         return meta
 
     def _maybe_trim(self, db: sqlite3.Connection, user: int, meta: list, added: int) -> None:
