@@ -36,6 +36,7 @@ from ingest.consistency import MAX_TOKEN
 from ingest.settings import KafkaSettings
 from ingest.snowflake import Snowflake
 from ingest.writer import SharedProducer
+from serving.activity import ActivityLog
 from serving.auth import Auth
 from serving.celebrities import CelebrityCache
 from serving.errors import ConfigError, Forbidden, Unavailable
@@ -145,14 +146,17 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     """
     auth = Auth(settings)
     writer = _writer(settings, kafka or KafkaSettings())
-    app = FastAPI(title="fanout API", version="1", lifespan=_lifespan(settings, store, writer),
+    app = FastAPI(title="fanout API", version="1",
+                  lifespan=_lifespan(settings, store, writer, lambda: activity),
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
-    metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats)
+    activity = _activity_log(settings, writer)
+    metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats,
+                      lambda: (activity.sent, activity.failed) if activity else None)
     freshness = Freshness(settings.after_timeout_ms / 1000, settings.after_max_waiters)
     # fan-out on read (read_mode "read"): every home page is the query, evaluated here
     pages = Pages(PageCache(settings.page_cache_mb << 20), freshness,
-                  fan_out=settings.read_mode == "fanout")
+                  fan_out=settings.read_mode == "fanout", activity=activity)
     app.include_router(_timeline_routes(settings, auth, pages))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
@@ -167,6 +171,13 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
                        default_page=settings.default_page, caller=auth.bearer)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
+
+
+def _activity_log(settings: ServingSettings, writer: SharedProducer) -> ActivityLog | None:
+    """Home reads into the activity log, if a broker is configured and it is on."""
+    if settings.activity_every_s <= 0 or not writer.settings.bootstrap:
+        return None
+    return ActivityLog(lambda: writer, settings.activity_every_s)
 
 
 def _writer(settings: ServingSettings, kafka: KafkaSettings) -> SharedProducer:
@@ -209,8 +220,8 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
         raise SystemExit(status)
 
 
-def _lifespan(settings: ServingSettings, injected: Store | None,
-              writer: SharedProducer) -> Callable[[FastAPI], Any]:
+def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedProducer,
+              activity: Callable[[], ActivityLog | None]) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if injected is not None:
@@ -228,6 +239,9 @@ def _lifespan(settings: ServingSettings, injected: Store | None,
             app.state.version.close()
             if app.state.celebrities is not None:
                 app.state.celebrities.stop()
+            log_ = activity()
+            if log_ is not None:
+                log_.close()
             writer.close()
             if injected is None:
                 app.state.store.close()

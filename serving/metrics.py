@@ -53,7 +53,8 @@ class Metrics:
     """The registry of one app and the readers that fill it at scrape time."""
 
     def __init__(self, store: Callable[[], Store | None],
-                 writer: Callable[[], WriterStats | None]) -> None:
+                 writer: Callable[[], WriterStats | None],
+                 activity: Callable[[], tuple[int, int] | None] = lambda: None) -> None:
         disable_created_metrics()  # process-wide; halves the series count
         self.registry = CollectorRegistry(auto_describe=True)
         self._store = store
@@ -69,7 +70,7 @@ class Metrics:
             "fanout_view_batch_apply_seconds",
             "Time the sink took to write a micro-batch to the store, from the batch log.",
             buckets=_BATCH_BUCKETS, registry=self.registry)
-        self.registry.register(_Totals(store, writer))
+        self.registry.register(_Totals(store, writer, activity))
 
     def observe(self, scope: Scope, status: int, seconds: float) -> None:
         """Record one finished request."""
@@ -153,10 +154,19 @@ class _Totals(Collector):
     """Counters whose source of truth lives elsewhere (the store, the producer)."""
 
     def __init__(self, store: Callable[[], Store | None],
-                 writer: Callable[[], WriterStats | None]) -> None:
-        self._store, self._writer = store, writer
+                 writer: Callable[[], WriterStats | None],
+                 activity: Callable[[], tuple[int, int] | None]) -> None:
+        self._store, self._writer, self._activity = store, writer, activity
 
     def collect(self) -> Iterator[Metric]:
+        activity = self._activity()
+        if activity is not None:
+            family = CounterMetricFamily(
+                "fanout_activity_records", "Home reads appended to the activity log, "
+                "by outcome (inactive users, DESIGN §4b).", labels=["outcome"])
+            family.add_metric(["sent"], activity[0])
+            family.add_metric(["failed"], activity[1])
+            yield family
         stats = self._writer()
         if stats is not None:
             errors = CounterMetricFamily("fanout_producer_errors",

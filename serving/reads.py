@@ -32,6 +32,7 @@ from typing import Any, Final, NamedTuple
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serving.activity import ActivityLog
 from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor
 from serving.freshness import Freshness
@@ -96,12 +97,16 @@ class Read:
 class Pages:
     """Answers page requests from the page cache or by rendering (see the module doc)."""
 
-    def __init__(self, cache: PageCache, freshness: Freshness, fan_out: bool) -> None:
+    def __init__(self, cache: PageCache, freshness: Freshness, fan_out: bool,
+                 activity: ActivityLog | None = None) -> None:
         self.cache, self.freshness, self.fan_out = cache, freshness, fan_out
+        self.activity = activity
 
     async def answer(self, state: Any, read: Read, kind: str,
                      if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Status, headers and body of ``read`` (``kind``: home or tweets)."""
+        if kind == "home" and self.activity is not None:
+            self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
         page_fn = home_fn(self.fan_out, celebrities, read.after) if kind == "home" \
             else author_page

@@ -112,6 +112,11 @@ class ServingSettings(FanoutSettings):
     max_body_bytes: int = Field(
         default=16_384, ge=64, validation_alias=_env("FANOUT_API_MAX_BODY", "max_body_bytes"),
         description="Largest request body; larger answers 413.")
+    activity_every_s: float = Field(
+        default=3600.0, ge=0, validation_alias=_env("FANOUT_ACTIVITY_EVERY_S", "activity_every_s"),
+        description="A home read is appended to the activity log (what inactive users are "
+                    "derived from, DESIGN §4b) at most this often per user and API process; "
+                    "keep it well below FANOUT_INACTIVE_DAYS. 0: reads are not logged.")
     worker_id: int | None = Field(
         default=None, ge=0, le=1023, validation_alias=_env(WORKER_ID_ENV, "worker_id"),
         description="Snowflake worker id of this API process for tweet ids (random if "
