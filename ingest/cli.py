@@ -69,6 +69,8 @@ def run_generate(args: argparse.Namespace) -> int:
             celebrity_share=args.celebrity_share, zipf_exponent=args.zipf_exponent,
             delete_ratio=args.delete_ratio, unfollow_ratio=args.unfollow_ratio,
             start_ms=args.start, span_ms=_span_ms(args), mix=record_mix(args))
+        if args.readers is not None:
+            generator.add_reads(made, args.readers, args.start, _span_ms(args))
     except ValueError as exc:
         print(f"fanout generate: {exc}")
         return 2
@@ -229,6 +231,10 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
                    help="exponent of the followee popularity law (default: %(default)s)")
     p.add_argument("--unfollow-ratio", type=_ratio, default=0.05,
                    help="unfollows per follow (default: %(default)s)")
+    p.add_argument("--readers", type=_ratio, default=None, metavar="SHARE",
+                   help="also write home-timeline reads (activity.jsonl, what inactive users "
+                        "are derived from): everyone reads once after signing up, and this "
+                        "share of the users keeps reading about daily (default: no reads)")
     _add_time_window(p)
     _add_mix(p, "social")
     p.set_defaults(func=run_generate)

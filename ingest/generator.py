@@ -48,6 +48,7 @@ from ingest.events import (
     MUTE,
     TOPIC_RANK,
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Follow,
@@ -66,15 +67,20 @@ TWITTER_EPOCH_MS: Final = 1_288_834_974_657
 DEFAULT_START_MS: Final = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 DEFAULT_SPAN_MS: Final = 30 * 86_400_000
 PROFILE_SHARE: Final = 0.01
-FILES: Final = {"users": "users.jsonl", "follows": "follows.jsonl", "tweets": "tweets.jsonl"}
+FILES: Final = {"users": "users.jsonl", "follows": "follows.jsonl", "tweets": "tweets.jsonl",
+                "activity": "activity.jsonl"}
 MANIFEST: Final = "manifest.json"
 _SEQUENCE_BITS: Final = 22
 _HANDLE_LEN: Final = 15
 #: The social records' own random stream: ``default_rng([seed, _SOCIAL_STREAM])``.
 _SOCIAL_STREAM: Final = 13
+#: The home-timeline reads' own random stream (so adding reads changes nothing else).
+_READ_STREAM: Final = 17
+#: How often a user who keeps reading reads, on average (a Poisson process).
+READ_EVERY_MS: Final = 86_400_000
 #: Kinds of event a history counts, in the manifest's order.
 KINDS: Final = ("users", "account_deletes", "follows", "unfollows", "blocks", "unblocks",
-                "mutes", "unmutes", "posts", "replies", "deletes", "reposts", "unreposts")
+                "mutes", "unmutes", "posts", "replies", "deletes", "reposts", "unreposts", "reads")
 
 UserEvent = UserUpsert | AccountDelete
 EdgeEvent = Follow | Relation
@@ -90,16 +96,18 @@ class History:
     follows: list[EdgeEvent]
     tweets: list[TweetEvent]
     params: dict[str, Any] = field(default_factory=dict)
+    #: Home-timeline reads (the activity topic), if asked for: see :func:`add_reads`.
+    reads: list[Activity] = field(default_factory=list)
 
     def events(self) -> Iterator[Event]:
-        """All events in event-time order (ties: follows, tweets, users)."""
+        """All events in event-time order (ties: follows, tweets, users, reads)."""
         def key(event: Event) -> tuple[int, int]:
             return event.created_at, TOPIC_RANK[event.topic]
-        return heapq.merge(self.users, self.follows, self.tweets, key=key)
+        return heapq.merge(self.users, self.follows, self.tweets, self.reads, key=key)
 
     def counts(self) -> dict[str, int]:
         """Number of events by kind (:data:`KINDS`); they add up to all events."""
-        seen = Counter(map(kind, [*self.users, *self.follows, *self.tweets]))
+        seen = Counter(map(kind, [*self.users, *self.follows, *self.tweets, *self.reads]))
         return {name: seen[name] for name in KINDS}
 
 
@@ -112,6 +120,38 @@ def kind(event: Event) -> str:
     if isinstance(event, AccountDelete):
         return "account_deletes"
     return f"{event.op}s"
+
+
+def add_reads(history: History, readers: float, start_ms: int, span_ms: int,
+              every_ms: int = READ_EVERY_MS) -> History:
+    """Home-timeline reads over the history, for inactive users (DESIGN §4b).
+
+    Every user with a profile reads once just after signing up (the end of the profile
+    phase); a share ``readers`` of them (drawn at random) keep reading, on average
+    every ``every_ms`` (a Poisson process) until the end of the span, and the others
+    never come back. With a span longer than ``FANOUT_INACTIVE_DAYS`` most of the
+    others go dormant. Deterministic for the history's seed.
+    """
+    if not 0 <= readers <= 1:
+        msg = f"readers must be a share in [0, 1], got {readers}"
+        raise ValueError(msg)
+    rng = np.random.default_rng([history.seed, _READ_STREAM])
+    ids = np.array(sorted({u.user_id for u in history.users if isinstance(u, UserUpsert)}),
+                   dtype=np.int64)
+    lo, hi = activity_window(start_ms, span_ms)
+    times = [np.full(len(ids), lo, dtype=np.int64)]
+    owners = [ids]
+    keep = ids[rng.random(len(ids)) < readers]
+    expected = max(1, (hi - lo) // max(1, every_ms))
+    counts = rng.poisson(expected, len(keep))
+    owners.append(np.repeat(keep, counts))
+    times.append(rng.integers(lo, hi, int(counts.sum()), dtype=np.int64))
+    who, when = np.concatenate(owners), np.concatenate(times)
+    order = np.lexsort((who, when))
+    history.reads = [Activity(int(u), int(t)) for u, t in zip(who[order], when[order],
+                                                              strict=True)]
+    history.params |= {"readers": readers, "read_every_ms": every_ms}
+    return history
 
 
 @dataclass(frozen=True)
@@ -213,10 +253,10 @@ def follower_counts(edges: Iterable[Event]) -> dict[int, int]:
 
 
 def write(history: History, out: Path) -> Path:
-    """Write ``users.jsonl``, ``follows.jsonl``, ``tweets.jsonl`` and the manifest."""
+    """Write the history's files (:data:`FILES`, activity empty without reads) and manifest."""
     out.mkdir(parents=True, exist_ok=True)
     for name, events in (("users", history.users), ("follows", history.follows),
-                         ("tweets", history.tweets)):
+                         ("tweets", history.tweets), ("activity", history.reads)):
         with (out / FILES[name]).open("wb") as fh:
             fh.writelines(encode(e)[1] + b"\n" for e in events)
     manifest = {"seed": history.seed, "counts": history.counts(), "params": history.params,

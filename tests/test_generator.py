@@ -31,7 +31,17 @@ from ingest.events import (
     decode,
     encode,
 )
-from ingest.generator import FILES, KINDS, MANIFEST, FollowEdges, History, for_graph, generate
+from ingest.generator import (
+    DEFAULT_SPAN_MS,
+    DEFAULT_START_MS,
+    FILES,
+    KINDS,
+    MANIFEST,
+    FollowEdges,
+    History,
+    for_graph,
+    generate,
+)
 from ingest.social import POSTS_ONLY, SOCIAL, RecordMix
 
 SMALL = {"users": 2_000, "follows": 20_000, "tweets": 10_000}
@@ -61,6 +71,29 @@ def test_same_seed_same_files(tmp_path):
         generator.write(generate(300, 2_000, 1_000, seed=3), tmp_path / name)
     for name in [*FILES.values(), MANIFEST]:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_reads_everyone_once_after_signing_up_and_readers_about_daily(tmp_path):
+    made = generator.add_reads(generate(400, 2_000, 100, seed=3), 0.25, DEFAULT_START_MS,
+                               DEFAULT_SPAN_MS)
+    lo, hi = generator.activity_window(DEFAULT_START_MS, DEFAULT_SPAN_MS)
+    by_user: dict[int, list[int]] = {}
+    for read in made.reads:
+        by_user.setdefault(read.user_id, []).append(read.created_at)
+    assert set(by_user) == {u.user_id for u in made.users}
+    assert all(times[0] == lo and all(lo <= t < hi for t in times) for times in by_user.values())
+    returning = [u for u, times in by_user.items() if len(times) > 1]
+    assert 0.15 < len(returning) / len(by_user) < 0.35  # about the 25% asked for
+    days = (hi - lo) / 86_400_000
+    mean = sum(len(by_user[u]) - 1 for u in returning) / len(returning)
+    assert days * 0.8 < mean < days * 1.2  # about one read a day
+    assert made.counts()["reads"] == len(made.reads)
+    assert [e.created_at for e in made.events()] == sorted(e.created_at for e in made.events())
+    again = generator.add_reads(generate(400, 2_000, 100, seed=3), 0.25, DEFAULT_START_MS,
+                                DEFAULT_SPAN_MS)
+    assert again.reads == made.reads
+    generator.write(made, tmp_path)
+    assert (tmp_path / FILES["activity"]).read_bytes().count(b"\n") == len(made.reads)
 
 
 def test_counts(history):
@@ -354,7 +387,7 @@ def made(request, rich) -> tuple[History, World]:
 
 def test_social_history_holds_every_kind_in_its_proportions(rich):
     counts, n = rich.counts(), SOCIAL_SIZES["tweets"]
-    assert all(counts[k] > 0 for k in KINDS), counts
+    assert all(counts[k] > 0 for k in KINDS if k != "reads"), counts  # reads: add_reads
     assert counts["replies"] == round(n * SOCIAL.replies)
     assert counts["posts"] + counts["replies"] == n
     assert counts["reposts"] == round(n * SOCIAL.reposts)
