@@ -20,15 +20,15 @@ from confluent_kafka import Producer
 
 from infra.verify import verify
 from ingest.events import Follow, Post, UserUpsert, encode_key
-from ingest.generator import generate
+from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
 from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from ingest.social import SOCIAL
 from serving.timeline import home_top
 from tests.cassandra_helpers import fresh_keyspace
 from views.job import job_sink, start_query
 from views.settings import ViewSettings
-from views.stores import store_from_url
-from views.stores.base import Store
+from views.stores.base import DORMANT, Store
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
 BIG = 2**63 - 1
@@ -59,7 +59,7 @@ def _produce(kafka: KafkaSettings, events: list) -> None:
 
 
 def _store(view: ViewSettings) -> Store:
-    return store_from_url(view.store_url, cap=view.timeline_cap)
+    return view.store()
 
 
 def _drain(spark, kafka: KafkaSettings, view: ViewSettings, store: Store) -> None:
@@ -70,16 +70,23 @@ def _drain(spark, kafka: KafkaSettings, view: ViewSettings, store: Store) -> Non
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_url):
-    history = generate(300, 4000, 3000, seed=3)
+    # Every record of DESIGN §4b, and reads: most users stop reading, and go inactive
+    # after 4 days of the 30-day history.
+    history = add_reads(generate(300, 4000, 3000, seed=3, mix=SOCIAL), 0.3,
+                        DEFAULT_START_MS, DEFAULT_SPAN_MS)
+    counts = history.counts()
+    assert all(counts[k] > 0 for k in KINDS), counts
     events = list(history.events())
     _produce(kafka_settings, events)
-    view = _view(tmp_path, store_url)
+    view = _view(tmp_path, store_url, inactive_days=4)
     with _store(view) as store:
         _drain(spark, kafka_settings, view, store)
         result = verify(kafka_settings, store, view.timeline_cap)
         assert result.ok, result.render()
         assert result.users_checked > 250
         assert store.celebrities(), "the history should cross the celebrity threshold"
+        dormant = [u for u in store.home_users() if store.horizon(u) == DORMANT]
+        assert dormant, "users who stopped reading should get no fan-out"
 
 
 def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_path, store_url):
