@@ -97,8 +97,9 @@ KINDS = (["follow"] * 10 + ["post"] * 12 + ["repost"] * 14
 
 
 #: Whether one repost id may come again with other fields (the smallest counts, DESIGN
-#: §4b pinned semantics), and whether a delete may name another author's tweet. Both
-#: were off while the join and the store got them wrong (see the examples at the end).
+#: §4b pinned semantics), and whether a delete or an unrepost may name another
+#: author's tweet or repost. Both were off while the join and the store got them wrong
+#: (see the examples at the end).
 VARIED_DUPLICATES = True
 FORGED_DELETES = True
 
@@ -126,9 +127,7 @@ def events(draw: st.DrawFn, fixed: Shapes | None = None) -> Event:
         repost = draw(st.sampled_from(REPOSTS))
         return fixed[repost] if fixed is not None else _repost(draw, repost, when)
     if kind in ("unrepost", "undo_by_delete"):
-        repost = draw(st.sampled_from(REPOSTS))
-        undo = Unrepost if kind == "unrepost" else Delete
-        return undo(repost, reposter_of(repost), when)
+        return _undo(draw, Unrepost if kind == "unrepost" else Delete, user, when)
     if kind == "account_delete":
         return AccountDelete(user, when)
     if kind == "user":
@@ -138,6 +137,17 @@ def events(draw: st.DrawFn, fixed: Shapes | None = None) -> Event:
     if kind in ("follow", "unfollow"):
         return Follow(user, other, when, active=kind == "follow")
     return Relation(user, other, when, BLOCK if kind == "block" else MUTE, active=active)
+
+
+def _undo(draw: st.DrawFn, undo: type[Unrepost | Delete], user: int,
+          when: int) -> Unrepost | Delete:
+    """An undo of a repost by its reposter; now and then of a post, or by someone else."""
+    if draw(st.integers(0, 9)) == 0:
+        tweet = draw(st.sampled_from(POSTS))
+        return undo(tweet, author_of(tweet), when)  # an unrepost of a post: a no-op
+    repost = draw(st.sampled_from(REPOSTS))
+    forged = FORGED_DELETES and draw(st.integers(0, 9)) == 0
+    return undo(repost, user if forged else reposter_of(repost), when)
 
 
 def _repost(draw: st.DrawFn, repost: int, when: int) -> Repost:
