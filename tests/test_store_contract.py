@@ -13,9 +13,11 @@ offsets) by membership or difference.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import random
+import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +45,7 @@ from tests.test_join import ALL_USERS, BIG, Harness, events
 from tests.test_timeline_4b import USERS as USERS_4B
 from tests.test_timeline_4b import histories
 from views.delta import Delta, Key, pack
+from views.errors import StoreError
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.stores.base import Entry, Relations, Store
@@ -753,3 +756,17 @@ def test_replaying_every_batch_changes_nothing(backend: Backend) -> None:
         _check(store, history, [_remap(Follow(u, u, 0), ns).follower_id for u in ALL_USERS], 3)
 
     run()
+
+
+def test_a_sqlite_file_from_before_4b_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """Its tables lack the §4b columns: opening it names ``fanout rebuild`` (no migration)."""
+    path = tmp_path / "old.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE tweets (tweet_id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL,"
+                   " created_at INTEGER NOT NULL, text TEXT NOT NULL, deleted INTEGER NOT NULL)")
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError, match=r"no reply_to, original_id, original_author.*fanout "
+                                         r"rebuild"):
+        store.open()
+    store.close()
+    SQLiteStore(tmp_path / "new.sqlite").open().close()  # a fresh file is created as usual
