@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -36,15 +36,17 @@ import pytest
 from infra.process import free_port
 from infra.verify import lagging, verify
 from ingest.events import Event
-from ingest.generator import generate
+from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
 from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from ingest.social import SOCIAL
 from tests.cassandra_helpers import fresh_keyspace
 from tests.fault_helpers import Service, WriteLockProbe, tagged, wait_for
 from views.changelog import read_changelog
 from views.job import start_query
 from views.settings import ViewSettings
 from views.stores import store_from_url
+from views.stores.base import DORMANT
 from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.schema import connect
 from views.stores.cassandra.statements import batch_bucket
@@ -224,8 +226,16 @@ class JobKiller:
 def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, job_store,
                                                     services):
     # job_store before services: the job is killed before its keyspace is dropped.
-    events = list(generate(800, 4000, 2500, seed=11).events())
-    job = _job(kafka_settings, tmp_path, job_store.url)
+    # Every record of DESIGN §4b, and reads, with users going inactive after 5 days of
+    # the 30-day history (most of them: only a fifth keep reading).
+    # Blocks and mutes ten times as often as usual, so that some are undone too.
+    mix = replace(SOCIAL, blocks=0.02, mutes=0.02)
+    history = add_reads(generate(800, 4000, 2500, seed=11, mix=mix), 0.2,
+                        DEFAULT_START_MS, DEFAULT_SPAN_MS)
+    counts = history.counts()
+    assert all(counts[k] > 0 for k in KINDS), counts
+    events = list(history.events())
+    job = _job(kafka_settings, tmp_path, job_store.url, FANOUT_INACTIVE_DAYS="5")
     services.append(job)
     figures = KillLog()
     seed = int(os.environ.get("FANOUT_FAULT_SEED") or time.time_ns() % 2**32)
@@ -254,15 +264,18 @@ def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, jo
         wait_for(caught_up, 300, "the restarted job to catch up with the log", every=0.5)
         result = verify(kafka_settings, store, CAP)
         celebrities = len(store.celebrities())
+        dormant = sum(store.horizon(u) == DORMANT for u in store.home_users())
     job.stop()
     print(f"\nview job: {len(figures.kills)} SIGKILLs survived ({figures.inside_write} inside "
           f"a sink write): {figures.kills}; {len(events)} events replayed in 10 chunks; "
-          f"{job.starts} starts; {celebrities} celebrities; FANOUT_FAULT_SEED={seed}; "
+          f"{job.starts} starts; {celebrities} celebrities; {dormant} users dormant at the "
+          f"end; FANOUT_FAULT_SEED={seed}; "
           f"{result.render()}")
     assert result.ok, f"{result.render()} (FANOUT_FAULT_SEED={seed} replays the kill times)"
     assert result.divergent == 0 and not result.lagging_partitions
     assert len(figures.kills) >= 5 and figures.inside_write >= 1, figures
     assert celebrities > 0, "the history should cross the celebrity threshold"
+    assert dormant > 0, "the history should leave inactive users without fan-out"
 
 
 # -- the API -------------------------------------------------------------------------------
