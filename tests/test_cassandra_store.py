@@ -29,6 +29,7 @@ from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
 from views.stores.base import (
+    DORMANT,
     Entry,
     RelationRow,
     Relations,
@@ -324,9 +325,35 @@ def test_trimming_is_amortized_by_the_size_estimate() -> None:
     assert cql.trim(meta[3], [(7, 70)], 3) is None and meta[3].size == 1
     ops = cql.trim_ops({2: cut}, 12) + cql.meta_ops(meta, 12)
     _check_markers(ops)
-    assert ops == [("home_trim", (12, 2, 4, 40)), ("meta_set", (2, 4, 40, 3, 12)),
-                   ("meta_set", (3, -1, -1, 1, 12))]
-    assert cql.decode_meta([]) == cql.Meta() and cql.decode_meta([(5, 6, 7)]) == cql.Meta((5, 6), 7)
+    assert ops == [("home_trim", (12, 2, 4, 40)), ("meta_set", (2, 4, 40, 3, -1, 12)),
+                   ("meta_set", (3, -1, -1, 1, -1, 12))]
+    assert cql.decode_meta([]) == cql.Meta()
+    assert cql.decode_meta([(5, 6, 7, None)]) == cql.Meta((5, 6), 7)  # before step 003
+    assert cql.decode_meta([(5, 6, 7, 9)]) == cql.Meta((5, 6), 7, 9)
+
+
+def test_inactive_users_go_dormant_and_come_back() -> None:
+    plan = _plan(Delta.activity(2, 50), Delta.activity(2, 40), Delta.activity(3, 5),
+                 Delta.timeline_add(3, 30, 1, 20), Delta.timeline_add(3, 31, 1, 21),
+                 Delta.timeline_add(4, 32, 1, 99), Delta.timeline_add(5, 33, 1, 99))
+    assert cql.meta_users(plan) == [2, 3, 4, 5]
+    meta = {2: cql.Meta(DORMANT, 0, 10), 3: cql.Meta((1, 1), 4, 1), 4: cql.Meta(),
+            5: cql.Meta(DORMANT, 0, 2)}
+    assert cql.record_reads(plan.activity, meta) == [2]  # dormant, and read
+    assert (meta[2].read_at, meta[3].read_at) == (50, 5)
+    entries = [Entry(9, 90, 7), Entry(8, 80, 6), Entry(7, 70, 7)]
+    assert cql.regenerated(2, entries, meta[2], 2) == [(2, 9, 90, 7), (2, 8, 80, 6)]
+    assert meta[2] == cql.Meta((7, 70), 2, 50)  # below the cap's entries: the query
+    assert cql.regenerated(2, entries[:1], meta[2], 2) == [(2, 9, 90, 7)]
+    assert meta[2] == cql.Meta(cql.NO_HORIZON, 1, 50)
+    # 20 - 5 > 10: user 3 goes dormant; 4 never read; 5 is dormant already.
+    assert cql.go_dormant(plan.adds, meta, 10) == [3]
+    assert meta[3] == cql.Meta(DORMANT, 0, 5)
+    assert cql.kept_adds(plan, meta) == [(4, 99, 32, 1)]
+    assert cql.go_dormant(plan.adds, {u: cql.Meta(read_at=0) for u in (3, 4, 5)}, 0) == []
+    ops = cql.drop_ops([3], 12) + cql.meta_ops({3: meta[3]}, 12)
+    _check_markers(ops)
+    assert ops == [("home_drop", (12, 3)), ("meta_set", (3, BIG, BIG, 0, 5, 12))]
 
 
 def test_bookkeeping_ops() -> None:
@@ -455,8 +482,8 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         extra = Step(99, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
         replication = config.replication.cql_map()
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
-                                              load_steps())] == ["001_tables",
-                                                                 "002_timeline_kinds"]
+                                              load_steps())] == [
+            "001_tables", "002_timeline_kinds", "003_inactive_users"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -605,7 +632,8 @@ def test_a_block_is_stored_in_both_users_partitions(store: CassandraStore,
 
 
 def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
-    """A keyspace made by step 001 alone, with rows: step 002 adds to it, twice if need be."""
+    """A keyspace made by step 001 alone, with rows: steps 002 and 003 add to it, twice if
+    need be."""
     with fresh_keyspace(cassandra_hosts, schema=False) as url:
         config = parse_url(url)
         cluster, session = connect(config, wait=60)
@@ -616,13 +644,19 @@ def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
                             "VALUES (1, 2, 3, 'old', false)")
             session.execute("INSERT INTO users (user_id, handle, name, created_at) "
                             "VALUES (2, 'h', 'n', 3)")
+            session.execute("INSERT INTO timeline_meta (user_id, horizon_created_at, "
+                            "horizon_tweet_id, size) VALUES (4, 1, 10, 0)")
             with pytest.raises(SchemaError, match="lacks schema step.*002_timeline_kinds"):
                 CassandraStore.from_url(url).open()
-            store = CassandraStore.from_url(_with(url, "schema=auto")).open()
+            store = CassandraStore.from_url(_with(url, "schema=auto"), inactive_days=1e-6).open()
             try:
                 assert store.tweets([1]) == {1: TweetRow(1, 2, 3, "old", False)}
                 assert store.users([2]) == {2: UserRow(2, "h", "n", False)}
                 assert store.relations(2) == Relations() and store.reposts_of([1]) == {}
+                # A row from before step 003 has no read: its user never goes dormant.
+                store.apply([Delta.timeline_add(4, 1, 2, 10**9)])
+                assert store.horizon(4) == (1, 10) and store.cached(4, None, 5) == [
+                    Entry(10**9, 1, 2)]
             finally:
                 store.close()
             # Step 002 run again, as after an apply cut short before it was recorded.

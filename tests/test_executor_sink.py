@@ -17,6 +17,7 @@ import random
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import psutil
@@ -27,6 +28,7 @@ from ingest.events import (
     BLOCK,
     MUTE,
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Post,
@@ -43,7 +45,7 @@ from views.executor_sink import ExecutorSink, tweet_stage, user_stage
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.row import arrow_schema
-from views.stores.base import BatchStats, Relations, Store, UserRow
+from views.stores.base import DORMANT, BatchStats, Relations, Store, UserRow
 from views.stores.cassandra.store import CassandraStore
 from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
@@ -59,8 +61,8 @@ _BY_TWEET = {DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFA
 class Recording(SQLiteStore):
     """A SQLite store that also keeps every batch's deltas (the reference, and the input)."""
 
-    def __init__(self) -> None:
-        super().__init__(":memory:", cap=CAP)
+    def __init__(self, inactive_days: float = 0.0) -> None:
+        super().__init__(":memory:", cap=CAP, inactive_days=inactive_days)
         self.recorded: list[list[Delta]] = []
 
     def apply(self, deltas, batch_id=-1) -> BatchStats:
@@ -109,7 +111,8 @@ def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: i
     table = _no_nulls_where_not_null(pa.Table.from_batches(routed))
     tallies = [SimpleNamespace(**row)
                for part in _split(table, lambda r: r["route"], n)
-               for batch in user_stage(config, cap, ts, iter(part.to_batches()))
+               for batch in user_stage(config, cap, ts, iter(part.to_batches()),
+                                       sink.store.inactive_ms)
                for row in batch.to_pylist()]
     return sink.finish(batch_id, ts, digest, tallies, 0.0)
 
@@ -132,11 +135,13 @@ def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, ob
     }
 
 
-@pytest.fixture
-def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, CassandraStore]]:
-    with fresh_keyspace(cassandra_hosts) as a, fresh_keyspace(cassandra_hosts) as b:
-        driver, executors = CassandraStore.from_url(a, cap=CAP), CassandraStore.from_url(b,
-                                                                                   cap=CAP)
+@contextmanager
+def _keyspaces(hosts: str, inactive_days: float = 0.0
+               ) -> Iterator[tuple[CassandraStore, CassandraStore]]:
+    """Open stores in two fresh keyspaces: the driver path's, and the executors'."""
+    with fresh_keyspace(hosts) as a, fresh_keyspace(hosts) as b:
+        driver, executors = (CassandraStore.from_url(url, cap=CAP, inactive_days=inactive_days)
+                             for url in (a, b))
         driver.open()
         executors.open()
         try:
@@ -145,6 +150,12 @@ def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, Cassan
             driver.close()
             executors.close()
             close_writers()
+
+
+@pytest.fixture
+def two_keyspaces(cassandra_hosts: str) -> Iterator[tuple[CassandraStore, CassandraStore]]:
+    with _keyspaces(cassandra_hosts) as stores:
+        yield stores
 
 
 def _timeline_kinds(history: History, seed: int) -> list[Event]:
@@ -230,6 +241,84 @@ def test_stage_two_folds_what_the_shuffle_reorders(two_keyspaces):
         assert executors.relations(z) == Relations(frozenset({u}), frozenset())
         assert executors.users([y, z]) == {y: UserRow(y, "new", "New"),
                                            z: UserRow(z, "", "", True)}
+
+
+DAY = 86_400_000
+
+
+def _reads(history: History, seed: int, days: float) -> list[Activity]:
+    """Home-timeline reads over a generated history, by user, in four kinds.
+
+    Readers read at least every ``days`` (never dormant); lapsed readers stop from the
+    fifth day to the fifteenth (dormant, then back); some read once on the first day
+    (dormant to the end); the rest never read (never dormant either).
+    """
+    rng = random.Random(seed)
+    times = [t.created_at for t in history.tweets]
+    start, end = min(times), max(times)
+    out: list[Activity] = []
+    for i, user in enumerate(sorted(u.user_id for u in history.users)):
+        if i % 4 == 3:
+            continue
+        at = start + rng.randrange(DAY)
+        out.append(Activity(user, at))
+        gap = (start + 5 * DAY, start + 15 * DAY) if i % 4 == 1 else (end, end)
+        while i % 4 != 2 and at < end:
+            at += rng.randrange(DAY // 2, int(days * DAY))
+            if gap[0] <= at < gap[1]:
+                at = gap[1] + rng.randrange(DAY)
+            out.append(Activity(user, at))
+    return out
+
+
+def _dormant(store: Store, users: list[int]) -> set[int]:
+    return {u for u in users if store.horizon(u) == DORMANT}
+
+
+def test_stages_keep_inactive_users_as_the_driver_path_does(cassandra_hosts):
+    """Reads (ACTIVITY) reach the task of the reader's timeline: after every batch the
+    same users are dormant on both paths as in the SQLite store, and a returning user's
+    regenerated cache is the same; a batch that changed who is dormant runs again on the
+    executors (a Spark rerun), with no visible effect."""
+    days = 3.0
+    history = generate(60, 700, 600, seed=11, delete_ratio=0.1, unfollow_ratio=0.15)
+    extra = [*_timeline_kinds(history, seed=11), *_reads(history, seed=11, days=days)]
+    events = sorted([*history.events(), *extra], key=lambda e: e.created_at)
+    reference = Recording(inactive_days=days).open()
+    # Celebrities early enough that returning users follow some (left out of the cache).
+    join = LocalJoin(JoinConfig(cap=CAP, promote_at=15, demote_below=12), reference)
+    users = sorted(u.user_id for u in history.users)
+    went_dormant, regenerated = set(), {}
+    with _keyspaces(cassandra_hosts, days) as (driver, executors):
+        sink = ExecutorSink(executors)
+        before: set[int] = set()
+        for batch_id, start in enumerate(range(0, len(events), 200)):
+            join.run(events[start:start + 200])
+            deltas = reference.recorded[-1]
+            driver.apply(deltas, batch_id)
+            _apply_in_tasks(sink, deltas, batch_id)
+            now = _dormant(reference, users)
+            if now != before:
+                _apply_in_tasks(sink, deltas, batch_id)
+            assert _dormant(driver, users) == now == _dormant(executors, users), batch_id
+            for user in before - now:  # back: the cache as fan-out would have left it
+                cache = reference.cached(user, None, 10_000)
+                assert driver.cached(user, None, 10_000) == cache, (batch_id, user)
+                assert driver.horizon(user) == reference.horizon(user), (batch_id, user)
+                # The newest CAP: the executors' reruns may have trimmed sooner below them.
+                assert executors.cached(user, None, CAP) == cache[:CAP], (batch_id, user)
+                regenerated[user] = reference.celebrities_followed(user)
+                assert cache, (batch_id, user)
+            went_dormant |= now - before
+            before = now
+        tweets = sorted({t.tweet_id for t in [*history.tweets, *extra] if hasattr(t, "tweet_id")})
+        expected, got = _read_all(driver, users, tweets), _read_all(executors, users, tweets)
+        for table in expected:
+            assert got[table] == expected[table], table
+    assert regenerated, "lapsed readers should come back to a regenerated cache"
+    assert any(regenerated.values()), "some returning reader should follow a celebrity"
+    assert went_dormant - set(regenerated), "a one-time reader should stay dormant"
+    assert driver.rows_written == reference.rows_written  # regenerations included
 
 
 def _node_pid(hosts: str) -> int | None:

@@ -182,6 +182,21 @@ def test_a_user_who_stopped_reading_gets_no_writes_and_reads_exactly_then_comes_
     assert store.cached(1, None, 1)[0].tweet_id == 105
 
 
+def test_a_user_back_and_gone_again_in_one_batch_keeps_no_cache(backend: Backend) -> None:
+    config = JoinConfig(cap=3, promote_at=100, demote_below=80)
+    join = _join(backend, config, inactive_ms=10)
+    history: list[Event] = [Follow(1, 2, 0), Activity(1, 5), Post(100, 2, 6, "a")]
+    join.run(history)
+    history.append(Post(101, 2, 30, "b"))  # 30 - 5 > 10: dormant
+    join.run(history[-1:])
+    assert join.store.horizon(1) == DORMANT
+    # Back at 31 (the cache is regenerated), and an entry at 50 - 31 > 10: gone again.
+    history += [Activity(1, 31), Post(102, 2, 50, "c")]
+    join.run(history[-2:])
+    assert join.store.horizon(1) == DORMANT and join.store.cached(1, None, 10) == []
+    assert _served(join, 1) == [tuple(r) for r in Reference().add(history).home(1, 3)]
+
+
 def test_users_who_never_read_are_never_dormant(backend: Backend) -> None:
     config = JoinConfig(cap=3, promote_at=100, demote_below=80)
     join = _join(backend, config, inactive_ms=1)

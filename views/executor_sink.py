@@ -23,7 +23,12 @@ stage                     routed by    writes
                                        (any task)
 2 (``user_stage``)        user_id      ``home_timeline`` wipes (read the partition),
                                        removes, adds, trims (read the head),
-                                       ``timeline_meta`` (read: horizon, size),
+                                       ``timeline_meta`` (read: horizon, size, newest
+                                       read), inactive users: the user's reads
+                                       (ACTIVITY), a dormant user's partition
+                                       dropped, a returning user's cache
+                                       regenerated (read: follows, celebrity edges,
+                                       ``author_tweets``),
                                        ``follows`` (by follower), ``celebrity_follows``,
                                        ``users`` (read: the stored profile's time and
                                        deletion), ``relations`` (by the acting user, no
@@ -34,7 +39,8 @@ stage                     routed by    writes
 Stage 1 runs over the packed deltas (one row per tweet, however many followers);
 it unpacks them into one row per user, and those go through one shuffle to stage 2.
 Stage 2 starts only when stage 1 has finished, so a tweet's hydration row is written
-before any timeline row that shows it, as on the driver path.
+before any timeline row that shows it, and a returning user's cache is regenerated
+from ``author_tweets`` with the batch's tweets in it, as on the driver path.
 
 **Exactly once in effect.** The driver picks the batch's write timestamp ``T``
 (:meth:`TaskWriter.begin`: the recorded one when this checkpoint's batch was applied
@@ -186,6 +192,8 @@ def _unpack(d: Delta, out: _Routed) -> None:
         out.rows(kind, pairs[0::2], author=d.author_id, created_at=pairs[1::2], flag=d.flag)
     elif kind == DeltaKind.CELEB:
         out.rows(kind, d.author_id, author=d.author_id, flag=d.flag)
+    elif kind == DeltaKind.ACTIVITY:  # to the task of the user's timeline (inactive users)
+        out.rows(kind, d.user_id, created_at=d.created_at)
     elif kind in _KEYED:
         out.keyed.append(d)
     else:
@@ -238,6 +246,8 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
             plan.celeb_edges[(user, author)] = bool(flag)
         elif kind == DeltaKind.CELEB:
             plan.celebs[author] = bool(flag)
+        elif kind == DeltaKind.ACTIVITY:
+            plan.activity[user] = max(plan.activity.get(user, -1), at)
         elif kind == TALLY:
             rows, dead = rows + off, dead + part
     for d in deltas_from_arrow(table.take(keyed)):
@@ -265,14 +275,17 @@ def _fold_keyed(plan: WritePlan, d: Delta) -> None:
             plan.users[d.user_id] = ProfileRow.of(d)
 
 
-def user_stage(config: CassandraConfig, cap: int, ts: int,
-                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A task of stage 2: write its users' rows; yield its tally and offsets."""
+def user_stage(config: CassandraConfig, cap: int, ts: int, batches: Iterator[pa.RecordBatch],
+               inactive_ms: int = 0) -> Iterator[pa.RecordBatch]:
+    """A task of stage 2: write its users' rows; yield its tally and offsets.
+
+    ``inactive_ms``: the job's store's (inactive users; 0: off).
+    """
     table = pa.Table.from_batches(list(batches), schema=_ROUTED_SCHEMA)
     plan, rows, dead = _user_plan(table)
     adds = removes = 0
     if plan.rows():
-        counts = writer(config, cap).write_users(plan, ts)
+        counts = writer(config, cap).write_users(plan, ts, inactive_ms)
         adds, removes = counts.adds, counts.removes
     offsets = sorted(plan.offsets.items())
     yield pa.RecordBatch.from_pydict({
@@ -317,7 +330,8 @@ class ExecutorSink(Sink):
                    .mapInArrow(functools.partial(tweet_stage, self.config, self.store.cap, ts),
                                ROUTED_DDL)
                    .repartition(n, "route")
-                   .mapInArrow(functools.partial(user_stage, self.config, self.store.cap, ts),
+                   .mapInArrow(functools.partial(user_stage, self.config, self.store.cap, ts,
+                                                 inactive_ms=self.store.inactive_ms),
                                TALLY_DDL)
                    .collect())
         self.finish(batch_id, ts, digest, tallies, start)

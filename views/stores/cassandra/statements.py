@@ -8,10 +8,11 @@ unit-tested directly; :mod:`views.stores.cassandra.store` prepares the statement
 the ops.
 
 **Write timestamps.** Each micro-batch gets one client-side timestamp ``T`` (µs);
-its writes use ``T + phase``: table rows, wipes and removes at ``T + REMOVE``, adds at
-``T + ADD``, trims and timeline_meta at ``T + TRIM``. Cassandra resolves a conflict by
-timestamp and lets a deletion win a tie, so without the phases an add that follows
-a wipe of the same row in one batch (an unfollow then a follow) would be lost.
+its writes use ``T + phase``: table rows, wipes and removes at ``T + REMOVE``, adds (and
+a returning user's regenerated cache) at ``T + ADD``, trims, the caches of users going
+dormant and timeline_meta at ``T + TRIM``. Cassandra resolves a conflict by timestamp
+and lets a deletion win a tie, so without the phases an add that follows a wipe of
+the same row in one batch (an unfollow then a follow) would be lost.
 ``T`` is larger than every earlier batch's (see :func:`batch_timestamp`), so later
 batches win whatever the order replicas see the writes in.
 """
@@ -28,7 +29,15 @@ from typing import Any, Final, NamedTuple
 from ingest.events import BLOCK, MUTE
 from views.delta import Key
 from views.errors import StoreError
-from views.stores.base import DeadRow, ProfileRow, RelationRow, TweetRow, WritePlan
+from views.stores.base import (
+    DORMANT,
+    DeadRow,
+    Entry,
+    ProfileRow,
+    RelationRow,
+    TweetRow,
+    WritePlan,
+)
 
 Op = tuple[str, tuple[Any, ...]]
 """A statement name of :data:`STATEMENTS` and the values to bind to it."""
@@ -60,10 +69,12 @@ STATEMENTS: Final[dict[str, str]] = {
     "home_all": "SELECT created_at, tweet_id, author_id FROM home_timeline WHERE user_id = ?",
     "horizon_get": "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta "
                    "WHERE user_id = ?",
-    "meta_get": "SELECT horizon_created_at, horizon_tweet_id, size FROM timeline_meta "
+    "meta_get": "SELECT horizon_created_at, horizon_tweet_id, size, read_at FROM timeline_meta "
                 "WHERE user_id = ?",
     "meta_set": "INSERT INTO timeline_meta (user_id, horizon_created_at, horizon_tweet_id, "
-                "size) VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
+                "size, read_at) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    # A dormant user's cache (inactive users): the whole partition, one tombstone.
+    "home_drop": "DELETE FROM home_timeline USING TIMESTAMP ? WHERE user_id = ?",
     # -- tweets ------------------------------------------------------------------------
     "author_add": "INSERT INTO author_tweets (author_id, created_at, tweet_id) "
                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -138,7 +149,7 @@ STATEMENTS: Final[dict[str, str]] = {
     "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",
     "last_batch_set": "UPDATE writer_clock USING TIMESTAMP ? SET last_batch = ? WHERE id = 0",
     # -- the writer's lookups, many partitions per request (see LOOKUP_IN) -------------
-    "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size "
+    "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at "
                    "FROM timeline_meta WHERE user_id IN ?",
     "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
     "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id FROM tweets "
@@ -166,7 +177,8 @@ NOT_IDEMPOTENT: Final = frozenset({"dead_add"})
 #: 5-25x less CPU on both sides for timeline adds (``benchmarks/bench_cql_batches.py``).
 PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "home_add": ("home_timeline", 0), "home_del": ("home_timeline", 1),
-    "home_trim": ("home_timeline", 1), "meta_set": ("timeline_meta", 0),
+    "home_trim": ("home_timeline", 1), "home_drop": ("home_timeline", 1),
+    "meta_set": ("timeline_meta", 0),
     "author_add": ("author_tweets", 0), "author_del": ("author_tweets", 1),
     "follow_on": ("follows", 0), "follow_off": ("follows", 1),
     "celeb_edge_on": ("celebrity_follows", 0), "celeb_edge_off": ("celebrity_follows", 1),
@@ -491,22 +503,85 @@ def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int,
 
 @dataclass
 class Meta:
-    """A user's timeline_meta: the horizon, and an upper bound of the cached rows."""
+    """A user's timeline_meta: the horizon, an upper bound of its rows, the newest read.
+
+    ``read_at`` -1: never read (as a row written before schema step 003 reads).
+    """
 
     horizon: Key = NO_HORIZON
     size: int = 0
+    read_at: int = -1
 
 
 def meta_users(plan: WritePlan) -> list[int]:
-    """Users whose timeline_meta the batch reads and writes: added to, or horizon raised."""
-    return sorted({row[0] for row in plan.adds} | set(plan.horizons))
+    """Users whose timeline_meta the batch reads and writes: added to, horizon raised, read."""
+    return sorted({row[0] for row in plan.adds} | set(plan.horizons) | set(plan.activity))
 
 
 def decode_meta(rows: list[tuple[Any, ...]]) -> Meta:
     """A user's stored timeline_meta (the defaults when there is no row)."""
     if not rows or rows[0][0] is None:
         return Meta()
-    return Meta((rows[0][0], rows[0][1]), rows[0][2] or 0)
+    read_at = rows[0][3]
+    return Meta((rows[0][0], rows[0][1]), rows[0][2] or 0, -1 if read_at is None else read_at)
+
+
+# -- inactive users (DESIGN §4b) ----------------------------------------------------------------
+
+def record_reads(activity: Mapping[int, int], meta: Mapping[int, Meta]) -> list[int]:
+    """Keep each user's newest read; return the dormant users who read (to regenerate)."""
+    back = []
+    for user, read_at in sorted(activity.items()):
+        m = meta[user]
+        m.read_at = max(m.read_at, read_at)
+        if m.horizon == DORMANT:
+            back.append(user)
+    return back
+
+
+def regenerated(user: int, entries: Sequence[Entry], meta: Meta,
+                cap: int) -> list[tuple[int, int, int, int]]:
+    """A returning user's cache as fan-out would have left it, and ``meta`` set to match.
+
+    ``entries``: the newest ``cap + 1`` of the followees on fan-out (celebrities are
+    merged at read time), read after the batch's tweets were written. The first
+    ``cap`` are the cache; the next one, if any, is the horizon (below it, the query).
+    """
+    kept = entries[:cap]
+    meta.horizon = entries[cap].key if len(entries) > cap else NO_HORIZON
+    meta.size = len(kept)
+    return [(user, e.created_at, e.tweet_id, e.author_id) for e in kept]
+
+
+def go_dormant(adds: Iterable[tuple[int, int, int, int]], meta: Mapping[int, Meta],
+               inactive_ms: int) -> list[int]:
+    """Users an entry reaches more than ``inactive_ms`` after their newest read.
+
+    Their horizon becomes :data:`~views.stores.base.DORMANT` (so :func:`kept_adds`
+    drops this batch's adds for them, and every later batch's, until they read again)
+    and their cache is dropped (:func:`drop_ops`). A user who never read (-1) never
+    goes dormant; 0 turns it off. The batch's HORIZON deltas cannot change who goes
+    dormant (no key reaches DORMANT), so this may run before :func:`kept_adds`.
+    """
+    if not inactive_ms:
+        return []
+    out = []
+    for user, created_at, _, _ in adds:
+        m = meta[user]
+        if 0 <= m.read_at < created_at - inactive_ms and m.horizon != DORMANT:
+            m.horizon, m.size = DORMANT, 0
+            out.append(user)
+    return sorted(out)
+
+
+def drop_ops(users: Iterable[int], ts: int) -> list[Op]:
+    """The caches of users gone dormant: one partition tombstone each.
+
+    At ``T + TRIM``, above the batch's adds and regenerated rows (``T + ADD``): a user
+    who came back and went dormant again in one batch keeps no row of it, as when the
+    batch is applied in order.
+    """
+    return [("home_drop", (ts, user)) for user in sorted(users)]
 
 
 def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> list[tuple[int, int, int, int]]:
@@ -555,7 +630,7 @@ def trim_ops(cuts: Mapping[int, Key], ts: int) -> list[Op]:
 
 def meta_ops(meta: Mapping[int, Meta], ts: int) -> list[Op]:
     """timeline_meta of every user the batch touched (single writer: no read race)."""
-    return [("meta_set", (u, m.horizon[0], m.horizon[1], min(m.size, _INT_MAX), ts))
+    return [("meta_set", (u, m.horizon[0], m.horizon[1], min(m.size, _INT_MAX), m.read_at, ts))
             for u, m in sorted(meta.items())]
 
 

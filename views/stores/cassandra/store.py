@@ -17,7 +17,8 @@ before the next starts: (1) reads the batch needs — its timestamp ``T``, the s
 state of its tweets, the partitions of wiped users, stored profiles, the touched
 users' ``timeline_meta``; (2) at ``T``: tweets and reposts, graph, blocks and
 mutes, profiles and account deletions, wipes, removes;
-(3) at ``T+1``: adds; (4) at ``T+2``: trims and ``timeline_meta``; (5) offsets,
+(3) at ``T+1``: adds, and the regenerated caches of returning users; (4) at ``T+2``:
+trims, the caches of users going dormant, and ``timeline_meta``; (5) offsets,
 dead letters, the batch record. Every write is an upsert or delete keyed by its
 primary key with an explicit timestamp, so re-running a batch — after a crash at
 any point — converges to the same rows; offsets are written last, so a reader that
@@ -41,6 +42,17 @@ reads go through the query there. Timelines run over the cap by at most the slac
 plus a batch, which costs space, not correctness — entries above the horizon are
 exact however many there are. ``timeline_meta`` and profiles (newest ``created_at``
 wins) are read-then-written: safe because one job writes a keyspace.
+
+**Inactive users** (DESIGN §4b, as the SQLite store does them):
+``timeline_meta.read_at`` keeps each user's newest read. A user whom an entry reaches
+more than ``inactive_ms`` after that read goes dormant: the horizon becomes
+:data:`~views.stores.base.DORMANT` and the partition is dropped (one partition
+tombstone at ``T+2``, above anything the batch added), so fan-out skips the user and
+reads evaluate at read time. A dormant user's next read regenerates the cache after
+phase (2): the newest ``cap`` entries of the followees off the celebrity path, read
+from ``author_tweets`` (this batch's tweets included), written at ``T+1``. A batch
+applied again finds the user no longer dormant (nothing is regenerated twice), or
+dormant with the partition dropped already.
 
 **Bookkeeping.** An applied offset is written with the offset itself as its write
 timestamp, so the cell keeps the maximum in whatever order writes land, with no read
@@ -159,6 +171,8 @@ class CassandraStore(Store):
         self.trim_slack = max(16, cap // 4) if config.trim_slack is None else config.trim_slack
         self._floor = 0
         self._write_lock = threading.Lock()
+        #: Timeline rows inserted since built (fan-out writes, regenerations included).
+        self.rows_written = 0
 
     @classmethod
     def from_url(cls, url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
@@ -246,8 +260,8 @@ class CassandraStore(Store):
         with self._write_lock:
             ts = self._begin(plan, batch_id)
             meta = self._write_removes(plan, ts + cql.REMOVE)
-            adds = cql.kept_adds(plan, meta)
-            self._run(cql.add_ops(adds, ts + cql.ADD))
+            adds, inserted = self._write_adds(plan, meta, ts, self.inactive_ms)
+            self.rows_written += inserted
             self._write_trims(adds, meta, ts + cql.TRIM)
             self._finish(plan, batch_id, ts, time.perf_counter() - start)
 
@@ -286,6 +300,44 @@ class CassandraStore(Store):
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
         return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+
+    def _write_adds(self, plan: WritePlan, meta: dict[int, cql.Meta], ts: int,
+                    inactive_ms: int) -> tuple[list[tuple[int, int, int, int]], int]:
+        """Reads, regenerations, dormancy, then the adds; after the batch's removes.
+
+        Returns the adds kept (for trimming) and the timeline rows inserted
+        (regenerated ones included). ``ts`` is the batch's ``T``.
+        """
+        back = self._regenerate(cql.record_reads(plan.activity, meta), meta)
+        dormant = cql.go_dormant(plan.adds, meta, inactive_ms)
+        adds = cql.kept_adds(plan, meta)
+        self._run(cql.add_ops(back + adds, ts + cql.ADD) + cql.drop_ops(dormant, ts + cql.TRIM))
+        return adds, len(back) + len(adds)
+
+    def _regenerate(self, users: list[int], meta: dict[int, cql.Meta]
+                    ) -> list[tuple[int, int, int, int]]:
+        """Returning users' caches as rows to add (``meta`` set to match).
+
+        Two concurrent runs whatever the number of users: their follows and celebrity
+        edges, then the newest ``cap + 1`` of each author any of them follows.
+        """
+        if not users:
+            return []
+        graph = self._run([(name, (u,)) for u in users
+                           for name in ("followees", "celebs_followed")])
+        authors: dict[int, list[int]] = {}
+        for i, user in enumerate(users):
+            celebs = set(reads.column(graph[2 * i + 1]))
+            authors[user] = [a for a in reads.column(graph[2 * i]) if a not in celebs]
+        every = sorted({a for found in authors.values() for a in found})
+        pages = dict(zip(every, self._run(reads.author_queries(every, None, self.cap + 1)),
+                         strict=True))
+        rows = []
+        for user in users:
+            entries = reads.merge_authors(authors[user], [pages[a] for a in authors[user]],
+                                          self.cap + 1)
+            rows += cql.regenerated(user, entries, meta[user], self.cap)
+        return rows
 
     def _write_trims(self, adds: list[tuple[int, int, int, int]], meta: dict[int, cql.Meta],
                      ts: int) -> None:

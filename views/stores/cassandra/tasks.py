@@ -14,10 +14,13 @@ no Spark in it. The phases, timestamps and statements are those of
   author's).
 - :meth:`TaskWriter.write_users` — a task that owns a set of *users* (routed by
   user): their follows, celebrity edges, blocks and mutes, profiles and account
-  deletions, wipes and resolved removes at ``T + REMOVE``, adds at ``T + ADD``,
-  trims and ``timeline_meta`` at ``T + TRIM``. Every read-before-write of a user's
-  rows (partition for wipes, ``timeline_meta``, profile time and deletion, the head
-  for a trim) is in the one task that writes them.
+  deletions, wipes and resolved removes at ``T + REMOVE``; their reads (inactive
+  users), a returning user's regenerated cache and adds at ``T + ADD``; trims, the
+  caches of users going dormant and ``timeline_meta`` at ``T + TRIM``. Every
+  read-before-write of a user's rows (partition for wipes, ``timeline_meta``,
+  profile time and deletion, follows and celebrity edges for a regeneration, the
+  head for a trim) is in the one task that writes them; the ``author_tweets`` a
+  regeneration reads were written by the tweet stage, which has finished.
 - :meth:`TaskWriter.begin` / :meth:`TaskWriter.finish` — the driver, before and
   after the tasks: the batch's timestamp, then the applied offsets and batch record.
 
@@ -67,7 +70,7 @@ TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure
 
 @dataclasses.dataclass
 class UserCounts:
-    """What one user-stage task wrote."""
+    """What one user-stage task wrote (``adds``: timeline rows, regenerated ones too)."""
 
     adds: int = 0
     removes: int = 0
@@ -150,8 +153,12 @@ class TaskWriter(CassandraStore):
         return removes, skipped
 
     # -- the user stage -----------------------------------------------------------------------
-    def write_users(self, plan: WritePlan, ts: int) -> UserCounts:
-        """Write everything of the plan's users, phase by phase (removes already resolved)."""
+    def write_users(self, plan: WritePlan, ts: int, inactive_ms: int = 0) -> UserCounts:
+        """Write everything of the plan's users, phase by phase (removes already resolved).
+
+        ``inactive_ms`` is the job's store's (:attr:`Store.inactive_ms`; 0: off): one
+        writer per process serves whatever job runs there.
+        """
         wipes = cql.wipe_users(plan.wipes)
         found = self._lookup({"home_all": sorted(wipes), "user_time": sorted(plan.users),
                               "meta_get": cql.meta_users(plan)})
@@ -162,10 +169,9 @@ class TaskWriter(CassandraStore):
                   + cql.user_ops(plan.users, stored, ts + cql.REMOVE, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts + cql.REMOVE) + removes)
         meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
-        adds = cql.kept_adds(plan, meta)
-        self._run(cql.add_ops(adds, ts + cql.ADD))
+        adds, inserted = self._write_adds(plan, meta, ts, inactive_ms)
         self._write_trims(adds, meta, ts + cql.TRIM)
-        return UserCounts(len(adds), len(removes))
+        return UserCounts(inserted, len(removes))
 
     # -- the driver: before and after the tasks --------------------------------------------------
     def begin(self, batch_id: int, run_digest: str) -> int:
