@@ -1,14 +1,16 @@
 """``fanout verify``: the live store against the DESIGN's SQL recomputed from the logs.
 
 The changelogs are read in batch from the beginning (``views.changelog``), folded
-into :class:`~views.reference.Reference` and queried with the literal §4b SQL. Each
-user's served timeline — read page by page through ``serving.timeline``, the same
-path the API uses (cache, celebrity entries, read-time fallback, then blocks, mutes,
-deleted accounts and originals, reply visibility, one entry per original) — must
-equal the query's first ``N`` entries, field by field: entry id, time, actor,
-original tweet and its author. Checked users: every user the log says follows
-someone, plus every user the store holds anything for (stale rows count as
-divergence), minus deleted accounts, whose timelines are not served.
+into :class:`~views.reference.Reference` and evaluated as §4b's query — newest first
+(``home_fast``), which is property-tested equal to the literal SQL and some 15 times
+cheaper per user on a 20,000-user history with 300,000 posts. Each user's served
+timeline — read page by page through ``serving.timeline``, the same path the API uses
+(cache, celebrity entries, read-time fallback, then blocks, mutes, deleted accounts
+and originals, reply visibility, one entry per original) — must equal the query's
+first ``N`` entries, field by field: entry id, time, actor, original tweet and its
+author. Checked users: every user the log says follows someone, plus every user the
+store holds anything for (stale rows count as divergence), minus deleted accounts,
+whose timelines are not served.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
           tqdm(total=len(users), desc="verify", unit="user", file=sys.stderr,
                disable=not progress) as bar):
         for user, got in zip(users, pool.map(served, users), strict=True):
-            want = ref.home(user, cap)
+            want = ref.home_fast(user, cap)
             result.users_checked += 1
             bar.update()
             if got != want:

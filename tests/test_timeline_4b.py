@@ -321,6 +321,15 @@ def rows(ref: Reference, user: int) -> list[Row]:
     return [tuple(r) for r in ref.home(user, ALL)]
 
 
+@settings(max_examples=500, deadline=None)
+@given(history=histories(), n=st.sampled_from([1, 2, 3, 5, ALL]))
+def test_reference_fast_evaluation_equals_the_literal_sql(history, n):
+    """What verify runs at scale (newest first, stopping at n) is the literal query's rows."""
+    ref = Reference().add(history)
+    for user in USERS:
+        assert ref.home_fast(user, n) == ref.home(user, n), f"user {user}"
+
+
 def test_reference_one_entry_per_original_the_newest_appearance():
     ref = Reference().add([Follow(9, 1, 0), Follow(9, 2, 0), Follow(9, 3, 0),
                            Post(10, 1, 5, "a"), Repost(30, 2, 10, 1, 7), Repost(31, 3, 10, 1, 6),

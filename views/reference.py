@@ -21,8 +21,10 @@ looks at batches, state or deltas, only at the set of events.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import sqlite3
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -140,11 +142,12 @@ class Reference:
         self.profiles: dict[int, UserUpsert] = {}
         self.deleted_accounts: set[int] = set()
         self._db: sqlite3.Connection | None = None
+        self._index: _Index | None = None
 
     def add(self, events: Iterable[Event]) -> Reference:
         """Fold ``events`` in; order and duplication do not matter."""
         for event in events:
-            self._db = None
+            self._db, self._index = None, None
             self._fold(event)
         return self
 
@@ -201,6 +204,20 @@ class Reference:
         """The top ``n`` §4b entries of ``user``'s home timeline, newest first."""
         rows = self._conn().execute(HOME_SQL, {"u": user, "n": n}).fetchall()
         return [HomeRow(*row) for row in rows]
+
+    def home_fast(self, user: int, n: int) -> list[HomeRow]:
+        """:meth:`home`'s rows, evaluated newest first and stopping at ``n`` (for verify).
+
+        The literal query filters and ranks every candidate of ``user`` before it can
+        cut at ``n``: on a generated 20,000-user history (300,000 posts) that is 120 ms
+        a user, against 8 ms for §4's query. Here each followee's entries, with what
+        does not depend on the reader already checked, are merged newest first; the
+        first visible appearance of an original is its newest (``ranked``'s rn = 1),
+        so the walk stops after ``n`` of them. Property-tested equal to :meth:`home`.
+        """
+        if self._index is None:
+            self._index = _Index(self)
+        return self._index.home(user, n)
 
     def post(self, tweet_id: int) -> Post | None:
         """The winning post event of ``tweet_id`` (for hydration checks), if any."""
@@ -265,6 +282,77 @@ class Reference:
         for (a, t), r in self._reposts.items():
             undone = (t, a) in self._unreposts or (t, a) in self._deletes
             yield (t, "repost", a, r.created_at, None, int(undone))
+
+
+class _Index:
+    """The folded tables arranged for :meth:`Reference.home_fast`: per-reader lookups."""
+
+    def __init__(self, ref: Reference) -> None:
+        gone = ref.deleted_accounts
+        self.gone = gone
+        self.follows: dict[int, set[int]] = defaultdict(set)
+        for (f, x), (_, un) in ref._edges.items():
+            if not un:
+                self.follows[f].add(x)
+        self.blocked: dict[int, set[int]] = defaultdict(set)  # both ways
+        self.muted: dict[int, set[int]] = defaultdict(set)
+        for (u, x, kind), (_, un) in ref._relations.items():
+            if un:
+                continue
+            if kind == "block":
+                self.blocked[u].add(x)
+                self.blocked[x].add(u)
+            else:
+                self.muted[u].add(x)
+        self.entries = _entries_by_actor(ref, gone)
+
+    def home(self, user: int, n: int) -> list[HomeRow]:
+        blocked, muted = self.blocked.get(user, set()), self.muted.get(user, set())
+        f = {x for x in self.follows.get(user, ()) if x not in self.gone and x not in blocked}
+        hidden = blocked | muted
+        seen: set[int] = set()
+        out: list[HomeRow] = []
+        lists = [self.entries.get(x, []) for x in f]
+        for at, entry, actor, original, author, reply_to in heapq.merge(*lists, reverse=True):
+            if actor in hidden or author in hidden or original in seen:
+                continue
+            if entry != original and author == user:
+                continue  # a repost of the reader's own tweet
+            if entry == original and reply_to and reply_to not in (user, actor) \
+                    and reply_to not in f:
+                continue
+            seen.add(original)
+            out.append(HomeRow(entry, at, actor, original, author))
+            if len(out) == n:
+                break
+        return out
+
+
+#: (created_at, entry_id, actor, original, original author, the original's reply_to).
+_Entry = tuple[int, int, int, int, int, int]
+
+
+def _entries_by_actor(ref: Reference, gone: set[int]) -> dict[int, list[_Entry]]:
+    """Each actor's entries that are visible to someone, newest first.
+
+    What does not depend on the reader is checked here: the original is a live post
+    by the named author, and neither that author's nor the actor's account is deleted.
+    """
+    live = {t: p for t, p in ref._posts.items()
+            if (t, p.author_id) not in ref._deletes and p.author_id not in gone}
+    out: dict[int, list[_Entry]] = defaultdict(list)
+    for t, p in live.items():
+        out[p.author_id].append((p.created_at, t, p.author_id, t, p.author_id,
+                                 p.in_reply_to_user_id))
+    for r in ref.live_reposts():
+        original = live.get(r.original_tweet_id)
+        if original is None or original.author_id != r.original_author_id or r.author_id in gone:
+            continue
+        out[r.author_id].append((r.created_at, r.tweet_id, r.author_id, r.original_tweet_id,
+                                 r.original_author_id, original.in_reply_to_user_id))
+    for entries in out.values():
+        entries.sort(reverse=True)
+    return out
 
 
 def _newest(table: dict, key: tuple, rank: _Rank) -> None:
