@@ -100,7 +100,8 @@ def main() -> int:
     on_rows = on.store.rows_written
     print(f"inactive after {args.inactive_days:g} days: {on.store.rows_written:,} timeline "
           f"rows in {on_s:.1f}s", flush=True)
-    users = on.store.home_users()
+    gone = {u for u, row in on.store.users(on.store.home_users()).items() if row.deleted}
+    users = [u for u in on.store.home_users() if u not in gone]  # deleted accounts: 404
     dormant = [u for u in users if on.store.horizon(u) == DORMANT]
     active = [u for u in users if on.store.horizon(u) != DORMANT]
     rng = random.Random(args.seed)
