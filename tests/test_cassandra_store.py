@@ -228,8 +228,20 @@ def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
                    ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
                    ("tweet_gone", (100, 1, 12)),
                    ("tweet_live", (14, 1, 8, "mine", 0, 100)), ("author_add", (1, 8, 14, 100))]
-    assert cql.TweetState.decode([(4, None, 1)]) == cql.TweetState(4, False, 1)
+    assert cql.TweetState.decode([(4, None, 1, None)]) == cql.TweetState(4, False, 1)
+    assert cql.TweetState.decode([(4, False, 1, 9)]) == cql.TweetState(4, False, 1, 9)
     assert cql.TweetState.decode([]) is None
+
+
+def test_tweet_ops_leave_an_id_the_batch_reposts_to_repost_ops() -> None:
+    """Both would land at one timestamp, where Cassandra keeps the larger cell value:
+    a delete under another user's id would hide the repost (``deleted`` true > false)."""
+    plan = _plan(Delta.repost(20, 2, 0, (10, 1), True), Delta.tweet_deleted(20, 3),
+                 Delta.repost(21, 2, 4, (10, 1), False), Delta.tweet_deleted(21, 2, 4),
+                 Delta.tweet_deleted(22, 2))
+    assert cql.lookup_ids(plan) == [20, 21, 22]
+    states = {21: cql.TweetState(4, False, 2, 10)}
+    assert cql.tweet_ops(plan, states, 100) == [("tweet_gone", (100, 2, 22))]
 
 
 def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
@@ -278,6 +290,24 @@ def test_repost_ops_write_the_last_state_of_each_repost() -> None:
                    ("repost_add", (10, 9, 20, 2, 50)),
                    ("repost_set", (21, 2, 8, True, 11, 1, 50)), ("author_del", (50, 2, 8, 21)),
                    ("repost_del", (50, 11, 8, 21))]
+
+
+def test_repost_moves_delete_the_rows_at_the_stored_key() -> None:
+    """A copy with a smaller (created_at, original) replaces the stored one (DESIGN §4b)."""
+    plan = _plan(Delta.repost(20, 2, 5, (10, 1), True),   # stored at 7: earlier now
+                 Delta.repost(21, 2, 6, (10, 1), True),   # stored at 6 of 11: another original
+                 Delta.repost(22, 2, 4, (10, 1), False),  # stored at 5, hidden at 4
+                 Delta.repost(23, 2, 3, (10, 1), True),   # unchanged
+                 Delta.repost(24, 2, 3, (10, 1), True),   # first written now
+                 Delta.repost(25, 2, 3, (10, 1), True))   # a forged delete's row, no time
+    states = {20: cql.TweetState(7, False, 2, 10), 21: cql.TweetState(6, False, 2, 11),
+              22: cql.TweetState(5, False, 2, 10), 23: cql.TweetState(3, False, 2, 10),
+              25: cql.TweetState(None, True, 3)}
+    ops = cql.repost_moves(plan.reposts, states, 50)
+    _check_markers(ops)
+    assert ops == [("author_del", (50, 2, 7, 20)), ("repost_del", (50, 10, 7, 20)),
+                   ("repost_del", (50, 11, 6, 21)),
+                   ("author_del", (50, 2, 5, 22)), ("repost_del", (50, 10, 5, 22))]
 
 
 def test_a_block_is_written_into_both_users_partitions() -> None:
@@ -613,6 +643,57 @@ def test_a_late_rerun_cannot_hide_a_repost_shown_since(store: CassandraStore) ->
     assert store.reposts_of([original]) == {original: [Entry(7, r2, b), Entry(6, r1, a)]}
     assert store.author_tweets([a], None, 10) == [Entry(6, r1, a)]
     assert store.tweets([r1])[r1] == TweetRow(r1, a, 6, "", False, 0, original, orig_author)
+
+
+class CutShort(CassandraStore):
+    """The real store, dying once in the run that writes reposts' rows: only those land."""
+
+    crash = True
+
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+        if self.crash and any(name == "repost_set" for name, _ in ops):
+            self.crash = False
+            super()._run([op for op in ops if op[0] == "repost_set"], profile)
+            msg = "the process died mid-batch"
+            raise StoreError(msg)
+        return super()._run(ops, profile)
+
+
+def test_a_repost_moved_by_a_batch_cut_short_moves_when_it_runs_again(keyspace: str) -> None:
+    """The rows at the old key go before the repost's row names the new one: a batch
+    applied again after a crash still reads the old key (DESIGN §4b, §4)."""
+    a, b, r, o1, o2, rid = _ids(6)
+    store = CutShort(parse_url(keyspace))
+    store.open()
+    try:
+        store.crash = False
+        store.apply([Delta.tweet(o1, a, 3, "o1"), Delta.tweet(o2, b, 2, "o2"),
+                     Delta.repost(rid, r, 7, (o1, a), True),
+                     Delta.source_offset("moves", 0, 1)], 1)
+        moved = [Delta.repost(rid, r, 5, (o2, b), True), Delta.source_offset("moves", 0, 2)]
+        store.crash = True
+        with pytest.raises(StoreError, match="died mid-batch"):
+            store.apply(moved, 2)
+        assert store.tweets([rid])[rid].created_at == 5  # the new key is stored already
+        store.apply(moved, 2)
+        assert store.author_tweets([r], None, 10) == [Entry(5, rid, r)]
+        assert store.reposts_of([o1, o2]) == {o2: [Entry(5, rid, r)]}
+        # A hidden copy at yet another time: the rows at the stored time go too.
+        store.apply([Delta.repost(rid, r, 4, (o2, b), False), Delta.source_offset("moves", 0, 3)],
+                    3)
+        assert store.author_tweets([r], None, 10) == [] and store.reposts_of([o1, o2]) == {}
+    finally:
+        store.close()
+
+
+def test_a_forged_delete_in_the_reposts_batch_hides_nothing(store: CassandraStore) -> None:
+    """A delete naming a repost id under another user's id, in the repost's batch."""
+    a, r, forger, o, rid = _ids(5)
+    store.apply([Delta.tweet(o, a, 3, "o"), Delta.repost(rid, r, 0, (o, a), True),
+                 Delta.tweet_deleted(rid, forger)])
+    assert store.tweets([rid])[rid] == TweetRow(rid, r, 0, "", False, 0, o, a)
+    assert store.author_tweets([r], None, 10) == [Entry(0, rid, r)]
+    assert store.reposts_of([o]) == {o: [Entry(0, rid, r)]}
 
 
 def test_a_block_is_stored_in_both_users_partitions(store: CassandraStore,

@@ -31,6 +31,7 @@ from ingest.events import (
     Activity,
     Delete,
     Event,
+    Follow,
     Post,
     Relation,
     Repost,
@@ -45,7 +46,9 @@ from views.executor_sink import ExecutorSink, tweet_stage, user_stage
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.row import arrow_schema
-from views.stores.base import DORMANT, BatchStats, Relations, Store, UserRow
+from views.stores.base import DORMANT, BatchStats, Entry, Relations, Store, UserRow
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra.config import WRITE_PROFILE
 from views.stores.cassandra.store import CassandraStore
 from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
@@ -241,6 +244,59 @@ def test_stage_two_folds_what_the_shuffle_reorders(two_keyspaces):
         assert executors.relations(z) == Relations(frozenset({u}), frozenset())
         assert executors.users([y, z]) == {y: UserRow(y, "new", "New"),
                                            z: UserRow(z, "", "", True)}
+
+
+def test_stages_move_a_repost_as_the_sqlite_store_does(two_keyspaces, monkeypatch):
+    """Smaller copies of a repost id (another time, another original: DESIGN §4b) and
+    deletes under another user's id in a repost's batch. Both paths store what SQLite
+    does, the rows at a moved repost's old key gone, also when a stage-1 task dies
+    once the repost's row names the new key and the batch runs again."""
+    driver, executors = two_keyspaces
+    u, r, a, b, forger = (9_100 + i for i in range(5))
+    o1, o2, rid, rid2 = (9_110 + i for i in range(4))
+    batches = [[Follow(u, r, 1), Post(o1, a, 3, "o1"), Post(o2, b, 2, "o2"),
+                Repost(rid, r, o1, a, 7)],
+               [Repost(rid, r, o2, b, 5), Delete(rid, forger, 8),
+                Repost(rid2, r, o1, a, 0), Delete(rid2, forger, 9)],
+               [Repost(rid, r, o2, b, 4), Unrepost(rid, r, 9)]]
+    real_run = TaskWriter._run
+    cut_short = [False]
+
+    def run(self: TaskWriter, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list:
+        if cut_short[0] and any(name == "repost_set" for name, _ in ops):
+            cut_short[0] = False
+            real_run(self, [op for op in ops if op[0] == "repost_set"], profile)
+            msg = "the task died mid-batch"
+            raise StoreError(msg)
+        return real_run(self, ops, profile)
+
+    monkeypatch.setattr(TaskWriter, "_run", run)
+    reference = Recording().open()
+    join = LocalJoin(JoinConfig(cap=CAP, promote_at=25, demote_below=20), reference)
+    sink = ExecutorSink(executors)
+    users, tweets = [u, r, a, b, forger], [o1, o2, rid, rid2]
+    reads = ("reposts_of", "home", "tweets", "author_tweets")
+    for batch_id, events in enumerate(batches):
+        join.run(events)
+        deltas = reference.recorded[-1]
+        driver.apply(deltas, batch_id)
+        if batch_id == 1:
+            cut_short[0] = True
+            with pytest.raises(StoreError, match="died mid-batch"):
+                _apply_in_tasks(sink, deltas, batch_id)
+            assert executors.tweets([rid])[rid].created_at == 5  # the new key is stored
+        _apply_in_tasks(sink, deltas, batch_id, tweet_tasks_twice=batch_id == 2)
+        expected = _read_all(reference, users, tweets)
+        for store in (driver, executors):
+            got = _read_all(store, users, tweets)
+            for table in reads:
+                assert got[table] == expected[table], (batch_id, table)
+        if batch_id == 1:  # what SQLite stores, spelled out
+            assert reference.author_tweets([r], None, 10) == [Entry(5, rid, r),
+                                                              Entry(0, rid2, r)]
+            assert expected["reposts_of"] == {o2: [Entry(5, rid, r)], o1: [Entry(0, rid2, r)]}
+    assert reference.author_tweets([r], None, 10) == [Entry(0, rid2, r)]
+    assert [e.tweet_id for e in expected["home"][u]] == [rid2]
 
 
 DAY = 86_400_000

@@ -16,11 +16,12 @@ stage                     routed by    writes
 ========================  ===========  =============================================
 1 (``tweet_stage``)       tweet_id     ``tweets``, ``author_tweets`` (read first: the
                                        stored state); reposts (``tweets``,
-                                       ``author_tweets``, ``reposts_by_original``, no
-                                       read); the timeline removes of those tweets are
-                                       resolved to row keys here (a delete of unknown
-                                       time reads it from ``tweets``); dead letters
-                                       (any task)
+                                       ``author_tweets``, ``reposts_by_original``;
+                                       read first: the stored key, whose rows go
+                                       when a copy moves the repost); the timeline
+                                       removes of those tweets are resolved to row
+                                       keys here (a delete of unknown time reads it
+                                       from ``tweets``); dead letters (any task)
 2 (``user_stage``)        user_id      ``home_timeline`` wipes (read the partition),
                                        removes, adds, trims (read the head),
                                        ``timeline_meta`` (read: horizon, size, newest

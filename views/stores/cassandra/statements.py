@@ -88,7 +88,8 @@ STATEMENTS: Final[dict[str, str]] = {
                   "body = '' WHERE tweet_id = ?",
     "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
                      "deleted = true, body = '' WHERE tweet_id = ?",
-    "tweet_state": "SELECT created_at, deleted, author_id FROM tweets WHERE tweet_id = ?",
+    "tweet_state": "SELECT created_at, deleted, author_id, original_id FROM tweets "
+                   "WHERE tweet_id = ?",
     "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
                  "original_id, original_author FROM tweets WHERE tweet_id = ?",
     # -- reposts ---------------------------------------------------------------------------
@@ -152,8 +153,8 @@ STATEMENTS: Final[dict[str, str]] = {
     "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at "
                    "FROM timeline_meta WHERE user_id IN ?",
     "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
-    "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id FROM tweets "
-                      "WHERE tweet_id IN ?",
+    "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id, original_id "
+                      "FROM tweets WHERE tweet_id IN ?",
     # -- full scans (operators and verify only) ----------------------------------------
     "followers_all": "SELECT DISTINCT follower_id FROM follows",
     "home_users_all": "SELECT DISTINCT user_id FROM home_timeline",
@@ -286,19 +287,23 @@ def _packed(groups: list[list[int]], ops: Sequence[Op],
 
 
 class TweetState(NamedTuple):
-    """What the ``tweets`` table already holds for a tweet (created_at may be unknown)."""
+    """What the ``tweets`` table already holds for a tweet (created_at may be unknown).
+
+    ``original_id``: the reposted tweet, for a repost's row (None for a post).
+    """
 
     created_at: int | None
     deleted: bool
     author_id: int | None = None
+    original_id: int | None = None
 
     @classmethod
     def decode(cls, rows: list[tuple[Any, ...]]) -> TweetState | None:
         """From a ``tweet_state`` read (None: no row)."""
         if not rows:
             return None
-        created_at, deleted, author = rows[0]
-        return cls(created_at, bool(deleted), author)
+        created_at, deleted, author, original = rows[0]
+        return cls(created_at, bool(deleted), author, original or None)
 
 
 # -- batch timestamps ---------------------------------------------------------------------
@@ -331,9 +336,9 @@ def batch_timestamp(now_us: int, floor: int, recorded: tuple[int, str] | None,
 # -- reads the writer needs first ------------------------------------------------------------
 
 def lookup_ids(plan: WritePlan) -> list[int]:
-    """Tweets whose stored state the batch needs: its tweets and removes of unknown time."""
+    """Ids whose stored state the batch needs: its tweets, reposts, removes of unknown time."""
     unknown = {t for _, t, created_at, _ in plan.removes if not created_at}
-    return sorted(set(plan.tweets) | unknown)
+    return sorted(set(plan.tweets) | set(plan.reposts) | unknown)
 
 
 def tweet_times(plan: WritePlan, states: Mapping[int, TweetState]) -> dict[int, int]:
@@ -358,11 +363,17 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
 
     A tweet id belongs to whoever posted it: a delete under another author's id
     neither hides the tweet nor keeps it hidden, and a tweet its author deleted
-    stays deleted (no live write over it).
+    stays deleted (no live write over it). An id the batch also writes a repost of
+    is left to :func:`repost_ops`: SQLite writes reposts after tweets, so the join's
+    repost state is what stays, and here both would land at one timestamp, where
+    Cassandra keeps the larger value of each cell (``deleted`` true over false:
+    a delete under another user's id would hide a shown repost).
     """
     times = tweet_times(plan, states)
     ops: list[Op] = []
     for tweet, row in sorted(plan.tweets.items()):
+        if tweet in plan.reposts:
+            continue
         stored = states.get(tweet)
         author = row.author_id
         owner = stored.author_id if stored is not None else author
@@ -378,6 +389,34 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
             ops.append(("author_del", (ts, author, times[tweet], tweet)))
         else:  # never posted here: nothing to remove from author_tweets
             ops.append(("tweet_gone", (ts, author, tweet)))
+    return ops
+
+
+def repost_moves(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState],
+                 ts: int) -> list[Op]:
+    """Deletes of the rows a repost leaves behind when its key moves (DESIGN §4b).
+
+    Copies of one repost id count by their smallest (created_at, original, its
+    author), so a batch may write a repost at another time or of another original
+    than ``tweets`` holds: its ``author_tweets`` row and its ``reposts_by_original``
+    row at the stored (created_at, original) go, shown or hidden now (as the SQLite
+    store deletes the row at the stored time). A row whose key stays is left to
+    :func:`repost_ops` (a delete beside an add of one row at one timestamp would
+    win). The store runs these before, and apart from, the ``repost_set`` that
+    overwrites the stored key: a batch cut short and applied again still reads the
+    old key until its rows are gone.
+    """
+    ops: list[Op] = []
+    for repost, row in sorted(reposts.items()):
+        stored = states.get(repost)
+        if stored is None or stored.created_at is None:
+            continue
+        at = stored.created_at
+        if at != row.created_at:
+            ops.append(("author_del", (ts, row.author_id, at, repost)))
+        if stored.original_id is not None and (stored.original_id, at) != (row.original_id,
+                                                                           row.created_at):
+            ops.append(("repost_del", (ts, stored.original_id, at, repost)))
     return ops
 
 

@@ -15,7 +15,9 @@ partition's writes together, small partitions of one replica set packed).
 :meth:`_write` applies a plan in phases, each a bounded concurrent run that finishes
 before the next starts: (1) reads the batch needs — its timestamp ``T``, the stored
 state of its tweets, the partitions of wiped users, stored profiles, the touched
-users' ``timeline_meta``; (2) at ``T``: tweets and reposts, graph, blocks and
+users' ``timeline_meta``; (2) at ``T``: the rows a repost leaves when its key
+moves (a run of their own, before the repost's row is rewritten, so that a batch
+applied again still finds the old key), then tweets and reposts, graph, blocks and
 mutes, profiles and account deletions, wipes, removes;
 (3) at ``T+1``: adds, and the regenerated caches of returning users; (4) at ``T+2``:
 trims, the caches of users going dormant, and ``timeline_meta``; (5) offsets,
@@ -295,6 +297,7 @@ class CassandraStore(Store):
         if skipped:
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
+        self._run(cql.repost_moves(plan.reposts, states, ts))  # first: see repost_moves
         self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, ts)
                   + cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)

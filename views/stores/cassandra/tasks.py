@@ -7,7 +7,8 @@ no Spark in it. The phases, timestamps and statements are those of
 :mod:`views.stores.cassandra.statements`); what changes is who runs them:
 
 - :meth:`TaskWriter.write_tweets` — a task that owns a set of *tweets* and reposts
-  (the batch routed by ``tweet_id``): reads their stored state, writes ``tweets``,
+  (the batch routed by ``tweet_id``): reads their stored state, deletes the rows
+  of reposts whose key moves (first, as the store does), writes ``tweets``,
   ``author_tweets`` and ``reposts_by_original`` at ``T + REMOVE`` and the dead
   letters, and resolves every timeline remove of those tweets to a row key (a
   remove of unknown time takes it from ``tweets``, only if the tweet is the removing
@@ -147,6 +148,7 @@ class TaskWriter(CassandraStore):
         owners = {t: s.author_id for t, s in states.items()}
         removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
                                           ts + cql.REMOVE)
+        self._run(cql.repost_moves(plan.reposts, states, ts + cql.REMOVE))  # see there
         self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
                   + cql.repost_ops(plan.reposts, ts + cql.REMOVE)
                   + cql.dead_ops(plan.dead, int(time.time() * 1000)))
