@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -67,13 +67,7 @@ def build(path: Path) -> dict[int, list[int]]:
 def measure(read, readers: dict[int, list[int]], rounds: int) -> dict[int, dict[str, float]]:
     out = {}
     for k, users in readers.items():
-        for user in users[:10]:  # warm-up
-            read(user)
-        samples = []
-        for i in range(rounds):
-            start = time.perf_counter()
-            read(users[i % len(users)])
-            samples.append((time.perf_counter() - start) * 1000)
+        samples = timed_ms(read, users, rounds, warmup=10)
         out[k] = {"p50_ms": round(percentile(samples, .5), 3),
                   "p99_ms": round(percentile(samples, .99), 3)}
     base = out[0]["p99_ms"]

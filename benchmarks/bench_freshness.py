@@ -18,12 +18,13 @@ import bisect
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 
 from pipeline import ROOT, percentile, pipeline, save
 
 sys.path.insert(0, str(ROOT))
 
-from ingest.events import Post  # noqa: E402
+from ingest.events import Event, Post  # noqa: E402
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 
@@ -37,30 +38,34 @@ def _load_graph(pipe, users: int, follows: int) -> None:
     pipe.wait_caught_up(timeout=900)
 
 
-def _produce(pipe, rate: float, seconds: float, authors: list[int]) -> list[tuple]:
-    """Open-loop: tweet i is due at start + i/rate; returns (due, partition, offset)."""
+def produce(pipe, rate: float, writes: Iterable[Event]) -> list[tuple]:
+    """Open loop: write i is due at start + i/rate; returns (due, partition, offset)."""
     sent: list[tuple] = []
     lock = threading.Lock()
     producer = ChangelogProducer(pipe.kafka, linger_ms=0)
     producer.start()
     start = time.perf_counter() + 0.5
-    total = int(rate * seconds)
-    for i in range(total):
+    for i, event in enumerate(writes):
         due = start + i / rate
         time.sleep(max(0.0, due - time.perf_counter()))
-        author = authors[i % len(authors)]
-        post = Post(2_000_000_000_000 + i, author, int(time.time() * 1000), f"fresh {i}")
 
         def done(_event, outcome, due=due):
             if not isinstance(outcome, Exception):
                 with lock:
                     sent.append((due, outcome.partition, outcome.offset))
 
-        producer.send(post, on_delivery=done)
+        producer.send(event, on_delivery=done)
         producer.poll(0)
     producer.flush(60)
     producer.close()
     return sent
+
+
+def _posts(rate: float, seconds: float, authors: list[int]) -> Iterator[Post]:
+    """Posts by ``authors`` in turn, stamped when they are made (just before sending)."""
+    for i in range(int(rate * seconds)):
+        yield Post(2_000_000_000_000 + i, authors[i % len(authors)], int(time.time() * 1000),
+                   f"fresh {i}")
 
 
 def main() -> int:
@@ -86,7 +91,8 @@ def main() -> int:
 
         pipe.sink.on_batch = snapshot
         first_batch = len(pipe.batch_log)
-        sent = _produce(pipe, args.rate, args.seconds, list(range(1, args.users + 1, 7)))
+        sent = produce(pipe, args.rate, _posts(args.rate, args.seconds,
+                                               list(range(1, args.users + 1, 7))))
         pipe.wait_caught_up(timeout=300, progress=False)
         batches = pipe.batch_log[first_batch:]
         ids = {b["batch_id"] for b in batches}

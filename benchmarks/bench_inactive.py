@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -57,12 +57,7 @@ def _replay(events: list, config: JoinConfig, path: Path, inactive_days: float,
 
 
 def _read_ms(store: SQLiteStore, users: list[int], limit: int = 20) -> list[float]:
-    out = []
-    for user in users:
-        start = time.perf_counter()
-        home_page(store, user, None, limit)
-        out.append((time.perf_counter() - start) * 1000)
-    return out
+    return timed_ms(lambda user: home_page(store, user, None, limit), users)
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -127,13 +127,7 @@ class Counting:
 
 
 def measure(read: Callable[[int], object], users: list[int], rounds: int) -> dict[str, float]:
-    for user in users[:20]:  # warm-up
-        read(user)
-    samples = []
-    for i in range(rounds):
-        start = time.perf_counter()
-        read(users[i % len(users)])
-        samples.append((time.perf_counter() - start) * 1000)
+    samples = timed_ms(read, users, rounds, warmup=20)
     return {"p50_ms": round(percentile(samples, .5), 3),
             "p99_ms": round(percentile(samples, .99), 3)}
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import threading
 import time
 from collections import defaultdict
 
-from bench_freshness import _lags
+from bench_freshness import _lags, produce
 from pipeline import ROOT, percentile, pipeline, save
 
 sys.path.insert(0, str(ROOT))
@@ -50,29 +49,6 @@ def _graph(users: int, follows: int) -> tuple[list[Event], dict[int, list[int]]]
     return events, {u: sorted(f) for u, f in followees.items() if f}
 
 
-def _produce(pipe, rate: float, writes: list[Event]) -> list[tuple]:
-    """Open loop: write i is due at start + i/rate; returns (due, partition, offset)."""
-    sent: list[tuple] = []
-    lock = threading.Lock()
-    producer = ChangelogProducer(pipe.kafka, linger_ms=0)
-    producer.start()
-    start = time.perf_counter() + 0.5
-    for i, event in enumerate(writes):
-        due = start + i / rate
-        time.sleep(max(0.0, due - time.perf_counter()))
-
-        def done(_event, outcome, due=due):
-            if not isinstance(outcome, Exception):
-                with lock:
-                    sent.append((due, outcome.partition, outcome.offset))
-
-        producer.send(event, on_delivery=done)
-        producer.poll(0)
-    producer.flush(60)
-    producer.close()
-    return sent
-
-
 def _phase(pipe, name: str, rate: float, writes: list[Event]) -> dict:
     commits: list[tuple[float, dict]] = []
     previous = pipe.sink.on_batch
@@ -83,7 +59,7 @@ def _phase(pipe, name: str, rate: float, writes: list[Event]) -> dict:
 
     pipe.sink.on_batch = snapshot
     first = len(pipe.batch_log)
-    sent = _produce(pipe, rate, writes)
+    sent = produce(pipe, rate, writes)
     pipe.wait_caught_up(timeout=600, progress=False)
     pipe.sink.on_batch = previous
     batches = pipe.batch_log[first:]

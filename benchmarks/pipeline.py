@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -163,6 +163,22 @@ def replay_process(pipe: Pipeline, paths: list[str], extra: list[str]) -> dict[s
     if out.returncode != 0:
         raise RuntimeError(f"replay failed: {out.stdout}\n{out.stderr}")
     return {"seconds": time.perf_counter() - start, "output": out.stdout.strip()}
+
+
+def timed_ms(call: Callable[[Any], object], args: list[Any], rounds: int | None = None,
+             warmup: int = 0) -> list[float]:
+    """Milliseconds per ``call(arg)``, cycling through ``args`` ``rounds`` times.
+
+    Default: each arg once; ``warmup`` untimed calls on the first args go before.
+    """
+    for arg in args[:warmup]:
+        call(arg)
+    samples = []
+    for i in range(len(args) if rounds is None else rounds):
+        start = time.perf_counter()
+        call(args[i % len(args)])
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
 
 
 def percentile(values: list[float], q: float) -> float:
