@@ -54,7 +54,7 @@ BAD: dict[str, tuple[str, bytes | None, bytes | None, str]] = {
     "missing field": ("tweets", b"5", _post(text=...), r"missing field text"),
     "missing time": ("follows", b"5", b'{"v":1,"op":"follow","follower_id":6,"followee_id":5}',
                      r"missing field created_at"),
-    "unknown op": ("tweets", b"5", _post(op="repost"), r"unknown op 'repost'"),
+    "unknown op": ("tweets", b"5", _post(op="retweet"), r"unknown op 'retweet'"),
     "unknown version": ("tweets", b"5", _post(v=2), r"unsupported version v=2"),
     "v=1.0": ("tweets", b"5", _post(v=1.0), r"unsupported version v=1\.0"),
     "no version": ("tweets", b"5", _post(v=...), r"unsupported version v=None"),
@@ -75,6 +75,20 @@ BAD: dict[str, tuple[str, bytes | None, bytes | None, str]] = {
     "tombstone": ("tweets", b"5", None, r"no value \(tombstone\)"),
     "user tombstone": ("users", b"5", None, r"no value \(tombstone\)"),
     "bad time": ("tweets", b"5", _post(created_at=-1), r"created_at=-1 is not epoch"),
+    # The records of DESIGN §4b.
+    "self-reply": ("tweets", b"5", _post(in_reply_to_user_id=5), r"a self-reply carries none"),
+    "repost of itself": ("tweets", b"5", b'{"v":1,"op":"repost","tweet_id":9,"author_id":5,'
+                         b'"original_tweet_id":9,"original_author_id":6,"created_at":1000}',
+                         r"a repost has its own id"),
+    "repost without original": ("tweets", b"5", b'{"v":1,"op":"repost","tweet_id":9,'
+                                b'"author_id":5,"original_author_id":6,"created_at":1000}',
+                                r"missing field original_tweet_id"),
+    "self-block": ("follows", b"7", b'{"v":1,"op":"block","follower_id":7,"followee_id":7,'
+                   b'"created_at":1000}', r"cannot block themselves"),
+    "tweet delete on users": ("users", b"5", b'{"v":1,"op":"delete","tweet_id":9,'
+                              b'"author_id":5,"created_at":1000}', r"unexpected field"),
+    "unknown activity op": ("activity", b"5", b'{"v":1,"op":"write","user_id":5,'
+                            b'"created_at":1000}', r"unknown op 'write' on topic activity"),
 }
 
 
