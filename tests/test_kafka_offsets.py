@@ -48,7 +48,9 @@ def test_ends_are_exact_across_rounds_of_batches(
     offsets = EndOffsets(kafka_settings.bootstrap)
     expected = dict.fromkeys(tps, 0)
     assert offsets.ends(tps) == expected
-    for round_sizes in ((23, 1, 0, 9, 0, 2), (5, 0, 17, 1, 0, 30), (1, 1, 1, 1, 1, 1)):
+    # One size per (topic, partition): 4 topics × 2 partitions.
+    for round_sizes in ((23, 1, 0, 9, 0, 2, 4, 0), (5, 0, 17, 1, 0, 30, 0, 3),
+                        (1, 1, 1, 1, 1, 1, 1, 1)):
         counts = dict(zip(tps, round_sizes, strict=True))
         produce(counts)
         expected = {tp: expected[tp] + counts[tp] for tp in tps}
