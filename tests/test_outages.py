@@ -177,8 +177,11 @@ def test_api_answers_503_while_the_broker_is_away_and_recovers(brokers, tmp_path
     try:
         with serve(config, store, kafka) as client:
             client.timeout = httpx.Timeout(10)  # a hung write fails the test
-            assert client.post("/v1/tweets", json={"text": "before"}, headers=headers)\
-                .status_code == 202
+            # A fresh broker may still be loading its idempotence coordinator for the
+            # first write's 1 s timeout (it did once under load): wait for one to land.
+            wait_for(lambda: client.post("/v1/tweets", json={"text": "before"},
+                                         headers=headers).status_code == 202,
+                     30, "a first write to be accepted", every=0.5)
             brokers.stop()
             for i in range(4):
                 response = client.post("/v1/tweets", json={"text": f"lost {i}"}, headers=headers)
