@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from array import array
 
-from views.join import AuthorState
+from views.join import AuthorState, live_reposts
 
 VERSION = 2
 _HEAD = struct.Struct("<BBBqqqIIIIII")
@@ -86,23 +86,12 @@ def decode_state(blob: bytes) -> AuthorState:
         profile_at=profile_at,
         reposts=reposts,
         undone=undone_set,
-        shown=_shown(reposts, undone_set, set(dead)),
+        shown=live_reposts(reposts, undone_set | set(dead)),
         relations={(u, _RELATION_NAMES[k]): (at, bool(on))
                    for u, k, at, on in zip(l_users, l_kinds, l_at, l_on, strict=True)},
         deleted=bool(deleted),
         active=f_on.count(1),
     )
-
-
-def _shown(reposts: dict[int, tuple[int, int, int]], undone: set[int],
-           tombstones: set[int]) -> dict[int, int]:
-    """The repost shown per original: the earliest not undone (as ``views.join`` settles it)."""
-    best: dict[int, tuple[int, int]] = {}
-    for rid, (at, original, _) in reposts.items():
-        if rid not in undone and rid not in tombstones and (at, rid) < best.get(
-                original, (2**63, 2**63)):
-            best[original] = (at, rid)
-    return {original: rid for original, (_, rid) in best.items()}
 
 
 def _longs(blob: bytes, pos: int, count: int) -> tuple[array, int]:

@@ -330,13 +330,9 @@ def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: Join
     """
     if not originals:
         return
-    live: dict[int, tuple[int, int]] = {}
-    for rid, (at, original, _) in state.reposts.items():
-        if (original in originals and rid not in state.undone and rid not in state.tombstones
-                and (at, rid) < live.get(original, _NEVER)):
-            live[original] = (at, rid)
+    live = live_reposts(state.reposts, state.undone | state.tombstones, originals)
     for original in originals:
-        new = live[original][1] if original in live else None
+        new = live.get(original)
         old = state.shown.get(original)
         if new == old:
             continue
@@ -346,6 +342,21 @@ def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: Join
         if new is not None:
             _show_repost(state, key, new, True, cfg, out)
             state.shown[original] = new
+
+
+def live_reposts(reposts: dict[int, tuple[int, int, int]], undone: set[int],
+                 originals: set[int] | None = None) -> dict[int, int]:
+    """Original → the repost of it to show: the earliest by (created_at, id) not undone.
+
+    Only for ``originals`` when given. The one statement of the rule: the join settles
+    with it, and the state codec derives ``AuthorState.shown`` with it.
+    """
+    best: dict[int, tuple[int, int]] = {}
+    for rid, (at, original, _) in reposts.items():
+        if ((originals is None or original in originals) and rid not in undone
+                and (at, rid) < best.get(original, _NEVER)):
+            best[original] = (at, rid)
+    return {original: rid for original, (_, rid) in best.items()}
 
 
 _NEVER = (2**63, 2**63)
