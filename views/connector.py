@@ -26,9 +26,11 @@ from typing import Final
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ingest.settings import KafkaSettings
 from views.errors import SourceError
+from views.packed import PACKED_DDL, Packer, bucket_of, settle_worker
 from views.row import Row
 from views.settings import KAFKA_SOURCE_ENV
 from views.source import SOURCE_SCHEMA, event_row, rows_to_batch
@@ -56,13 +58,30 @@ class ConnectorMissing(SourceError):
 
 
 def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_batch: int,
-                broker_retry_s: float) -> DataFrame:
+                broker_retry_s: float, buckets: int | None = None) -> DataFrame:
     """The changelogs as a stream of :data:`~views.source.SOURCE_SCHEMA` rows.
 
+    With ``buckets``, packed per key bucket instead (:mod:`views.packed`): the
+    bucket comes from the record's Kafka key in the JVM, and the decode packs.
     ``maxOffsetsPerTrigger`` caps a micro-batch (split over partitions in proportion
     to their backlog). ``broker_retry_s`` bounds each admin call to an unreachable
     broker, as the Python source's retry budget does.
     """
+    raw = _kafka_rows(spark, kafka, max_records_per_batch, broker_retry_s)
+    if buckets is None:
+        return raw.mapInArrow(decode_batches(kafka.topic_prefix), SOURCE_SCHEMA)
+    # A valid record's key is its join key in decimal (ingest.events.encode_key), so
+    # this is the bucket of the decoded key; any other key is a dead letter anyway.
+    key = F.col("key").cast("string").try_cast("long")
+    # One decode task per core, not one per topic partition: each task costs a
+    # worker round trip and the daemon's gc.collect(), whatever its size.
+    tasks = spark.sparkContext.defaultParallelism
+    return (raw.coalesce(tasks).withColumn("bucket", bucket_of(key, buckets))
+            .mapInArrow(decode_packed(kafka.topic_prefix), PACKED_DDL))
+
+
+def _kafka_rows(spark: SparkSession, kafka: KafkaSettings, max_records_per_batch: int,
+                broker_retry_s: float) -> DataFrame:
     require_connector(spark)
     timeout_ms = str(max(30_000, int(broker_retry_s * 1000)))
     raw = (spark.readStream.format(FORMAT)
@@ -74,7 +93,7 @@ def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_ba
            .option("kafka.default.api.timeout.ms", timeout_ms)
            .load()
            .select(*_KAFKA_COLUMNS))
-    return raw.mapInArrow(decode_batches(kafka.topic_prefix), SOURCE_SCHEMA)
+    return raw
 
 
 def require_connector(spark: SparkSession) -> None:
@@ -106,6 +125,31 @@ def decode_batches(topic_prefix: str) -> Callable[[Iterable[pa.RecordBatch]],
                     name = logical[topic] = topic.removeprefix(topic_prefix)
                 rows.append(event_row(name, partition, offset, key, value))
             yield rows_to_batch(rows)
+    return decode
+
+
+def decode_packed(topic_prefix: str) -> Callable[[Iterable[pa.RecordBatch]],
+                                                 Iterator[pa.RecordBatch]]:
+    """The job's ``mapInArrow`` function: Kafka rows with a bucket in, packed rows out.
+
+    Each record is decoded as :func:`decode_batches` does, then packed by
+    :class:`views.packed.Packer`; it never raises.
+    """
+    def decode(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle_worker()
+        logical: dict[str, str] = {}
+        packer = Packer()
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            for topic, partition, offset, key, value, bucket in zip(
+                    *(batch.column(c).to_pylist() for c in (*_KAFKA_COLUMNS, "bucket")),
+                    strict=True):
+                name = logical.get(topic)
+                if name is None:
+                    name = logical[topic] = topic.removeprefix(topic_prefix)
+                packer.add(bucket, event_row(name, partition, offset, key, value))
+            yield packer.batch()
     return decode
 
 

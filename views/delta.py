@@ -44,12 +44,13 @@ timeline is exact; reads that go below it evaluate the query at read time.
 
 from __future__ import annotations
 
+import marshal
 from array import array
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
-from views.row import columns_of, ddl
+from views.row import BINARY, Column, columns_of, ddl
 
 Key = tuple[int, int]
 """A timeline position: (created_at, tweet_id); larger is newer."""
@@ -236,6 +237,24 @@ DELTA_FIELDS = Delta._fields
 #: The delta row's columns, from :class:`Delta`'s fields, and Spark's schema of them.
 DELTA_COLUMNS = columns_of(Delta, int32=("kind", "flag", "partition"))
 DELTA_DDL = ddl(DELTA_COLUMNS)
+
+#: What the join's Spark step emits: one row per processor call, its deltas packed
+#: (:func:`pack_deltas`). A row costs the same to cross the JVM whatever it holds, and
+#: one row per bucket instead of one per delta is what made the crossing cheap
+#: (issue 16). :func:`views.sink.deltas_from_arrow` reads both forms.
+PACKED_DELTA_COLUMNS = (Column("deltas", BINARY),)
+PACKED_DELTA_DDL = ddl(PACKED_DELTA_COLUMNS)
+
+
+def pack_deltas(deltas: Sequence[Delta]) -> bytes:
+    """``deltas`` as one :mod:`marshal` blob (format 4: any CPython 3 reads it)."""
+    # marshal takes plain tuples and ints only: the kind is an IntEnum.
+    return marshal.dumps([(int(d[0]), *d[1:]) for d in deltas], 4)
+
+
+def unpack_deltas(blob: bytes) -> list[Delta]:
+    """The inverse of :func:`pack_deltas`."""
+    return list(map(Delta._make, marshal.loads(blob)))  # noqa: S302 (our own blobs)
 
 
 def pack(author: int, home: Mapping[tuple[int, int], tuple[bool, int]],

@@ -67,10 +67,10 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from views.delta import DELTA_COLUMNS, Delta, DeltaKind
+from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
-from views.sink import OnBatch, Sink, deltas_from_arrow
+from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
 from views.stores.base import (
     BatchStats,
     FollowRow,
@@ -327,7 +327,8 @@ class ExecutorSink(Sink):
         start = time.perf_counter()
         ts, digest = self.begin(batch_id)
         n = self.partitions or frame.sparkSession.sparkContext.defaultParallelism
-        tallies = (frame.repartition(n, tweet_route())
+        tallies = (frame.mapInArrow(unpacked_batches, DELTA_DDL)
+                   .repartition(n, tweet_route())
                    .mapInArrow(functools.partial(tweet_stage, self.config, self.store.cap, ts),
                                ROUTED_DDL)
                    .repartition(n, "route")

@@ -24,8 +24,9 @@ from pyspark.sql.streaming import StreamingQuery
 from ingest.settings import KafkaSettings
 from views import connector
 from views.codec import VERSION as STATE_VERSION
-from views.delta import DELTA_DDL
+from views.delta import PACKED_DELTA_DDL
 from views.errors import BrokerUnreachable, OffsetsPastEnd
+from views.packed import PACKED_DDL, bucket_of, pack_source_batches
 from views.processor import JoinProcessor
 from views.settings import ViewSettings
 from views.sink import Sink, SpoolingSink
@@ -75,11 +76,10 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
     Without a ``sink`` it writes synchronously (:func:`job_sink` without spooling),
     so a drained query has applied everything; :func:`run` spools SQLite's batches.
     """
-    source = read_source(spark, kafka, view)
-    bucket = F.pmod(F.xxhash64("key"), F.lit(view.key_buckets))
-    deltas = source.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
+    packed = read_source(spark, kafka, view)
+    deltas = packed.groupBy("bucket").transformWithStateInPandas(
         statefulProcessor=JoinProcessor(view.join_config()),
-        outputStructType=DELTA_DDL, outputMode="Append", timeMode="None")
+        outputStructType=PACKED_DELTA_DDL, outputMode="Append", timeMode="None")
     writer = (deltas.writeStream.queryName(QUERY_NAME)
               .foreachBatch(sink or job_sink(view, store, spool=False))
               .option("checkpointLocation", str(checkpoint_path(view))))
@@ -91,23 +91,27 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
 
 
 def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings) -> DataFrame:
-    """The changelogs as source rows, read with the source ``view.kafka_source`` names.
+    """The changelogs packed per key bucket, read with the source ``view.kafka_source`` names.
 
-    Both give the same rows (``views.source.SOURCE_SCHEMA``) with the same offsets,
-    so the checkpoint's offsets differ in form only: switching sources needs a new
-    checkpoint (the state and the store stay valid only with ``fanout rebuild``).
+    Packing: :mod:`views.packed`. Both sources read the same rows
+    (``views.source.SOURCE_SCHEMA``) with the same offsets, so the checkpoint's
+    offsets differ in form only: switching sources needs a new checkpoint (the state
+    and the store stay valid only with ``fanout rebuild``).
     """
     if view.kafka_source == "spark":
         return connector.read_stream(spark, kafka,
                                      max_records_per_batch=view.max_records_per_batch,
-                                     broker_retry_s=view.broker_retry_s)
-    return (spark.readStream.format(PYTHON_FORMAT)
+                                     broker_retry_s=view.broker_retry_s,
+                                     buckets=view.key_buckets)
+    rows = (spark.readStream.format(PYTHON_FORMAT)
             .option("bootstrap", kafka.bootstrap)
             .option("topic_prefix", kafka.topic_prefix)
             .option("partitions", str(kafka.partitions))
             .option("maxRecordsPerBatch", str(view.max_records_per_batch))
             .option("brokerRetrySeconds", str(view.broker_retry_s))
             .load())
+    return (rows.withColumn("bucket", bucket_of(F.col("key"), view.key_buckets))
+            .mapInArrow(pack_source_batches, PACKED_DDL))
 
 
 def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,

@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from views.delta import DELTA_FIELDS, Delta
+from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, unpack_deltas
 from views.errors import StoreError
+from views.row import arrow_schema
 from views.stores.base import BatchStats, Store
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,32 @@ OnBatch = Callable[[BatchStats, float], None]
 
 
 def deltas_from_arrow(table: pa.Table) -> list[Delta]:
-    """Rows of a delta table as :class:`Delta` tuples (column-wise, no per-row dicts)."""
+    """The deltas of a table of packed deltas (what the job emits) or of delta rows.
+
+    Delta rows are read column-wise (no per-row dicts); spool files written before
+    the join packed its output hold them.
+    """
     if table.num_rows == 0:
         return []
+    if "deltas" in table.column_names:  # views.delta.PACKED_DELTA_COLUMNS
+        return [d for blob in table.column("deltas").to_pylist() for d in unpack_deltas(blob)]
     columns = [table.column(name).to_pylist() for name in DELTA_FIELDS]
     return [Delta(*row) for row in zip(*columns, strict=True)]
+
+
+def unpacked_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``: packed deltas in, one delta row each out (``DELTA_DDL``).
+
+    For the executor sink, which routes single deltas through Spark's shuffle.
+    """
+    schema = arrow_schema(DELTA_COLUMNS)
+    for batch in batches:
+        deltas = deltas_from_arrow(pa.Table.from_batches([batch]))
+        if deltas:
+            columns = list(zip(*deltas, strict=True))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
+                schema=schema)
 
 
 @dataclass
