@@ -93,6 +93,14 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     return spark
 
 
+#: The JVMs' JIT stops at C1. Spark's JVM mostly moves packed rows between Python
+#: workers, Kafka and RocksDB (native), so C2's optimised code buys little, while C2
+#: compiling Spark's code base cost ~25 CPU-seconds of the first minute on this
+#: 2-core box; without it the whole pipeline ran a 396k-event backlog in 43 s
+#: against 49 s (benchmarks/RESULTS.md, issue 16).
+JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
+
+
 def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
     """The Spark settings fanout relies on, as strings."""
     log4j = _log4j2_file(log_level)
@@ -100,7 +108,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.driver.memory": "2g",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} {JIT_OPTIONS}",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -138,7 +146,8 @@ def executor_conf(master: str) -> dict[str, str]:
     """
     if master.startswith("local"):
         return {}
-    return {"spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT)}
+    return {"spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT),
+            "spark.executor.extraJavaOptions": JIT_OPTIONS}
 
 
 def require_java(minimum: int = MIN_JAVA) -> int:

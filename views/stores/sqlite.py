@@ -78,6 +78,9 @@ CREATE TABLE IF NOT EXISTS batches (
 """
 
 NO_HORIZON = (-1, -1)
+#: Page cache of the connection that writes batches (KiB; reading connections keep
+#: SQLite's default).
+WRITER_CACHE_KIB = 256 * 1024
 _TABLES = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
            "celebrities", "users", "relations", "dead_letters", "timeline_meta")
 #: The row a block is also kept under, in the blocked user's partition of ``relations``.
@@ -133,6 +136,7 @@ class SQLiteStore(Store):
         if conn is not None:
             conn.close()
             self._local.conn = None
+            self._local.writer = False
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -149,6 +153,11 @@ class SQLiteStore(Store):
     def _write(self, plan: WritePlan, batch_id: int) -> None:
         start = time.perf_counter()
         db = self._conn()
+        if not getattr(self._local, "writer", False):
+            # The writer's page cache: inserts land all over home_timeline's B-tree, and
+            # with SQLite's default 2 MB they reread pages (142k → 190k rows/s, issue 16).
+            db.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            self._local.writer = True
         with self._lock:
             db.execute("BEGIN IMMEDIATE")
             try:
