@@ -47,6 +47,7 @@ class Pipeline:
     sink: Any
     workdir: Path
     query: Any = None
+    launch: Callable[[], Any] | None = None
     peak_rss: int = 0
     batch_log: list[dict[str, float]] = field(default_factory=list)
 
@@ -106,8 +107,12 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
              max_records: int = 50_000, trigger_seconds: float = 0.0,
              shuffle_partitions: int = 2, key_buckets: int | None = None,
              conf: dict[str, str] | None = None, kafka_source: str | None = None,
-             ) -> Iterator[Pipeline]:
-    """Start everything in a temp dir; stop and clean up at the end."""
+             start: bool = True) -> Iterator[Pipeline]:
+    """Start everything in a temp dir; stop and clean up at the end.
+
+    Without ``start`` the query is left to ``pipe.query = pipe.launch()`` (to time a backlog
+    produced before the job runs).
+    """
     work = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
     with KafkaBroker(work / "kafka") as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
@@ -140,12 +145,15 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
 
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()
-        pipe.query = start_query(spark, kafka, view, store, sink=pipe.sink)
+        pipe.launch = lambda: start_query(spark, kafka, view, store, sink=pipe.sink)
+        if start:
+            pipe.query = pipe.launch()
         try:
             yield pipe
         finally:
             stop.set()
-            pipe.query.stop()
+            if pipe.query is not None:
+                pipe.query.stop()
             pipe.sink.close()
             store.close()
             spark.stop()

@@ -1,0 +1,215 @@
+"""fanout side by side with the engines a user might pick instead, on the same events.
+
+    .venv/bin/python benchmarks/bench_peers.py [--edges 300000] [--tweets 50000]
+        [--engines join,pipeline,pathway,pathway-cap,duckdb] [--name peers]
+
+The events are ``bench_parts.events(edges, tweets)``: a prefix of the ego-twitter
+follow graph with generated profiles and posts (and some deletes), in event-time
+order. Each engine builds the home-timeline view of DESIGN §4 from them:
+
+- ``join``: fanout's pure join (``views.local``), one core, no Spark, no store, in
+  micro-batches of ``--batch`` events (its deltas are applied to SQLite afterwards,
+  untimed, to check the view);
+- ``pipeline``: fanout's whole pipeline. The events are produced into Apache Kafka
+  first; then the view job (Spark's Kafka source → the join in
+  ``transformWithStateInPandas`` → the spooling SQLite sink, ``local[2]``) starts and
+  is timed until the store has applied every record. ``startup_s`` is the part of that
+  spent before the first micro-batch finished (Python workers starting, the query
+  planned); the ``running`` line is the rate after it;
+- ``pathway`` / ``pathway-cap``: Pathway's incremental join without and with the exact
+  top-N cap, and ``duckdb``: the capped view recomputed from scratch every 10k events.
+  These two are not product dependencies: they run in ``.venv-peers`` through
+  ``benchmarks/peers.py`` (made on first use), on the same events written as JSONL.
+
+Every engine's view is checked: fanout's against the SQL recomputed by
+``views.reference`` (``--verify-sample`` users, 0 = all), the peers' against a
+brute-force recomputation of the same SQL in ``peers.py``. One table is printed;
+everything goes to ``benchmarks/results/NAME.json``. Ratios are what to compare: the
+machine is shared, so absolute rates move between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_parts import events as parts_events
+from peers import ensure_venv
+from pipeline import ROOT, pipeline, save
+
+from infra.verify import compare  # noqa: E402
+from ingest.events import Delete, Follow, Post
+from ingest.producer import ChangelogProducer  # noqa: E402
+from views.changelog import Changelog  # noqa: E402
+from views.join import JoinConfig  # noqa: E402
+from views.local import LocalJoin  # noqa: E402
+from views.stores.sqlite import SQLiteStore  # noqa: E402
+
+PEERS = ("pathway", "pathway-cap", "duckdb")
+ENGINES = ("join", "pipeline", *PEERS)
+CAP = 800
+CELEBRITY_THRESHOLD = 1000
+
+
+class _Collect(SQLiteStore):
+    """Keeps each batch's deltas in memory; applied to SQLite after the clock stops."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, cap=CAP)
+        self.kept: list[list] = []
+
+    def apply(self, deltas, batch_id=-1):  # type: ignore[override]
+        self.kept.append(list(deltas))
+
+
+def run_join(evts: list, batch: int, work: Path, sample: int) -> dict[str, Any]:
+    collect = _Collect(work / "join.sqlite")
+    join = LocalJoin(JoinConfig.with_ratio(CAP, CELEBRITY_THRESHOLD), collect)
+    start = time.perf_counter()
+    for i in range(0, len(evts), batch):
+        join.run(evts[i:i + batch])
+    seconds = time.perf_counter() - start
+    store = collect.open()
+    rows = sum(SQLiteStore.apply(store, deltas, n).timeline_adds
+               for n, deltas in enumerate(collect.kept))
+    check = compare(Changelog(events=evts), store, CAP, sample=sample or None)
+    store.close()
+    return {"events": len(evts), "seconds": seconds, "timeline_rows": rows,
+            "checked": check.users_checked, "divergent": check.divergent,
+            "equal": check.divergent == 0}
+
+
+def run_pipeline(evts: list, sample: int, max_records: int, buckets: int | None,
+                 kafka_source: str | None) -> dict[str, Any]:
+    with pipeline(celebrity_threshold=CELEBRITY_THRESHOLD, cap=CAP, max_records=max_records,
+                  key_buckets=buckets, kafka_source=kafka_source, start=False) as pipe:
+        with ChangelogProducer(pipe.kafka) as producer:
+            for event in evts:
+                producer.send(event)
+            producer.flush(300)
+        start = time.perf_counter()
+        pipe.query = pipe.launch()
+        seconds = pipe.wait_caught_up(1800)
+        batches = pipe.batch_log
+        first = min(b["finished"] for b in batches) - start if batches else 0.0
+        progress = pipe.query.recentProgress
+        first_rows = progress[0].numInputRows if progress else 0
+        rows = sum(b["timeline_adds"] for b in batches)
+        check = compare(Changelog(events=evts), pipe.store, CAP, sample=sample or None)
+        # Past the first batch (which also starts the Python workers and plans the
+        # query): the rate of a running job.
+        steady = (len(evts) - first_rows) / (seconds - first) if seconds > first else 0.0
+        return {"events": len(evts), "seconds": seconds, "startup_s": first,
+                "first_batch_records": first_rows, "steady_events_per_s": round(steady),
+                "batches": len(batches), "timeline_rows": rows,
+                "peak_rss_mb": round(pipe.peak_rss / 2**20),
+                "kafka_source": pipe.view.kafka_source, "key_buckets": pipe.view.key_buckets,
+                "max_records_per_batch": max_records,
+                "checked": check.users_checked, "divergent": check.divergent,
+                "equal": check.divergent == 0}
+
+
+def write_jsonl(evts: list, path: Path) -> None:
+    """The events in the peers' plain form (``peers.py``'s input)."""
+    with path.open("w") as out:
+        for e in evts:
+            match e:
+                case Follow():
+                    row = {"op": "follow" if e.active else "unfollow", "follower": e.follower_id,
+                           "followee": e.followee_id, "t": e.created_at}
+                case Post():
+                    row = {"op": "post", "tweet_id": e.tweet_id, "author": e.author_id,
+                           "t": e.created_at}
+                case Delete():
+                    row = {"op": "delete", "tweet_id": e.tweet_id, "author": e.author_id,
+                           "t": e.created_at}
+                case _:
+                    row = {"op": "other"}
+            out.write(json.dumps(row) + "\n")
+
+
+def run_peer(engine: str, events_file: Path, work: Path, threads: int) -> dict[str, Any]:
+    python = ensure_venv(ROOT)
+    out = work / f"{engine}.json"
+    proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "peers.py"), "--engine", engine,
+                           "--events", str(events_file), "--cap", str(CAP),
+                           "--threads", str(threads), "--out", str(out)],
+                          check=False, timeout=3600)
+    if proc.returncode != 0:
+        return {"error": f"peers.py exited {proc.returncode}"}
+    result = json.loads(out.read_text())
+    return {**result, "equal": result.get("equal_to_brute", False)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--edges", type=int, default=300_000)
+    ap.add_argument("--tweets", type=int, default=50_000)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
+    ap.add_argument("--max-records", type=int, default=50_000,
+                    help="the pipeline's records per micro-batch (FANOUT_MAX_RECORDS_PER_BATCH)")
+    ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
+    ap.add_argument("--kafka-source", default=None, choices=("spark", "python"))
+    ap.add_argument("--threads", type=int, default=1, help="Pathway's worker threads")
+    ap.add_argument("--verify-sample", type=int, default=2000, help="users checked; 0 = all")
+    ap.add_argument("--name", default="peers", help="results/NAME.json")
+    args = ap.parse_args()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        ap.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+    work = Path(tempfile.mkdtemp(prefix="fanout-peers-"))
+    evts = parts_events(args.edges, args.tweets, work)
+    print(f"{len(evts):,} events ({args.edges:,} edges, {args.tweets:,} tweets)", file=sys.stderr)
+    results: dict[str, dict[str, Any]] = {}
+    if any(e in PEERS for e in engines):
+        write_jsonl(evts, work / "events.jsonl")
+    for engine in engines:
+        print(f"--- {engine}", file=sys.stderr, flush=True)
+        if engine == "join":
+            results[engine] = run_join(evts, args.batch, work, args.verify_sample)
+        elif engine == "pipeline":
+            results[engine] = run_pipeline(evts, args.verify_sample, args.max_records,
+                                           args.buckets, args.kafka_source)
+        else:
+            results[engine] = run_peer(engine, work / "events.jsonl", work, args.threads)
+        r = results[engine]
+        if "seconds" in r:
+            r["events_per_s"] = round(len(evts) / r["seconds"])
+    out = {"events": len(evts), "engines": results, "settings": vars(args),
+           "load_average_end": os.getloadavg()}
+    _print(out)
+    print(f"written to {save(args.name, out)}")
+    return 0
+
+
+def _print(out: dict[str, Any]) -> None:
+    results = out["engines"]
+    base = results.get("join", {}).get("events_per_s")
+    print(f"\n{out['events']:,} events; load average at the end {out['load_average_end']}")
+    print(f"{'engine':<12} {'seconds':>8} {'events/s':>9} {'× join':>7}  view")
+    for engine, r in results.items():
+        if "error" in r:
+            print(f"{engine:<12} {r['error']}")
+            continue
+        ratio = f"{r['events_per_s'] / base:.2f}" if base else "—"
+        check = "equal" if r["equal"] else f"NOT EQUAL ({r.get('divergent', r.get('mismatches'))})"
+        print(f"{engine:<12} {r['seconds']:8.1f} {r['events_per_s']:9,} {ratio:>7}  {check}")
+        if "steady_events_per_s" in r:
+            steady = r["steady_events_per_s"]
+            ratio = f"{steady / base:.2f}" if base else "—"
+            print(f"{'  running':<12} {r['seconds'] - r['startup_s']:8.1f} {steady:9,} {ratio:>7}"
+                  f"  (after the first batch, {r['startup_s']:.1f} s: {r['first_batch_records']:,}"
+                  f" records, worker start and query planning)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
