@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_cluster.py                       # 50k edges
     .venv/bin/python benchmarks/bench_cluster.py --edges 100000 --tweets 20000
+    .venv/bin/python benchmarks/bench_cluster.py --executor-cores 1   # two executor JVMs
 
 Phase 1 of bench_replay (a prefix of the ego-twitter follow graph with generated
 tweets merged in, replayed by ``fanout replay`` as fast as possible while the job runs)
@@ -45,6 +46,10 @@ def _run(args: argparse.Namespace, master: str) -> dict:
     # source runner took longer than the default 15 s to connect back and the query
     # failed at start; allow it more.
     conf = {"spark.python.authenticate.socketTimeout": "120s"}
+    if args.executor_cores and not master.startswith("local"):
+        # The worker splits its cores into executors of this many cores each.
+        conf |= {"spark.executor.cores": str(args.executor_cores),
+                 "spark.executor.memory": "768m"}
     chosen = {"kafka_source": args.source} if args.source else {}
     with pipeline(celebrity_threshold=args.celebrity_threshold,
                   max_records=args.max_records, conf=conf, **chosen) as pipe:
@@ -90,6 +95,7 @@ def _child(args: argparse.Namespace, master: str) -> dict:
     argv = [sys.executable, __file__, "--master", master, "--edges", str(args.edges),
             "--tweets", str(args.tweets), "--celebrity-threshold", str(args.celebrity_threshold),
             "--max-records", str(args.max_records), "--verify-sample", str(args.verify_sample),
+            "--executor-cores", str(args.executor_cores),
             *(["--source", args.source] if args.source else [])]
     out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False, timeout=3600)
     if out.returncode != 0:
@@ -106,6 +112,9 @@ def main() -> int:
     ap.add_argument("--max-records", type=int, default=20_000)
     ap.add_argument("--verify-sample", type=int, default=1000)
     ap.add_argument("--cores", type=int, default=2, help="cores the worker offers")
+    ap.add_argument("--executor-cores", type=int, default=0,
+                    help="cores per executor (1 with --cores 2: two executor JVMs); "
+                         "0: one executor with all of the worker's cores")
     ap.add_argument("--name", default="cluster")
     ap.add_argument("--source", default="", help="Kafka source, python or spark (default: "
                     "the job's default)")
@@ -128,7 +137,10 @@ def main() -> int:
     remote |= {"cluster_start_s": round(start_s, 1),
                "idle_rss_mb": {k: round(v / MB) for k, v in idle.items()},
                "peak_rss_mb": {k: round(v / MB) for k, v in rss.peak.items()}}
-    print(f"cluster ({args.cores} cores, started in {start_s:.1f}s): {remote['events']:,} "
+    executors = args.cores // args.executor_cores if args.executor_cores else 1
+    remote["executors"] = executors
+    print(f"cluster ({args.cores} cores, {executors} executor(s), started in {start_s:.1f}s): "
+          f"{remote['events']:,} "
           f"events in {remote['seconds']:.1f}s = {remote['events_per_s']:,} events/s; "
           f"{remote['verify']}")
     print(f"  idle RSS MB {remote['idle_rss_mb']}; peak RSS MB {remote['peak_rss_mb']}")
