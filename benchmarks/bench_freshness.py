@@ -38,6 +38,19 @@ def _load_graph(pipe, users: int, follows: int) -> None:
     pipe.wait_caught_up(timeout=900)
 
 
+def record_commits(pipe) -> list[tuple[float, dict]]:
+    """(time, applied offsets) after each batch the sink applies, from now on."""
+    commits: list[tuple[float, dict]] = []
+    previous = pipe.sink.on_batch
+
+    def snapshot(stats, total):
+        previous(stats, total)
+        commits.append((time.perf_counter(), pipe.store.applied_offsets()))
+
+    pipe.sink.on_batch = snapshot
+    return commits
+
+
 def produce(pipe, rate: float, writes: Iterable[Event]) -> list[tuple]:
     """Open loop: write i is due at start + i/rate; returns (due, partition, offset)."""
     sent: list[tuple] = []
@@ -79,17 +92,10 @@ def main() -> int:
     ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
     ap.add_argument("--name", default="freshness")
     args = ap.parse_args()
-    commits: list[tuple[float, dict]] = []
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
                   trigger_seconds=args.trigger, key_buckets=args.buckets) as pipe:
         _load_graph(pipe, args.users, args.follows)
-        previous = pipe.sink.on_batch
-
-        def snapshot(stats, total):
-            previous(stats, total)
-            commits.append((time.perf_counter(), pipe.store.applied_offsets()))
-
-        pipe.sink.on_batch = snapshot
+        commits = record_commits(pipe)
         first_batch = len(pipe.batch_log)
         sent = produce(pipe, args.rate, _posts(args.rate, args.seconds,
                                                list(range(1, args.users + 1, 7))))

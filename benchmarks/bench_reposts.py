@@ -25,7 +25,7 @@ import sys
 import time
 from collections import defaultdict
 
-from bench_freshness import _lags, produce
+from bench_freshness import _lags, produce, record_commits
 from pipeline import ROOT, percentile, pipeline, save
 
 sys.path.insert(0, str(ROOT))
@@ -50,14 +50,8 @@ def _graph(users: int, follows: int) -> tuple[list[Event], dict[int, list[int]]]
 
 
 def _phase(pipe, name: str, rate: float, writes: list[Event]) -> dict:
-    commits: list[tuple[float, dict]] = []
     previous = pipe.sink.on_batch
-
-    def snapshot(stats, total):
-        previous(stats, total)
-        commits.append((time.perf_counter(), pipe.store.applied_offsets()))
-
-    pipe.sink.on_batch = snapshot
+    commits = record_commits(pipe)
     first = len(pipe.batch_log)
     sent = produce(pipe, rate, writes)
     pipe.wait_caught_up(timeout=600, progress=False)
