@@ -20,6 +20,7 @@ Spark would log a warning and skip ahead: the views would silently miss events.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
@@ -34,6 +35,8 @@ from views.packed import PACKED_DDL, Packer, bucket_of, settle_worker
 from views.row import Row
 from views.settings import KAFKA_SOURCE_ENV
 from views.source import SOURCE_SCHEMA, event_row, rows_to_batch
+
+log = logging.getLogger(__name__)
 
 FORMAT: Final = "kafka"
 #: The connector's class; a session without its jars cannot load it.
@@ -75,8 +78,11 @@ def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_ba
     key = F.col("key").cast("string").try_cast("long")
     # One decode task per core, not one per topic partition: each task costs a
     # worker round trip and the daemon's gc.collect(), whatever its size.
-    tasks = spark.sparkContext.defaultParallelism
-    return (raw.coalesce(tasks).withColumn("bucket", bucket_of(key, buckets))
+    try:
+        raw = raw.coalesce(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: keep Spark's split
+        log.debug("no SparkContext: one decode task per topic partition")
+    return (raw.withColumn("bucket", bucket_of(key, buckets))
             .mapInArrow(decode_packed(kafka.topic_prefix), PACKED_DDL))
 
 
