@@ -47,7 +47,8 @@ from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache, StoreVersion
 from serving.query import only_query
-from serving.reads import FastReads, Pages, Read
+from serving.protocol import ReadsProtocol
+from serving.reads import FastPath, FastReads, Pages, Read
 from serving.render import hydrated, iso_millis
 from serving.settings import ServingSettings
 from serving.visibility import HomeEntry
@@ -151,12 +152,13 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
     activity = _activity_log(settings, writer)
-    metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats,
-                      lambda: (activity.sent, activity.failed) if activity else None)
     freshness = Freshness(settings.after_timeout_ms / 1000, settings.after_max_waiters)
     # fan-out on read (read_mode "read"): every home page is the query, evaluated here
-    pages = Pages(PageCache(settings.page_cache_mb << 20), freshness,
-                  fan_out=settings.read_mode == "fanout", activity=activity)
+    cache = PageCache(settings.page_cache_mb << 20)
+    pages = Pages(cache, freshness, fan_out=settings.read_mode == "fanout", activity=activity)
+    metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats,
+                      lambda: (activity.sent, activity.failed) if activity else None,
+                      lambda: (cache.hits, cache.misses))
     app.include_router(_timeline_routes(settings, auth, pages))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
@@ -167,8 +169,10 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     install_error_handlers(app)
     app.add_middleware(ContainErrors, answer=on_unexpected)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(FastReads, pages=pages, state=app.state, max_page=settings.max_page,
-                       default_page=settings.default_page, caller=auth.bearer)
+    # One FastPath: the middleware and the HTTP protocol (serving.protocol) answer alike.
+    app.state.fast_path = fast = FastPath(pages, app.state, settings.max_page,
+                                          settings.default_page, auth.bearer, metrics.observe)
+    app.add_middleware(FastReads, fast=fast)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
@@ -205,7 +209,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
     workers = settings.workers or os.cpu_count() or 1
     if workers == 1:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                    access_log=settings.access_log)
+                    access_log=settings.access_log, http=ReadsProtocol)
         return
     first_id = settings.worker_id if settings.worker_id is not None else secrets.randbelow(1024)
 
@@ -213,7 +217,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
         # Each process mints tweet ids with its own Snowflake worker id.
         own = settings.model_copy(update={"worker_id": (first_id + index) % 1024})
         return uvicorn.Config(create_app(own, kafka=kafka), log_level="info",
-                              access_log=settings.access_log)
+                              access_log=settings.access_log, http=ReadsProtocol)
 
     status = run_workers(config, settings.host, settings.port, workers)
     if status:

@@ -15,6 +15,9 @@ else — an ``?after=`` read, a bad or doubtful parameter, a wrong token, an err
 reading — goes on to the FastAPI route unchanged, which answers it (or its error)
 exactly as the OpenAPI schema says. The fast path only ever answers requests the
 route would answer 200 (or 304) with the same body, so the contract has one owner.
+:class:`FastPath` holds that recognition and answer once; :class:`FastReads` gives it
+in the ASGI stack, and :class:`serving.protocol.ReadsProtocol` gives it inside
+uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process.
 
 SQLite reads take microseconds in this process, so they run on the event loop (a
 worker thread would cost more than the read); a network store's reads and every
@@ -50,6 +53,7 @@ CACHE_CONTROL: Final = "private, no-cache"  # a client may keep a page, but must
 _ROUTE = re.compile(r"/v1/users/([0-9]{1,19})/(home|tweets)")
 _LIMIT = re.compile(r"[1-9][0-9]{0,5}")
 _JSON: Final = (b"content-type", b"application/json")
+_CACHE_CONTROL: Final = CACHE_CONTROL.encode()
 
 
 class _Route(NamedTuple):
@@ -105,24 +109,33 @@ class Pages:
     async def answer(self, state: Any, read: Read, kind: str,
                      if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Status, headers and body of ``read`` (``kind``: home or tweets)."""
+        if read.after is not None:  # read-your-writes: never from the cache, no ETag
+            if kind == "home" and self.activity is not None:
+                self.activity.saw(read.user)
+            page_fn = self._page_fn(state, read, kind)
+            body = await run_in_threadpool(read.body, page_fn, self.freshness)
+            return 200, [_JSON], body
+        if in_process(read.store):
+            return self.answer_now(state, read, kind, if_none_match)
+        return await run_in_threadpool(self.answer_now, state, read, kind, if_none_match)
+
+    def answer_now(self, state: Any, read: Read, kind: str,
+                   if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """:meth:`answer` for a read without ``after``, on this thread (it may block)."""
         if kind == "home" and self.activity is not None:
             self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
-        page_fn = home_fn(self.fan_out, celebrities, read.after) if kind == "home" \
-            else author_page
-        if read.after is not None:  # read-your-writes: never from the cache, no ETag
-            body = await run_in_threadpool(read.body, page_fn, self.freshness)
-            return 200, [_JSON], body
-        args = (read, page_fn, (kind, read.user, read.below, read.limit),
-                state.version, celebrities)
-        if isinstance(read.store, SQLiteStore):
-            page = self._page(*args)
-        else:
-            page = await run_in_threadpool(self._page, *args)
-        headers = [(b"etag", page.etag.encode()), (b"cache-control", CACHE_CONTROL.encode())]
+        page = self._page(read, self._page_fn(state, read, kind),
+                          (kind, read.user, read.below, read.limit), state.version, celebrities)
+        headers = [(b"etag", page.etag.encode()), (b"cache-control", _CACHE_CONTROL)]
         if matches(if_none_match, page.etag):
             return 304, headers, b""
         return 200, [_JSON, *headers], page.body
+
+    def _page_fn(self, state: Any, read: Read, kind: str) -> PageFn:
+        if kind != "home":
+            return author_page
+        return home_fn(self.fan_out, getattr(state, "celebrities", None), read.after)
 
     def _page(self, read: Read, page_fn: PageFn, key: Hashable,
               version: StoreVersion, celebrities: CelebrityCache | None) -> Cached:
@@ -139,45 +152,83 @@ class Pages:
         return page
 
 
-class FastReads:
-    """ASGI middleware: plainly valid page reads answered without FastAPI (module doc).
+def in_process(store: Store) -> bool:
+    """Whether ``store`` is read in this process (SQLite: microseconds, no network)."""
+    return isinstance(store, SQLiteStore)
 
-    A fast answer names its route template in the scope (``scope["route"].path``,
-    what :class:`serving.metrics.RequestMetrics` reads), so metrics stay by route.
+
+class Answer(NamedTuple):
+    """A fast answer: status, headers (with Content-Length) and body, and its route."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    route: _Route
+
+
+class FastPath:
+    """Recognizes plainly valid page reads and answers them (see the module doc).
+
+    Shared by :class:`FastReads` (the ASGI middleware) and
+    :class:`serving.protocol.ReadsProtocol` (the same answers given inside uvicorn's
+    protocol, with no ASGI request at all); ``observe`` records an answer the
+    protocol gave in the API's request metrics, as :class:`serving.metrics.RequestMetrics`
+    does for the rest.
     """
 
-    def __init__(self, app: ASGIApp, pages: Pages, state: Any, max_page: int,
-                 default_page: int, caller: Callable[[str | None], int | None]) -> None:
-        self.app, self.pages, self.state = app, pages, state
+    def __init__(self, pages: Pages, state: Any, max_page: int, default_page: int,
+                 caller: Callable[[str | None], int | None],
+                 observe: Callable[[dict[str, Any], int, float], None] | None = None) -> None:
+        self.pages, self.state = pages, state
         self.max_page, self.default_page, self.caller = max_page, default_page, caller
+        self._observe = observe
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        read = self._parse(scope) if scope["type"] == "http" and scope["method"] == "GET" \
-            else None
+    async def answer(self, path: str, query: bytes,
+                     headers: list[tuple[bytes, bytes]]) -> Answer | None:
+        """The answer to a GET of ``path?query``, or None: the app answers it."""
+        read = self.parse(path, query, headers)
         if read is None:
-            await self.app(scope, receive, send)
-            return
+            return None
         try:
-            status, headers, body = await self.pages.answer(
-                self.state, read[0], read[1], read[2])
+            return self._answer(read, await self.pages.answer(self.state, *read))
         except Exception:  # the route reads again and answers the error in its shape
             log.debug("fast read fell back to the route", exc_info=True)
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = _ROUTES[read[1]]  # as the router's would be, for /metrics
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            return None
 
-    def _parse(self, scope: Scope) -> tuple[Read, str, str | None] | None:
-        route = _ROUTE.fullmatch(scope["path"])
+    def answer_now(self, path: str, query: bytes,
+                   headers: list[tuple[bytes, bytes]]) -> Answer | None:
+        """:meth:`answer` without waiting: None unless the store is read in process."""
+        read = self.parse(path, query, headers)
+        if read is None or not in_process(read[0].store):
+            return None
+        try:
+            return self._answer(read, self.pages.answer_now(self.state, *read))
+        except Exception:  # the route reads again and answers the error in its shape
+            log.debug("fast read fell back to the route", exc_info=True)
+            return None
+
+    def observe(self, route: _Route, status: int, seconds: float) -> None:
+        if self._observe is not None:
+            self._observe({"route": route, "method": "GET"}, status, seconds)
+
+    @staticmethod
+    def _answer(read: tuple[Read, str, str | None],
+                answered: tuple[int, list[tuple[bytes, bytes]], bytes]) -> Answer:
+        status, headers, body = answered
+        headers.append((b"content-length", str(len(body)).encode()))
+        return Answer(status, headers, body, _ROUTES[read[1]])
+
+    def parse(self, path: str, query: bytes,
+              headers: list[tuple[bytes, bytes]]) -> tuple[Read, str, str | None] | None:
+        """The read, its kind and its If-None-Match; None for anything not plainly valid."""
+        route = _ROUTE.fullmatch(path)
         store = getattr(self.state, "store", None)
         if route is None or store is None:
             return None
-        headers = dict(scope["headers"])
-        if b"content-length" in headers or b"transfer-encoding" in headers:
+        named = dict(headers)
+        if b"content-length" in named or b"transfer-encoding" in named:
             return None
-        params = _query(scope["query_string"])
+        params = _query(query)
         if params is None:
             return None
         limit, cursor = params.get("limit"), params.get("cursor")
@@ -186,15 +237,39 @@ class FastReads:
         try:
             user = parse_id(route.group(1), "user_id")
             if route.group(2) == "home":
-                auth = headers.get(b"authorization")
+                auth = named.get(b"authorization")
                 caller = self.caller(auth.decode("latin-1") if auth is not None else None)
                 if caller is not None and caller != user:
                     return None
             read = Read(store, user, cursor, int(limit) if limit else self.default_page, None)
         except Exception:  # noqa: BLE001 - any doubt: the route decides
             return None
-        tag = headers.get(b"if-none-match")
+        tag = named.get(b"if-none-match")
         return read, route.group(2), tag.decode("latin-1") if tag is not None else None
+
+
+class FastReads:
+    """ASGI middleware: plainly valid page reads answered without FastAPI (module doc).
+
+    A fast answer names its route template in the scope (``scope["route"].path``,
+    what :class:`serving.metrics.RequestMetrics` reads), so metrics stay by route.
+    """
+
+    def __init__(self, app: ASGIApp, fast: FastPath) -> None:
+        self.app, self.fast = app, fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = None
+        if scope["type"] == "http" and scope["method"] == "GET":
+            answer = await self.fast.answer(scope["path"], scope["query_string"],
+                                            scope["headers"])
+        if answer is None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = answer.route  # as the router's would be, for /metrics
+        await send({"type": "http.response.start", "status": answer.status,
+                    "headers": answer.headers})
+        await send({"type": "http.response.body", "body": answer.body})
 
 
 def _query(raw: bytes) -> dict[str, str] | None:

@@ -14,6 +14,7 @@ hydration races and of a failing store subclass the SQLite store.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import sqlite3
@@ -42,6 +43,7 @@ from ingest.events import (
 )
 from serving.app import TimelinePage, create_app, hydrate, iso_millis
 from serving.cursor import encode_cursor
+from serving.protocol import ReadsProtocol
 from serving.settings import ServingSettings
 from serving.timeline import home_page
 from tests.cassandra_helpers import fresh_keyspace
@@ -147,12 +149,13 @@ class Filled:
 
 
 @contextmanager
-def running(app: FastAPI, deadline_s: float = 15.0) -> Iterator[str]:
+def running(app: FastAPI, deadline_s: float = 15.0,
+            http: type[asyncio.Protocol] | str = ReadsProtocol) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a thread on a free loopback port; yield its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", http=http))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
