@@ -30,6 +30,11 @@ entry older than the window stays missing until the full reload: a tweet arrivin
 late, or a repost that takes over when the user's earlier repost of the same tweet
 is undone.
 
+**Generation.** ``generation`` counts the changes of what a page may take from here;
+the page cache (:mod:`serving.pagecache`) keeps a home page only while it stands. A
+refresh that finds every list as it was (a write that touched no celebrity, the
+periodic full reload of unchanged lists) leaves it, so cached pages stay valid.
+
 **Depth.** Only the newest ``depth`` tweets of a celebrity are held. Each list knows
 whether it is the celebrity's complete history; a page that would reach below the
 oldest held tweet of an incomplete list reads that page from the store instead.
@@ -129,10 +134,11 @@ class CelebrityCache:
         else:
             lists = self._catch_up(self.store.celebrities())
         self.stats["full" if full else "incremental"] += 1
-        merged = _Merged.of(lists)
-        with self._lock:
-            self._lists, self._merged = lists, merged
-            self.generation += 1
+        if lists != self._lists:  # else pages built on the old lists stay valid
+            merged = _Merged.of(lists)
+            with self._lock:
+                self._lists, self._merged = lists, merged
+                self.generation += 1
         self._seen = version
         self.refreshed_at = now
 

@@ -54,7 +54,8 @@ class Metrics:
 
     def __init__(self, store: Callable[[], Store | None],
                  writer: Callable[[], WriterStats | None],
-                 activity: Callable[[], tuple[int, int] | None] = lambda: None) -> None:
+                 activity: Callable[[], tuple[int, int] | None] = lambda: None,
+                 pages: Callable[[], tuple[int, int] | None] = lambda: None) -> None:
         disable_created_metrics()  # process-wide; halves the series count
         self.registry = CollectorRegistry(auto_describe=True)
         self._store = store
@@ -70,7 +71,7 @@ class Metrics:
             "fanout_view_batch_apply_seconds",
             "Time the sink took to write a micro-batch to the store, from the batch log.",
             buckets=_BATCH_BUCKETS, registry=self.registry)
-        self.registry.register(_Totals(store, writer, activity))
+        self.registry.register(_Totals(store, writer, activity, pages))
 
     def observe(self, scope: Scope, status: int, seconds: float) -> None:
         """Record one finished request."""
@@ -155,10 +156,20 @@ class _Totals(Collector):
 
     def __init__(self, store: Callable[[], Store | None],
                  writer: Callable[[], WriterStats | None],
-                 activity: Callable[[], tuple[int, int] | None]) -> None:
+                 activity: Callable[[], tuple[int, int] | None],
+                 pages: Callable[[], tuple[int, int] | None]) -> None:
         self._store, self._writer, self._activity = store, writer, activity
+        self._pages = pages
 
     def collect(self) -> Iterator[Metric]:
+        pages = self._pages()
+        if pages is not None:
+            family = CounterMetricFamily(
+                "fanout_page_cache_reads", "Page reads of this API process answered from "
+                "its page cache (hit) or rendered (miss).", labels=["outcome"])
+            family.add_metric(["hit"], pages[0])
+            family.add_metric(["miss"], pages[1])
+            yield family
         activity = self._activity()
         if activity is not None:
             family = CounterMetricFamily(

@@ -135,3 +135,23 @@ def test_a_full_reload_comes_every_full_every_s():
     cache.refresh()
     cache.refresh()
     assert cache.stats == {"full": 2, "incremental": 0, "skipped": 0}
+
+
+def test_refreshes_that_change_no_list_keep_the_generation():
+    """Cached home pages stay valid across a write that touched no celebrity and across
+    a full reload that found every list as it was; a celebrity's new post moves it."""
+    harness, _ = _celebrity()
+    version = _Version()
+    cache = CelebrityCache(harness.store, version=version, full_every_s=3600)
+    cache.refresh()
+    generation = cache.generation
+    harness.run([Post(400, OTHER, 600, "not a celebrity's")])
+    version.value += 1
+    cache.refresh()
+    cache.refresh(full=True)
+    assert cache.generation == generation
+    assert cache.stats == {"full": 2, "incremental": 1, "skipped": 0}
+    harness.run([Post(401, CELEB, 601, "a celebrity's")])
+    version.value += 1
+    cache.refresh()
+    assert cache.generation == generation + 1 and _held(cache)[-1] == 401

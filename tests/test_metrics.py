@@ -86,6 +86,18 @@ def test_request_latency_by_route_template_and_status(client: httpx.Client):
     assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == 2
 
 
+def test_page_cache_reads_by_outcome(client: httpx.Client):
+    def reads() -> tuple[float, float]:
+        family = _scrape(client)["fanout_page_cache_reads"]
+        return tuple(_value(family, "fanout_page_cache_reads_total", outcome=o)
+                     for o in ("hit", "miss"))  # type: ignore[return-value]
+
+    hits, misses = reads()
+    for _ in range(3):  # rendered once, then from the cache while the store stands still
+        assert client.get("/v1/users/44/home", headers=bearer(44)).status_code == 200
+    assert reads() == (hits + 2, misses + 1)
+
+
 def test_write_outcomes_and_producer_errors(client: httpx.Client):
     assert client.put("/v1/users/42/following/7", headers=bearer(42)).status_code == 503
     assert client.put("/v1/users/42/following/7").status_code == 401
