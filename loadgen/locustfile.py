@@ -36,16 +36,19 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-from locust import FastHttpUser, events, task
+import orjson
+from locust import User, events, task
 from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadgen.action import Call, Memory, Planner, tweet_texts
 from loadgen.bearer import mint
+from loadgen.errors import LoadgenError
 from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
 from loadgen.recording import Recorder
 from loadgen.summary import summarize, table
+from loadgen.wire import Connection, WireError
 from loadgen.workload import (
     PROFILES,
     Mix,
@@ -308,8 +311,14 @@ def _live(environment: Environment) -> None:
 
 
 # -- the simulated user -------------------------------------------------------------------
-class TimelineUser(FastHttpUser):
-    """Reads home timelines (paging on now and then) and writes, in the configured mix."""
+class TimelineUser(User):
+    """Reads home timelines (paging on now and then) and writes, in the configured mix.
+
+    Each user keeps one keep-alive connection (:class:`loadgen.wire.Connection`, lean
+    enough that the generator is not what gets measured) and reports every request to
+    Locust's ``request`` event, as Locust's own HTTP users do: Locust's statistics and
+    the HdrHistograms (:func:`_on_request`) both see it.
+    """
 
     network_timeout = 30.0
     connection_timeout = 10.0
@@ -320,6 +329,14 @@ class TimelineUser(FastHttpUser):
 
     def on_start(self) -> None:
         self.planner = RUN.planner()
+        if self.host is None:
+            msg = "no host to load: pass --host (fanout load passes its target)"
+            raise LoadgenError(msg)
+        self.connection = Connection(self.host, connect_timeout=self.connection_timeout,
+                                     timeout=self.network_timeout)
+
+    def on_stop(self) -> None:
+        self.connection.close()
 
     @task
     def act(self) -> None:
@@ -328,21 +345,37 @@ class TimelineUser(FastHttpUser):
         call: Call | None = self.planner.next_call()
         pages = 0
         while call is not None:
-            body = self._send(call, due)
             pages += 1
+            body = self._send(call, due, self.planner.needs_body(call, pages))
             call, due = self.planner.answered(call, body, pages), None
 
-    def _send(self, call: Call, due: float | None) -> dict[str, Any] | None:
+    def _send(self, call: Call, due: float | None, decode: bool) -> dict[str, Any] | None:
+        """Send ``call``; its decoded body (``decode``), else {} for any 2xx; None if failed."""
         context = {"fanout_due": due} if due is not None else {}
-        with self.client.request(call.method, call.url(), name=call.name, json=call.body,
-                                 headers=RUN.headers(call), context=context,
-                                 catch_response=True) as response:
-            status = response.status_code or 0
-            if not 200 <= status < 300:
-                response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
-                return None
+        payload = orjson.dumps(call.body) if call.body is not None else None
+        start_time, start = time.time(), time.perf_counter()
+        status, raw, failure = 0, b"", None
+        try:
+            status, raw = self.connection.request(call.method, call.url(), RUN.headers(call),
+                                                  payload)
+        except WireError as exc:
+            failure = exc
+        parsed: Any = None
+        if failure is None and not 200 <= status < 300:
+            failure = ResponseError(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
+        elif failure is None and decode:
             try:
-                return response.json()
-            except ValueError:
-                response.failure(f"HTTP {status}: the body is not JSON")
-                return None
+                parsed = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                failure = ResponseError(f"HTTP {status}: the body is not JSON")
+        elif failure is None:
+            parsed = {}
+        self.environment.events.request.fire(
+            request_type=call.method, name=call.name, start_time=start_time,
+            response_time=(time.perf_counter() - start) * 1000, response_length=len(raw),
+            response=None, context=context, exception=failure)
+        return parsed if isinstance(parsed, dict) else None
+
+
+class ResponseError(Exception):
+    """An answer the user counts as failed: not 2xx, or not JSON."""

@@ -14,6 +14,7 @@ import base64
 import html
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,8 @@ class ModeRun:
     probe: ProbeResult | None = None
     batches: list[tuple[float, float]] = field(default_factory=list)
     probe_deadline: float = 30.0
+    #: The load generator's own cost: Locust processes, CPU-s and wall-s of its run.
+    client: dict[str, Any] | None = None
 
     @cached_property
     def recorder(self) -> Recorder:
@@ -94,6 +97,10 @@ def mode_summary(run: ModeRun) -> dict[str, Any]:
     figures["fanout_latency"] = probe_summary(run.probe, seconds) if run.probe else None
     figures["view_lag"] = lag_summary(run.batches)
     figures["problems"] = problems(figures)
+    if run.client is not None:
+        wall = run.client["wall_s"]
+        figures["client"] = {**run.client, "cores": round(run.client["cpu_s"] / wall, 2)
+                             if wall > 0 else None}
     return figures
 
 
@@ -169,6 +176,11 @@ def render_text(summary: dict[str, Any]) -> str:
     for mode, figures in summary["modes"].items():
         parts.append(table(figures, f"== {mode} mode: latency in ms over "
                                     f"{figures['seconds']:.0f} s"))
+        client = figures.get("client")
+        if client:
+            parts.append(f"load generator: {client['processes']} Locust process(es), "
+                         f"{client['cpu_s']} CPU-s over {client['wall_s']} s "
+                         f"({client['cores']} cores), {os.cpu_count()} cores on this box")
         fan = figures.get("fanout_latency")
         if fan:
             parts.append(_fanout_text(fan))

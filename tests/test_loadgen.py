@@ -358,6 +358,28 @@ def test_planner_pages_on_only_with_a_cursor_and_within_max_pages():
     assert planner.answered(first, None, pages=1) is None
 
 
+@pytest.mark.parametrize("page", [0.0, 0.3, 1.0])
+def test_a_body_is_decoded_exactly_when_the_planner_uses_it(page: float):
+    """needs_body draws the page-on decision: a page is decoded iff the user pages on."""
+    planner = Planner(Workload([5], [6]), parse_mix(f"mixed:page={page},max_pages=3"),
+                      random.Random(1), texts=["x"])
+    paged = decoded = 0
+    for _ in range(400):
+        call, pages = planner.next_call(), 0
+        while call is not None:
+            pages += 1
+            decode = planner.needs_body(call, pages)
+            assert decode == (call.name == POST or (call.name in (HOME, HOME_NEXT) and decode))
+            body = {"next_cursor": "c", "tweet_id": "1"} if decode else {}
+            decoded += decode and call.name in (HOME, HOME_NEXT)
+            call = planner.answered(call, body, pages)
+            if call is not None:
+                paged += 1
+                assert call.name == HOME_NEXT and pages < 3
+    assert paged == decoded
+    assert (paged == 0) == (page == 0.0) and (page < 1.0 or paged > 100)
+
+
 def test_workload_files_tokens_and_ranges(tmp_path: Path):
     w = Workload([3, 1, 2], [2, 3], reserved=[1])
     back = Workload.load(w.dump(tmp_path / "w.json"))
