@@ -8,7 +8,8 @@ process without Spark; built here if ``--store`` does not exist yet). The API ru
 ``python -m serving`` with ``--workers`` processes (default: one per core), auth and
 access log off, the job idle. wrk (Debian's, closed loop, ``--wrk-threads``) reads
 ``GET /v1/users/{random 1..users}/home?limit=20``, a hydrated first page, at each of
-``--connections``, ``--seconds`` each, after one warm-up run. Per run: requests/s,
+``--connections``, ``--seconds`` each, after warm-up rounds until the rate stops
+rising (the page caches full, as after a while of serving with the job idle). Per run: requests/s,
 wrk's p50/p99, the CPU of every API process (psutil over the process tree) → reads
 per API CPU-second, wrk's own CPU, and the load average.
 
@@ -236,6 +237,19 @@ def _parse_wrk(out: str) -> dict:
     return result
 
 
+def warm_up(server: Server, connections: int, args: argparse.Namespace, work: Path,
+            seconds: float = 4.0, rounds: int = 10) -> list[int]:
+    """wrk rounds until the rate stops rising (< 5 %): every worker's page cache holds
+    the pages it is asked for, as in an API that has served a while with the job idle."""
+    rates: list[int] = []
+    while len(rates) < rounds:
+        rates.append(wrk(server, connections, seconds, args, work)["requests_per_s"])
+        print(f"  warm-up round {len(rates)}: {rates[-1]} req/s", flush=True)
+        if len(rates) >= 2 and rates[-1] < rates[-2] * 1.05:
+            break
+    return rates
+
+
 # -- open loop -----------------------------------------------------------------------
 
 
@@ -344,6 +358,9 @@ def main() -> int:
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--open-processes", type=int, default=2)
     ap.add_argument("--open-connections", type=int, default=64)
+    ap.add_argument("--open-rates", default="1000,2000,3500",
+                    help="open-loop rates (req/s) measured besides half the saturation: "
+                         "the Python client's own CPU grows with the rate")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--before", default="", metavar="REV",
                     help="first measure the API of git revision REV (one process, "
@@ -369,7 +386,7 @@ def main() -> int:
                                                               work)
                     _show(f"before ({args.before}), {c}c", r)
         with api(args.store, args.workers, args.cache_mb, work) as server:
-            wrk(server, conns[-1], 3, args, work)  # warm-up: fills the page caches
+            out["warmup"] = warm_up(server, conns[-1], args, work)
             for c in conns:
                 out["closed"][str(c)] = r = wrk(server, c, args.seconds, args, work)
                 _show(f"API, {c} connections", r)
@@ -382,6 +399,10 @@ def main() -> int:
             rate = out["closed"][str(conns[-1])]["requests_per_s"] / 2
             out["open_loop_half_saturation"] = r = open_loop(server, rate, args)
             _show(f"API, open loop {round(rate)}/s", r)
+            out["open_loop"] = {}
+            for fixed in (float(x) for x in args.open_rates.split(",") if x):
+                out["open_loop"][str(round(fixed))] = r = open_loop(server, fixed, args)
+                _show(f"API, open loop {round(fixed)}/s", r)
         with api(args.store, args.workers, 0, work) as server:
             wrk(server, conns[-1], 2, args, work)
             out["cache_off"] = r = wrk(server, conns[-1], args.seconds, args, work)
