@@ -7,9 +7,12 @@ every read still asks the store whether anything was committed since — one che
 question instead of five queries, hydration and serialization — so a delete, a new
 tweet or a profile change is seen by the very next read, exactly as without the cache.
 
-**Versions.** SQLite: ``PRAGMA data_version`` on a connection of our own, which
-changes whenever any other connection (the sink) commits. Other stores: the applied
-changelog offsets, which every micro-batch advances. A page is stored only if the
+**Versions.** SQLite: the store's page version (``page_version``), which the sink
+bumps in a batch's own transaction when anything a page shows changed — not for a
+batch of only offsets and the activity log's read times, which the reads themselves
+cause — read only when ``PRAGMA data_version`` (on a connection of our own, cheap)
+says another connection committed. Other stores: the applied changelog offsets,
+which every micro-batch advances. A page is stored only if the
 version read before rendering equals the one read after, so a page never carries a
 version older than its contents.
 
@@ -27,7 +30,7 @@ from collections.abc import Hashable
 from typing import NamedTuple
 
 from views.stores.base import Store
-from views.stores.sqlite import SQLiteStore
+from views.stores.sqlite import PAGE_VERSION_SQL, SQLiteStore
 
 
 class Cached(NamedTuple):
@@ -66,12 +69,20 @@ class StoreVersion:
             self._db = sqlite3.connect(store.path, check_same_thread=False,
                                        isolation_level=None)
         self._lock = threading.Lock()
+        self._seen: int | None = None
+        self._version: Hashable = None
 
     def __call__(self) -> Hashable:
         if self._db is None:
             return tuple(sorted(self.store.applied_offsets().items()))
         with self._lock:
-            return self._db.execute("PRAGMA data_version").fetchone()[0]
+            seen = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if seen != self._seen:
+                # A commit since the last look (or a first look): read the page version.
+                # One landing between the two reads is seen again by the next call.
+                self._seen = seen
+                self._version = self._db.execute(PAGE_VERSION_SQL).fetchone()[0]
+            return self._version
 
     def close(self) -> None:
         if self._db is not None:

@@ -230,3 +230,26 @@ def test_the_celebrity_cache_proposes_but_the_store_decides(tmp_path: Path) -> N
             assert home() == []
     finally:
         harness.store.close()
+
+
+def test_only_what_a_page_shows_moves_the_page_version(tmp_path: Path):
+    """Offsets, dead letters and the activity log's read times (what reads themselves
+    cause) keep cached pages valid; a tweet, as anything a page shows, moves it."""
+    from serving.pagecache import StoreVersion
+    from views.delta import Delta
+
+    path = tmp_path / "v.sqlite"
+    harness = Harness(JoinConfig(cap=50), SQLiteStore(path, cap=50).open())
+    version = StoreVersion(SQLiteStore(path, cap=50).open())
+    try:
+        harness.run([Follow(READER, AUTHOR, T0)])
+        before = version()
+        harness.store.apply([Delta.source_offset("tweets", 0, 7, T0),
+                             Delta.activity(READER, T0 + 5)], batch_id=1000)
+        harness.store.apply([Delta.dead_letter("tweets", 0, 8, "bad", b"{")], batch_id=1001)
+        assert version() == before
+        harness.run([Post(900, AUTHOR, T0 + 9, "shown")])
+        assert version() != before
+    finally:
+        version.close()
+        harness.store.close()

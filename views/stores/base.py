@@ -188,6 +188,17 @@ class WritePlan:
     max_event_time: int = 0
     dead: list[DeadRow] = field(default_factory=list)
 
+    def shows(self) -> bool:
+        """Whether any page may read differently after this plan (the page version).
+
+        Everything but the bookkeeping: applied offsets, dead letters and the read
+        times of the ``activity`` log (a dormant reader's regenerated cache is the
+        store's own business and counted there).
+        """
+        return any((self.tweets, self.follows, self.celeb_edges, self.celebs, self.users,
+                    self.deleted_users, self.relations, self.reposts, self.wipes,
+                    self.removes, self.adds, self.horizons))
+
     def rows(self) -> int:
         parts: tuple[Sized, ...] = (self.tweets, self.follows, self.celeb_edges, self.celebs,
                                      self.users, self.deleted_users, self.relations,

@@ -75,7 +75,14 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 CREATE TABLE IF NOT EXISTS batches (
   batch_id INTEGER PRIMARY KEY, finished_at INTEGER NOT NULL, rows INTEGER NOT NULL,
   seconds REAL NOT NULL, max_event_time INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS page_version (
+  id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL);
+INSERT OR IGNORE INTO page_version VALUES (0, 0);
 """
+#: Counts the commits after which a page may read differently (:meth:`WritePlan.shows`,
+#: or a dormant reader's cache regenerated): what API processes validate cached pages
+#: against, so a batch of only offsets and read times keeps them (serving.pagecache).
+PAGE_VERSION_SQL = "SELECT version FROM page_version"
 
 NO_HORIZON = (-1, -1)
 #: Page cache of the connection that writes batches (KiB; reading connections keep
@@ -161,8 +168,11 @@ class SQLiteStore(Store):
         with self._lock:
             db.execute("BEGIN IMMEDIATE")
             try:
+                written = self.rows_written
                 self._write_tables(db, plan)
                 self._write_timelines(db, plan)
+                if plan.shows() or self.rows_written != written:
+                    db.execute("UPDATE page_version SET version = version + 1")
                 self._write_bookkeeping(db, plan, batch_id, time.perf_counter() - start)
             except BaseException:
                 db.execute("ROLLBACK")
