@@ -206,9 +206,9 @@ class _Merged:
 
     @classmethod
     def of(cls, lists: dict[int, _Recent]) -> _Merged:
-        entries = sorted(e for r in lists.values() for e in r.entries)
+        entries = sorted(e for r in lists.values() for e in r.entries)  # by key: its prefix
         floors = {a: r.keys[0] for a, r in lists.items() if not r.complete and r.keys}
-        return cls(entries, [e.key for e in entries], frozenset(lists), floors)
+        return cls(entries, [(e[0], e[1]) for e in entries], frozenset(lists), floors)
 
     def walk(self, wanted: set[int], below: Key, limit: int) -> list[Entry]:
         out: list[Entry] = []
@@ -226,19 +226,26 @@ def _caught_up(old: _Recent, newest: list[Entry], window: int, depth: int) -> _R
 
     Inside the window the store's answer replaces what was held (new tweets added,
     deleted ones gone); below it the held entries stay. None when the window may not
-    reach down to what was held (``window`` tweets, all newer): reload whole.
+    reach down to what was held (``window`` tweets, all newer): reload whole. ``old``
+    itself when nothing changed, so an unchanged refresh costs no new lists and
+    compares by identity.
     """
+    fresh = newest[::-1]
     if len(newest) < window:  # the window holds every live tweet of the author
-        entries, complete = list(reversed(newest)), True
+        cut, complete = 0, True
     else:
         oldest_seen = newest[-1].key
         if not old.keys or oldest_seen > old.keys[-1]:
             return None
-        entries = [e for e in old.entries if e.key < oldest_seen] + list(reversed(newest))
-        complete = old.complete
+        cut, complete = bisect.bisect_left(old.keys, oldest_seen), old.complete
+    if complete == old.complete and len(old.entries) - cut == len(fresh) \
+            and old.entries[cut:] == fresh and len(old.entries) <= depth:
+        return old
+    entries = old.entries[:cut] + fresh
+    keys = old.keys[:cut] + [(e[0], e[1]) for e in fresh]
     if len(entries) > depth:
-        entries, complete = entries[-depth:], False
-    return _Recent(entries, [e.key for e in entries], complete)
+        entries, keys, complete = entries[-depth:], keys[-depth:], False
+    return _Recent(entries, keys, complete)
 
 
 def _take(entries: Iterable[Entry], limit: int) -> Iterable[Entry]:
