@@ -20,10 +20,12 @@ nginx (``--workers`` worker processes) answering every path with a byte-identica
 copy of one page's body — the ceiling of the box for this response. Our throughput
 is reported as a fraction of it.
 
-Last, open loop: ``--open-processes`` Python processes send at half the measured
-saturation rate (cache on, the highest connection count) over ``--open-connections``
-connections in total, each request timed from its intended send time, so queueing
-is not hidden (coordinated omission); their CPU is reported too. Results go to
+Last, open loop: ``openloop.c`` (compiled with the system's ``cc`` on first use;
+``--open-client python`` for ``--open-processes`` asyncio processes instead) sends at
+half the measured saturation rate (cache on, the highest connection count), then at
+``--open-rates``, over ``--open-connections`` connections, each request timed from its
+intended send time, so queueing is not hidden (coordinated omission); the client's
+CPU is reported too. Results go to
 ``benchmarks/results/http.json`` (``--name``).
 """
 
@@ -303,7 +305,43 @@ async def _open_loop(port: int, rate: float, seconds: float, connections: int, u
             "wall_s": time.perf_counter() - start}
 
 
+OPENLOOP_C = Path(__file__).with_name("openloop.c")
+
+
+def openloop_binary() -> Path:
+    """``openloop.c`` compiled (once, into the jar cache's sibling) with the system's cc."""
+    binary = Path.home() / ".cache" / "fanout" / "bin" / "openloop"
+    if not binary.exists() or binary.stat().st_mtime < OPENLOOP_C.stat().st_mtime:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([_need("cc"), "-O2", "-o", str(binary), str(OPENLOOP_C)], check=True)
+    return binary
+
+
 def open_loop(server: Server, rate: float, args: argparse.Namespace) -> dict:
+    """Open loop at ``rate``: the C client (default) or ``--open-processes`` Python ones."""
+    if args.open_client == "c":
+        return _open_loop_c(server, rate, args)
+    return _open_loop_python(server, rate, args)
+
+
+def _open_loop_c(server: Server, rate: float, args: argparse.Namespace) -> dict:
+    assert server.process is not None
+    argv = [str(openloop_binary()), str(server.port), f"{rate:.1f}", f"{args.seconds:g}",
+            str(args.open_connections), str(args.users), str(args.seed)]
+    load, cpu0, client0 = os.getloadavg()[0], _tree_cpu(server.process.pid), _children_cpu()
+    t0 = time.perf_counter()
+    raw = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    wall = time.perf_counter() - t0
+    return {"rate": round(rate), "achieved_per_s": round(raw["achieved_per_s"]),
+            "requests": raw["requests"], "errors": raw["non200"] + raw["unanswered"],
+            "client": "openloop.c, 1 process", "connections": args.open_connections,
+            **{k: round(raw[k], 2) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")},
+            "client_cpu_s": round(_children_cpu() - client0, 2),
+            "server_cores": round((_tree_cpu(server.process.pid) - cpu0) / wall, 2),
+            "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]}
+
+
+def _open_loop_python(server: Server, rate: float, args: argparse.Namespace) -> dict:
     procs = args.open_processes
     queue: multiprocessing.Queue = multiprocessing.Queue()
     assert server.process is not None
@@ -356,6 +394,10 @@ def main() -> int:
     ap.add_argument("--connections", default="1,16,64")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--wrk-threads", type=int, default=2)
+    ap.add_argument("--open-client", choices=("c", "python"), default="c",
+                    help="open-loop client: openloop.c (built with cc on first use; a few "
+                         "us of a core per request) or --open-processes asyncio processes "
+                         "(~190 us per request: on 2 cores it takes the server's CPU)")
     ap.add_argument("--open-processes", type=int, default=2)
     ap.add_argument("--open-connections", type=int, default=64)
     ap.add_argument("--open-rates", default="1000,2000,3500",
