@@ -354,7 +354,8 @@ class TimelineUser(User):
         context = {"fanout_due": due} if due is not None else {}
         payload = orjson.dumps(call.body) if call.body is not None else None
         start_time, start = time.time(), time.perf_counter()
-        status, raw, failure = 0, b"", None
+        status, raw = 0, b""
+        failure: Exception | None = None
         try:
             status, raw = self.connection.request(call.method, call.url(), RUN.headers(call),
                                                   payload)

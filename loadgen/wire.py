@@ -62,7 +62,8 @@ class Connection:
             return self._exchange(data)
         except _IdleClosed:
             if not reused:
-                raise WireError("the server closed the connection without answering") from None
+                msg = "the server closed the connection without answering"
+                raise WireError(msg) from None
             return self._exchange(data)  # a keep-alive timeout: once more, on a new one
 
     def close(self) -> None:
@@ -83,7 +84,8 @@ class Connection:
             raise
         except (OSError, ValueError) as exc:
             self.close()
-            raise WireError(f"{type(exc).__name__}: {exc}") from None
+            msg = f"{type(exc).__name__}: {exc}"
+            raise WireError(msg) from None
         if close:
             self.close()
         return status, body
@@ -100,12 +102,14 @@ class Connection:
     def _head(self, sock: socket.socket) -> tuple[int, int, bool, bool]:
         while (end := self._buffer.find(b"\r\n\r\n")) < 0:
             if len(self._buffer) > _MAX_HEAD:
-                raise ValueError("response headers are over 64 KiB")
+                msg = "response headers are over 64 KiB"
+                raise ValueError(msg)
             chunk = sock.recv(65_536)
             if not chunk:
                 if not self._buffer:
                     raise _IdleClosed
-                raise ValueError("the connection closed inside the response headers")
+                msg = "the connection closed inside the response headers"
+                raise ValueError(msg)
             self._buffer += chunk
         lines = self._buffer[:end].split(b"\r\n")
         self._buffer = self._buffer[end + 4:]
@@ -126,7 +130,8 @@ class Connection:
         while len(self._buffer) < n:
             chunk = sock.recv(max(65_536, n - len(self._buffer)))
             if not chunk:
-                raise ValueError("the connection closed inside the response body")
+                msg = "the connection closed inside the response body"
+                raise ValueError(msg)
             self._buffer += chunk
         out, self._buffer = self._buffer[:n], self._buffer[n:]
         return out
@@ -135,7 +140,8 @@ class Connection:
         while (end := self._buffer.find(b"\r\n")) < 0:
             chunk = sock.recv(65_536)
             if not chunk:
-                raise ValueError("the connection closed inside a chunked body")
+                msg = "the connection closed inside a chunked body"
+                raise ValueError(msg)
             self._buffer += chunk
         line, self._buffer = self._buffer[:end], self._buffer[end + 2:]
         return line

@@ -46,8 +46,8 @@ from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache, StoreVersion
-from serving.query import only_query
 from serving.protocol import ReadsProtocol
+from serving.query import only_query
 from serving.reads import FastPath, FastReads, Pages, Read
 from serving.render import hydrated, iso_millis
 from serving.settings import ServingSettings
