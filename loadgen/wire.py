@@ -10,8 +10,8 @@ by ``Content-Length`` (or chunked). Sockets are the standard library's, which Lo
 has gevent-patched, so a user waiting for its answer yields to the others.
 
 A request on a reused connection that the server closed while it was idle (a
-keep-alive timeout) fails before any answer byte arrives; it is sent once more on a
-new connection, as HTTP clients do. Any other failure is the request's:
+keep-alive timeout) fails before any answer byte arrives (end of stream, a reset or
+a broken pipe); it is sent once more on a new connection, as HTTP clients do. Any other failure is the request's:
 :class:`WireError` says what happened, and the connection is dropped.
 """
 
@@ -76,8 +76,13 @@ class Connection:
     def _exchange(self, data: bytes) -> tuple[int, bytes]:
         try:
             sock = self._sock or self._connect()
-            sock.sendall(data)
-            status, length, chunked, close = self._head(sock)
+            try:
+                sock.sendall(data)
+                status, length, chunked, close = self._head(sock)
+            except (BrokenPipeError, ConnectionResetError):
+                if self._buffer:  # some of the answer came: it was not an idle close
+                    raise
+                raise _IdleClosed from None
             body = self._chunked(sock) if chunked else self._exactly(sock, length)
         except _IdleClosed:
             self.close()
