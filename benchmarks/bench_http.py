@@ -333,7 +333,7 @@ def _open_loop_c(server: Server, rate: float, args: argparse.Namespace) -> dict:
     raw = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     wall = time.perf_counter() - t0
     return {"rate": round(rate), "achieved_per_s": round(raw["achieved_per_s"]),
-            "requests": raw["requests"], "errors": raw["non200"] + raw["unanswered"],
+            "requests": raw["requests"], "errors": raw["non200"] + raw["unanswered"] + raw["lost"],
             "client": "openloop.c, 1 process", "connections": args.open_connections,
             **{k: round(raw[k], 2) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")},
             "client_cpu_s": round(_children_cpu() - client0, 2),

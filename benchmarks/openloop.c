@@ -7,7 +7,8 @@
  * CONNECTIONS keep-alive connections to 127.0.0.1:PORT; request n asks for
  * GET /v1/users/{random 1..USERS}/home?limit=20. Due requests queue in order and go
  * out on the first idle connection, so a slow server makes later requests wait, and
- * that wait is in their latency. Prints one JSON line: requests, non-200 answers,
+ * that wait is in their latency; idle connections take turns, and one the server
+ * closes is opened again (a request it held counts as lost). Prints one JSON line: requests, non-200 answers,
  * latency percentiles (ms), the achieved rate and the wall time. Python's asyncio
  * client costs ~190 us of a core per request here; this one a few, so on a 2-core
  * box it does not take the cores the server is measured on.
@@ -66,6 +67,17 @@ static void die(const char *what) {
     exit(2);
 }
 
+/* (Re)open connection i: keep-alive, no Nagle, watched for answers. */
+static void open_conn(int ep, struct sockaddr_in *addr, conn_t *c, int i) {
+    if (c->fd >= 0) close(c->fd); /* closing drops it from the epoll set */
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (fd < 0 || connect(fd, (struct sockaddr *)addr, sizeof *addr) < 0) die("connect");
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = fd, c->req = -1, c->have = 0;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0) die("epoll_ctl");
+}
+
 int main(int argc, char **argv) {
     if (argc != 7) {
         fprintf(stderr, "usage: openloop PORT RATE SECONDS CONNECTIONS USERS SEED\n");
@@ -87,12 +99,8 @@ int main(int argc, char **argv) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
     for (int i = 0; i < nconn; i++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-        if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("connect");
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        conns[i] = (conn_t){.fd = fd, .req = -1, .buf = malloc(BUF)};
-        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0) die("epoll_ctl");
+        conns[i] = (conn_t){.fd = -1, .req = -1, .buf = malloc(BUF)};
+        open_conn(ep, &addr, &conns[i], i);
     }
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
     struct epoll_event tev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
@@ -100,21 +108,27 @@ int main(int argc, char **argv) {
 
     double start = now_s() + 0.05;
     for (long n = 0; n < total; n++) due[n] = start + n / rate;
-    long released = 0, head = 0, tail = 0, done = 0, bad = 0, errors = 0;
-    int idle = nconn;
+    long released = 0, head = 0, tail = 0, done = 0, bad = 0, errors = 0, lost = 0;
+    int idle = nconn, next_conn = 0;
     char req[160];
     double deadline = start + seconds + 30;
     struct epoll_event events[256];
-    while (done < total && now_s() < deadline) {
+    while (done + lost < total && now_s() < deadline) {
         double t = now_s();
         while (released < total && due[released] <= t) queue[tail++] = released++;
-        for (int i = 0; i < nconn && idle > 0 && head < tail; i++) {
+        /* Idle connections in turn, so none sits out the server's keep-alive timeout. */
+        for (int j = 0; j < nconn && idle > 0 && head < tail; j++) {
+            int i = next_conn;
+            next_conn = (next_conn + 1) % nconn;
             if (conns[i].req >= 0) continue;
             long n = queue[head++];
             int len = snprintf(req, sizeof req,
                                "GET /v1/users/%ld/home?limit=20 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
                                (long)(next_rand() % (uint64_t)users) + 1);
-            if (send(conns[i].fd, req, len, 0) != len) die("send");
+            if (send(conns[i].fd, req, len, MSG_NOSIGNAL) != len) {
+                open_conn(ep, &addr, &conns[i], i); /* closed while idle: once more */
+                if (send(conns[i].fd, req, len, MSG_NOSIGNAL) != len) die("send");
+            }
             conns[i].req = n, conns[i].have = 0, idle--;
         }
         if (released < total) {
@@ -133,7 +147,11 @@ int main(int argc, char **argv) {
             }
             conn_t *c = &conns[i];
             ssize_t r = recv(c->fd, c->buf + c->have, BUF - c->have, 0);
-            if (r <= 0) die("recv (the server closed a connection)");
+            if (r <= 0) { /* closed: idle (a keep-alive timeout), or its answer is lost */
+                if (c->req >= 0) lost++, idle++;
+                open_conn(ep, &addr, c, (int)i);
+                continue;
+            }
             c->have += (size_t)r;
             char *end = memmem(c->buf, c->have, "\r\n\r\n", 4);
             if (end == NULL || c->req < 0) continue;
@@ -149,12 +167,13 @@ int main(int argc, char **argv) {
         if (k < 0 && errno != EINTR) die("epoll_wait");
     }
     double wall = now_s() - start;
-    errors = total - done;
+    errors = total - done - lost;
     qsort(lat, done, sizeof(double), cmp);
-    printf("{\"requests\": %ld, \"non200\": %ld, \"unanswered\": %ld, \"p50_ms\": %.3f, "
+    printf("{\"requests\": %ld, \"non200\": %ld, \"unanswered\": %ld, \"lost\": %ld, "
+           "\"p50_ms\": %.3f, "
            "\"p99_ms\": %.3f, \"p999_ms\": %.3f, \"max_ms\": %.3f, \"achieved_per_s\": %.1f, "
            "\"wall_s\": %.3f}\n",
-           done, bad, errors, pct(lat, done, .5), pct(lat, done, .99), pct(lat, done, .999),
+           done, bad, errors, lost, pct(lat, done, .5), pct(lat, done, .99), pct(lat, done, .999),
            done ? lat[done - 1] : 0.0, done / (wall > seconds ? wall : seconds), wall);
     return 0;
 }
