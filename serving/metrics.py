@@ -164,20 +164,14 @@ class _Totals(Collector):
     def collect(self) -> Iterator[Metric]:
         pages = self._pages()
         if pages is not None:
-            family = CounterMetricFamily(
-                "fanout_page_cache_reads", "Page reads of this API process answered from "
-                "its page cache (hit) or rendered (miss).", labels=["outcome"])
-            family.add_metric(["hit"], pages[0])
-            family.add_metric(["miss"], pages[1])
-            yield family
+            yield _by_outcome("fanout_page_cache_reads", "Page reads of this API process "
+                              "answered from its page cache (hit) or rendered (miss).",
+                              {"hit": pages[0], "miss": pages[1]})
         activity = self._activity()
         if activity is not None:
-            family = CounterMetricFamily(
-                "fanout_activity_records", "Home reads appended to the activity log, "
-                "by outcome (inactive users, DESIGN §4b).", labels=["outcome"])
-            family.add_metric(["sent"], activity[0])
-            family.add_metric(["failed"], activity[1])
-            yield family
+            yield _by_outcome("fanout_activity_records", "Home reads appended to the "
+                              "activity log, by outcome (inactive users, DESIGN §4b).",
+                              {"sent": activity[0], "failed": activity[1]})
         stats = self._writer()
         if stats is not None:
             errors = CounterMetricFamily("fanout_producer_errors",
@@ -202,6 +196,13 @@ class _Totals(Collector):
             return store.dead_letter_count()
         except Exception:  # counted as fanout_store_up 0 by the scrape itself
             return None
+
+
+def _by_outcome(name: str, documentation: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=["outcome"])
+    for outcome, count in counts.items():
+        family.add_metric([outcome], count)
+    return family
 
 
 class RequestMetrics:

@@ -68,6 +68,16 @@ def _counting(app) -> _Counting:  # noqa: ANN001
     return fast
 
 
+@pytest.fixture
+def served(store) -> Iterator[tuple[Harness, _Counting, httpx.Client]]:
+    """The API on the store, counting who answers, and a client of it."""
+    harness, path = store
+    app = _app(path)
+    fast = _counting(app)
+    with running(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        yield harness, fast, client
+
+
 def _exchange(base: str, raw: bytes, responses: int) -> tuple[list[bytes], bool]:
     """Send ``raw`` at once; the first ``responses`` answers, and whether the server closed."""
     host, port = base.removeprefix("http://").split(":")
@@ -106,22 +116,19 @@ def _without_date(response: bytes) -> bytes:
                         if not line.lower().startswith(b"date:"))
 
 
-def test_plain_reads_are_answered_in_the_protocol_and_the_rest_by_the_app(store):
-    _, path = store
-    app = _app(path)
-    fast = _counting(app)
-    with running(app) as base, httpx.Client(base_url=base, timeout=10) as client:
-        page = client.get(HOME)
-        assert page.status_code == 200 and len(page.json()["entries"]) == 5
-        again = client.get(HOME, headers={"If-None-Match": page.headers["etag"]})
-        assert again.status_code == 304 and again.content == b""
-        assert (fast.in_protocol, fast.in_stack) == (2, 0)
-        # a percent-escape: the protocol declines, the middleware answers in the stack
-        assert client.get(f"/v1/users/%3{READER}/home").content == page.content
-        assert (fast.in_protocol, fast.in_stack) == (2, 1)
-        assert client.get(f"{HOME}?after=bad").status_code == 400  # the route's error
-        assert client.post(HOME).status_code == 405
-        assert (fast.in_protocol, fast.in_stack) == (2, 1)
+def test_plain_reads_are_answered_in_the_protocol_and_the_rest_by_the_app(served):
+    _, fast, client = served
+    page = client.get(HOME)
+    assert page.status_code == 200 and len(page.json()["entries"]) == 5
+    again = client.get(HOME, headers={"If-None-Match": page.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    assert (fast.in_protocol, fast.in_stack) == (2, 0)
+    # a percent-escape: the protocol declines, the middleware answers in the stack
+    assert client.get(f"/v1/users/%3{READER}/home").content == page.content
+    assert (fast.in_protocol, fast.in_stack) == (2, 1)
+    assert client.get(f"{HOME}?after=bad").status_code == 400  # the route's error
+    assert client.post(HOME).status_code == 405
+    assert (fast.in_protocol, fast.in_stack) == (2, 1)
 
 
 @pytest.mark.parametrize("request_lines", [
@@ -159,13 +166,10 @@ def test_pipelined_answers_keep_request_order(store):
     assert fast.in_protocol >= 1  # the first, at least; the ones behind /healthz may wait
 
 
-def test_a_commit_shows_on_the_next_read_in_the_protocol(store):
-    harness, path = store
-    app = _app(path)
-    fast = _counting(app)
-    with running(app) as base, httpx.Client(base_url=base, timeout=10) as client:
-        first = client.get(HOME)
-        harness.run([Post(200, AUTHOR, T0 + 100, "new")])
-        second = client.get(HOME, headers={"If-None-Match": first.headers["etag"]})
+def test_a_commit_shows_on_the_next_read_in_the_protocol(served):
+    harness, fast, client = served
+    first = client.get(HOME)
+    harness.run([Post(200, AUTHOR, T0 + 100, "new")])
+    second = client.get(HOME, headers={"If-None-Match": first.headers["etag"]})
     assert second.status_code == 200 and second.json()["entries"][0]["tweet_id"] == "200"
     assert fast.in_protocol == 2
