@@ -240,7 +240,7 @@ def _parse_wrk(out: str) -> dict:
 
 
 def warm_up(server: Server, connections: int, args: argparse.Namespace, work: Path,
-            seconds: float = 4.0, rounds: int = 10) -> list[int]:
+            seconds: float = 4.0, rounds: int = 20) -> list[int]:
     """wrk rounds until the rate stops rising (< 5 %): every worker's page cache holds
     the pages it is asked for, as in an API that has served a while with the job idle."""
     rates: list[int] = []
