@@ -26,7 +26,7 @@ from typing import Final
 from infra.broker import KafkaBroker
 from infra.process import free_port, port_free
 from infra.rebuild import stale_views
-from infra.settings import API_URL_ENV, RUN_DIR_ENV, SPARK_MASTER_ENV, job_nice, run_dir_views
+from infra.settings import API_URL_ENV, RUN_DIR_ENV, SPARK_MASTER_ENV, run_dir_views
 from infra.stack import (
     AUTH_SECRET_FILE,
     MARKER,
@@ -224,8 +224,7 @@ def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: flo
     run_dir = Path(stack.run_dir)
     ready = run_dir / "job.ready"
     ready.unlink(missing_ok=True)
-    env = stack.env()
-    process = spawn(run_dir, "job", ["--ready-file", str(ready)], env, nice=job_nice(env))
+    process = spawn(run_dir, "job", ["--ready-file", str(ready)], stack.env())
     stack.pids["job"], stack.markers["job"] = process.pid, MARKER
     started.append("job")
     wait_for_file(ready, process, "the view job", timeout=timeout,

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from infra.errors import InfraError
 from views.settings import (
     CHECKPOINTS,
     DEFAULT_CHECKPOINT_DIR,
@@ -22,31 +21,11 @@ from views.settings import (
     sqlite_url,
 )
 
-__all__ = ("API_URL_ENV", "JOB_NICE_ENV", "RUN_DIR_ENV", "SPARK_MASTER_ENV", "job_nice",
-           "run_dir_views")
+__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_MASTER_ENV", "run_dir_views")
 
 RUN_DIR_ENV: Final = "FANOUT_RUN_DIR"
 API_URL_ENV: Final = "FANOUT_API_URL"
 SPARK_MASTER_ENV: Final = "FANOUT_SPARK_MASTER"
-#: The view job's niceness under ``fanout up`` (its Spark JVM and Python workers
-#: inherit it): on a box it shares with the API, reads get the CPU first and the job
-#: takes what they leave. 0 runs it at the API's priority.
-JOB_NICE_ENV: Final = "FANOUT_JOB_NICE"
-DEFAULT_JOB_NICE: Final = 10
-
-
-def job_nice(environ: Mapping[str, str]) -> int:
-    """The job's niceness from ``environ`` (0–19; see :data:`JOB_NICE_ENV`)."""
-    raw = environ.get(JOB_NICE_ENV, str(DEFAULT_JOB_NICE))
-    try:
-        value = int(raw)
-    except ValueError:
-        msg = f"{JOB_NICE_ENV} must be a whole number 0-19, got {raw!r}"
-        raise InfraError(msg) from None
-    if not 0 <= value <= 19:
-        msg = f"{JOB_NICE_ENV} must be 0-19, got {value}"
-        raise InfraError(msg)
-    return value
 
 
 def run_dir_views(run_dir: Path, environ: Mapping[str, str]) -> ViewSettings:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -115,13 +114,12 @@ class Stack:
 
 
 def spawn(run_dir: Path, service: str, args: list[str],
-          env: dict[str, str], nice: int = 0) -> subprocess.Popen[bytes]:
+          env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``.
 
     Its fanout settings are ``env`` alone: the caller's own ``FANOUT_*`` and
     ``KAFKA_BOOTSTRAP`` are not inherited, so a service restarted from another shell
-    runs exactly as the stack's first one did. ``nice`` lowers its CPU priority (and
-    that of everything it starts) from the first instruction.
+    runs exactly as the stack's first one did.
     """
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -131,7 +129,7 @@ def spawn(run_dir: Path, service: str, args: list[str],
         process = subprocess.Popen(
             [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, env={**inherited, **env},
-            start_new_session=True, preexec_fn=functools.partial(os.nice, nice) if nice else None)
+            start_new_session=True)
     return process
 
 

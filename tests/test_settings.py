@@ -85,22 +85,3 @@ def test_help_of_flags_comes_from_the_settings(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(env FANOUT_TIMELINE_CAP; default 800)" in text
     assert "(env FANOUT_CELEBRITY_THRESHOLD; default 1000)" in text
-
-
-def test_the_job_runs_niced_and_a_bad_niceness_says_what_to_set(tmp_path: Path):
-    """fanout up starts the view job at FANOUT_JOB_NICE (default 10): reads first."""
-    import psutil
-
-    from infra.errors import InfraError
-    from infra.settings import JOB_NICE_ENV, job_nice
-    from infra.stack import spawn
-
-    assert job_nice({}) == 10 and job_nice({JOB_NICE_ENV: "0"}) == 0
-    for bad in ("x", "20", "-1"):
-        with pytest.raises(InfraError, match=JOB_NICE_ENV):
-            job_nice({JOB_NICE_ENV: bad})
-    process = spawn(tmp_path, "schema", ["--help"], {}, nice=7)
-    try:
-        assert psutil.Process(process.pid).nice() == os.nice(0) + 7
-    finally:
-        process.wait(30)
