@@ -19,6 +19,7 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 # No ``from __future__ import annotations``: FastAPI must resolve the parameter types
 # that _timeline_routes builds at run time (they carry the configured max_page).
 
+import gc
 import logging
 import os
 import secrets
@@ -140,15 +141,21 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 
 # -- the app -------------------------------------------------------------------------
 def create_app(settings: ServingSettings, store: Store | None = None, *,
-               kafka: KafkaSettings | None = None) -> FastAPI:
+               kafka: KafkaSettings | None = None, freeze_heap: bool = False) -> FastAPI:
     """The API; ``store`` if given is the caller's (already open, not closed here).
 
     Writes produce to ``kafka`` (default: the environment's ``KafkaSettings``).
+    ``freeze_heap``: once started, move every object alive into the garbage
+    collector's permanent generation (``gc.freeze``), so a full collection while
+    serving walks only what came after — the 60-120 ms pauses of walking the whole
+    app in the middle of reads were most of the open-loop tail (issue 14). For a
+    process that serves one app (:func:`serve`); a test process making many would
+    keep each one's cycles forever.
     """
     auth = Auth(settings)
     writer = _writer(settings, kafka or KafkaSettings())
     app = FastAPI(title="fanout API", version="1",
-                  lifespan=_lifespan(settings, store, writer, lambda: activity),
+                  lifespan=_lifespan(settings, store, writer, lambda: activity, freeze_heap),
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
     activity = _activity_log(settings, writer)
@@ -202,7 +209,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
     """
     kafka = kafka or KafkaSettings()
     try:
-        app = create_app(settings, kafka=kafka)
+        app = create_app(settings, kafka=kafka, freeze_heap=True)
     except ConfigError as exc:
         log.error("cannot start the API: %s", exc.message)
         raise SystemExit(2) from None
@@ -216,7 +223,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
     def config(index: int) -> uvicorn.Config:
         # Each process mints tweet ids with its own Snowflake worker id.
         own = settings.model_copy(update={"worker_id": (first_id + index) % 1024})
-        return uvicorn.Config(create_app(own, kafka=kafka), log_level="info",
+        return uvicorn.Config(create_app(own, kafka=kafka, freeze_heap=True), log_level="info",
                               access_log=settings.access_log, http=ReadsProtocol)
 
     status = run_workers(config, settings.host, settings.port, workers)
@@ -225,7 +232,8 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
 
 
 def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedProducer,
-              activity: Callable[[], ActivityLog | None]) -> Callable[[FastAPI], Any]:
+              activity: Callable[[], ActivityLog | None],
+              freeze_heap: bool = False) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if injected is not None:
@@ -237,6 +245,9 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
                         "on" if settings.auth else "OFF")
         app.state.version = StoreVersion(app.state.store)
         app.state.celebrities = _celebrity_cache(settings, app.state.store, app.state.version)
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
