@@ -251,8 +251,9 @@ def _parse_wrk(out: str) -> dict:
 
 
 def warm_up(server: Server, connections: int, args: argparse.Namespace, work: Path,
-            seconds: float = 4.0, rounds: int = 30, least: int = 6) -> list[int]:
-    """wrk rounds until the rate stops rising (< 3 %, after at least ``least``), each
+            seconds: float = 4.0, rounds: int = 30, least: int = 8) -> list[int]:
+    """wrk rounds until the rate stops rising (two rounds in a row < 3 % above the best
+    before them, after at least ``least``, so one noisy round does not end it), each
     round asking for other users (its own seed), so every worker's page cache comes to
     hold every user's first page, as in an API that has served a while with the job
     idle. (One seed for every round asked for the same ~14k of 20k users again and
@@ -262,7 +263,7 @@ def warm_up(server: Server, connections: int, args: argparse.Namespace, work: Pa
         rates.append(wrk(server, connections, seconds, args, work,
                          seed=args.seed + 1 + len(rates))["requests_per_s"])
         print(f"  warm-up round {len(rates)}: {rates[-1]} req/s", flush=True)
-        if len(rates) >= least and rates[-1] < rates[-2] * 1.03:
+        if len(rates) >= least and max(rates[-2:]) < max(rates[:-2]) * 1.03:
             break
     return rates
 
