@@ -253,3 +253,31 @@ def test_only_what_a_page_shows_moves_the_page_version(tmp_path: Path):
     finally:
         version.close()
         harness.store.close()
+
+
+_FREEZE_PROBE = """
+import gc, sys
+from fastapi.testclient import TestClient
+from serving.app import create_app
+from serving.settings import ServingSettings
+settings = ServingSettings(store_url=sys.argv[1], auth=False)
+before = gc.get_freeze_count()
+with TestClient(create_app(settings, freeze_heap=sys.argv[2] == "1")) as client:
+    status = client.get("/v1/users/1/home").status_code
+    print(before, gc.get_freeze_count(), status)
+"""
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_served_api_freezes_its_heap_once_started(tmp_path: Path, freeze: bool):
+    """serve()'s processes move the started app into gc's permanent generation, so a
+    full collection while serving walks only what came after; other callers do not."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _FREEZE_PROBE,
+                          f"sqlite:///{tmp_path / 'v.sqlite'}", "1" if freeze else "0"],
+                         capture_output=True, text=True, cwd=root, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    before, after, status = map(int, out.stdout.split())
+    assert before == 0 and status == 200
+    assert (after > 10_000) if freeze else (after == 0)
