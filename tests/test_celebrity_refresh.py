@@ -5,22 +5,26 @@ entries merged into what was held) must equal what a fresh cache loads whole, fo
 random histories of posts, deletes, reposts (of other authors' tweets, some twice)
 and unreposts, as long as nothing older than the window changed (undos at the top
 may leave fewer held, never others), and pages read through it equal the §4b query;
-a refresh with the store's version unchanged reads nothing.
+a refresh with the store's version unchanged reads nothing. The merged list that
+pages following many celebrities walk, updated by what moved, equals one merged anew.
 """
 
 from __future__ import annotations
 
 import functools
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.events import Delete, Event, Follow, Post, Repost, Unrepost
-from serving.celebrities import CelebrityCache
+from serving import celebrities
+from serving.celebrities import CelebrityCache, _Merged, _Recent
 from serving.timeline import home_page, home_top
 from tests.test_join import Harness
 from views.join import JoinConfig
 from views.reference import Reference
+from views.stores.base import Entry
 
 CELEB = 1
 OTHER = 9  # whose tweets the celebrity reposts
@@ -155,3 +159,35 @@ def test_refreshes_that_change_no_list_keep_the_generation():
     version.value += 1
     cache.refresh()
     assert cache.generation == generation + 1 and _held(cache)[-1] == 401
+
+
+def _lists(draw: st.DrawFn) -> dict[int, _Recent]:
+    """Per-author lists of unique entries, oldest first; a tweet id is one author's."""
+    out = {}
+    for author in draw(st.sets(st.integers(1, 6), max_size=5)):
+        times = draw(st.sets(st.integers(0, 40), max_size=30))
+        entries = sorted(Entry(t, t * 10 + author, author) for t in times)
+        out[author] = _Recent(entries, [e.key for e in entries], draw(st.booleans()))
+    return out
+
+
+@st.composite
+def _two_lists(draw: st.DrawFn) -> tuple[dict[int, _Recent], dict[int, _Recent]]:
+    old = _lists(draw)
+    new = _lists(draw)
+    # Some authors' lists stay the same object, as refreshes that change nothing leave them.
+    new.update({a: r for a, r in old.items() if draw(st.booleans())})
+    return old, new
+
+
+@settings(max_examples=200, deadline=None)
+@given(_two_lists(), st.sampled_from([0, 3, 256]))
+def test_the_merged_list_updated_equals_one_merged_anew(lists, moves):
+    old, new = lists
+    with patch.object(celebrities, "_MOVES", moves):  # one by one, or sorted again
+        updated = _Merged.of(old).updated(new)
+    assert updated == _Merged.of(new)
+    assert updated.entries == sorted(updated.entries)
+    for below in [(0, 0), (20, 0), (20, 205), (41, 0)]:
+        want = [e for e in reversed(_Merged.of(new).entries) if e.key < below and e.author_id % 2]
+        assert updated.walk({1, 3, 5}, below, 7) == want[:7]
