@@ -32,6 +32,7 @@ from infra.stack import (
     MARKER,
     Stack,
     StackError,
+    api_env,
     spawn,
     stop_service,
     wait_for_file,
@@ -42,7 +43,6 @@ from ingest.topics import create_topics
 from serving.settings import (
     API_HOST_ENV,
     API_PORT_ENV,
-    API_WORKERS_ENV,
     AUTH_SECRET_ENV,
     ServingSettings,
 )
@@ -244,9 +244,7 @@ def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
         new = port or free_port(host)
         log.warning("the API's port %s is taken: it moves to %d", old, new)
         stack.api_url = f"http://{host}:{new}"
-    env = stack.env()
-    env.setdefault(API_WORKERS_ENV, str(os.cpu_count() or 1))  # one API process per core
-    process = spawn(run_dir, "serve", [], env)
+    process = spawn(run_dir, "serve", [], api_env(stack.env()))
     stack.pids["api"], stack.markers["api"] = process.pid, MARKER
     started.append("api")
     wait_for_http(f"{stack.api_url}/healthz", process, timeout=60,

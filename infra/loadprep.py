@@ -31,7 +31,7 @@ import httpx
 from infra.errors import LoadRunError
 from infra.process import free_port
 from infra.settings import API_URL_ENV
-from infra.stack import Stack, down, spawn, stop_pid, wait_for_http
+from infra.stack import Stack, api_env, down, spawn, stop_pid, wait_for_http
 from loadgen.probe import Target
 from loadgen.workload import Workload, dump_tokens
 from serving.settings import (
@@ -264,7 +264,7 @@ def api_for(mode: str, load: LoadTarget, auth: bool, logs: Path) -> Iterator[str
         msg = "the read-mode baseline needs the target's store (run against a fanout stack)"
         raise LoadRunError(msg)
     port = free_port()
-    env = {**load.env, STORE_ENV: load.store_url, READ_MODE_ENV: mode,
+    env = {**api_env(load.env), STORE_ENV: load.store_url, READ_MODE_ENV: mode,
            API_HOST_ENV: "127.0.0.1", API_PORT_ENV: str(port),
            ACCESS_LOG_ENV: "false", WORKER_ID_ENV: READ_API_WORKER_ID,
            AUTH_ENV: "on" if auth else "off"}

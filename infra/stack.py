@@ -31,7 +31,7 @@ import httpx
 from infra.errors import InfraError
 from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
 from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV
-from serving.settings import API_HOST_ENV, API_PORT_ENV, AUTH_SECRET_ENV
+from serving.settings import API_HOST_ENV, API_PORT_ENV, API_WORKERS_ENV, AUTH_SECRET_ENV
 from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,15 @@ class Stack:
         if secret.exists():
             env[AUTH_SECRET_ENV] = secret.read_text().strip()
         return env
+
+
+def api_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for an API process of a stack: one process per core unless ``env`` says.
+
+    `fanout up`'s API and the read-mode baseline that `fanout load --compare` puts
+    beside it take their shape from here, so the two modes are served alike.
+    """
+    return {API_WORKERS_ENV: str(os.cpu_count() or 1), **env}
 
 
 def spawn(run_dir: Path, service: str, args: list[str],

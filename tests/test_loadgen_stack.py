@@ -14,10 +14,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infra.launch import up
-from infra.loadprep import History, seed
+from infra.loadprep import History, api_for, seed, target
 from infra.stack import Stack, down
 from loadgen.recording import Recorder
 from loadgen.summary import PERCENTILES, label
@@ -67,6 +68,24 @@ def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: 
     assert [row["mode"] for row in summary["compare"]] == ["fanout", "read"]
     assert all(isinstance(row["read p99.9"], float) for row in summary["compare"])
     assert "fan-out-on-write vs fan-out-on-read" in done.stdout
+
+
+def test_the_read_mode_baseline_is_served_by_as_many_processes_as_the_stack(
+        stack: Stack, tmp_path: Path):
+    # --compare puts the same load on both modes: a baseline with fewer API processes
+    # would queue sooner, and the comparison would flatter fan-out on write.
+    with target(Path(stack.run_dir), url=None, start=False, history=History(),
+                allow_remote=False, auth="off", keep=False) as load, \
+            api_for("read", load, auth=False, logs=tmp_path) as read_api:
+        served = {url: _listeners(url) for url in (stack.api_url, read_api)}
+    assert len(served[read_api]) == len(served[stack.api_url]) == (os.cpu_count() or 1), served
+
+
+def _listeners(url: str) -> set[int]:
+    """The processes listening on ``url``'s port (each API worker has its own socket)."""
+    port = int(url.rsplit(":", 1)[1])
+    return {c.pid for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
 
 
 def _check_mode(mode: str, figures: dict, out: Path) -> None:
