@@ -49,6 +49,8 @@ class Pipeline:
     query: Any = None
     launch: Callable[[], Any] | None = None
     peak_rss: int = 0
+    #: RSS by kind of process at the peak (driver, jvm, python workers, broker, ...).
+    peak_parts: dict[str, int] = field(default_factory=dict)
     batch_log: list[dict[str, float]] = field(default_factory=list)
 
     def ends(self) -> dict[tuple[str, int], int]:
@@ -91,15 +93,29 @@ class Pipeline:
         return [b for b in self.batch_log if b["batch_id"] >= first]
 
 
-def _rss_tree() -> int:
+def _rss_tree() -> dict[str, int]:
+    """RSS of this process and its descendants, by kind (see :func:`_kind`)."""
     me = psutil.Process()
-    total = me.memory_info().rss
+    parts = {"driver": me.memory_info().rss}
     for child in me.children(recursive=True):
         try:
-            total += child.memory_info().rss
+            kind = _kind(child.cmdline())
+            parts[kind] = parts.get(kind, 0) + child.memory_info().rss
         except psutil.Error:
             pass
-    return total
+    return parts
+
+
+def _kind(cmdline: list[str]) -> str:
+    line = " ".join(cmdline)
+    if cmdline and cmdline[0].endswith("java"):
+        # Spark's class path names its Kafka connector too: tell them by their main class.
+        return "broker" if "kafka.Kafka" in line else "spark jvm"
+    if "pyspark.daemon" in line or "pyspark.worker" in line:
+        return "python workers"
+    if "replay" in line:
+        return "replay"
+    return "other"
 
 
 @contextmanager
@@ -141,7 +157,9 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
 
         def sample_memory() -> None:
             while not stop.wait(0.5):
-                pipe.peak_rss = max(pipe.peak_rss, _rss_tree())
+                parts = _rss_tree()
+                if sum(parts.values()) > pipe.peak_rss:
+                    pipe.peak_rss, pipe.peak_parts = sum(parts.values()), parts
 
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()

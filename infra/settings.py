@@ -21,11 +21,15 @@ from views.settings import (
     sqlite_url,
 )
 
-__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_MASTER_ENV", "run_dir_views")
+__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_DRIVER_MEMORY_ENV", "SPARK_MASTER_ENV",
+           "run_dir_views")
 
 RUN_DIR_ENV: Final = "FANOUT_RUN_DIR"
 API_URL_ENV: Final = "FANOUT_API_URL"
 SPARK_MASTER_ENV: Final = "FANOUT_SPARK_MASTER"
+#: The Spark driver JVM's heap (``spark.driver.memory``, e.g. ``1g``); local mode's
+#: executor lives in it.
+SPARK_DRIVER_MEMORY_ENV: Final = "FANOUT_SPARK_DRIVER_MEMORY"
 
 
 def run_dir_views(run_dir: Path, environ: Mapping[str, str]) -> ViewSettings:

@@ -30,12 +30,14 @@ from pyspark.sql import SparkSession
 
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
-from infra.settings import SPARK_MASTER_ENV
+from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_MASTER_ENV
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER: Final = "local[2]"
+#: The driver's heap unless FANOUT_SPARK_DRIVER_MEMORY says (see session_conf).
+DRIVER_MEMORY: Final = "2g"
 LOOPBACK: Final = "127.0.0.1"
 MIN_JAVA: Final = 17
 #: Repository root, put on the Python workers' path in local mode so that they can
@@ -107,7 +109,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
     return {
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
-        "spark.driver.memory": "2g",
+        "spark.driver.memory": os.environ.get(SPARK_DRIVER_MEMORY_ENV) or DRIVER_MEMORY,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} {JIT_OPTIONS}",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
