@@ -53,7 +53,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from views.delta import Key
@@ -177,7 +177,7 @@ class CelebrityCache:
         else:
             lists = self._lists_for(wanted)
             floor = max((r.keys[0] for r in lists if not r.complete and r.keys), default=None)
-            runs = [reversed(r.entries[:bisect.bisect_left(r.keys, below)]) for r in lists]
+            runs = [_downward(r.entries, bisect.bisect_left(r.keys, below)) for r in lists]
             out = list(_take(heapq.merge(*runs, reverse=True), limit))
         if floor is not None and (len(out) < limit or out[-1].key <= floor):
             return None
@@ -287,6 +287,15 @@ def _caught_up(old: _Recent, newest: list[Entry], window: int, depth: int) -> _R
     if len(entries) > depth:
         entries, keys, complete = entries[-depth:], keys[-depth:], False
     return _Recent(entries, keys, complete)
+
+
+def _downward(entries: list[Entry], end: int) -> Iterator[Entry]:
+    """``entries[end - 1]``, ``entries[end - 2]``, ... read as the merge asks for them.
+
+    A page takes ``limit`` of them; copying each list up to ``end`` first made a home
+    render ~30 % slower (issue 14).
+    """
+    return map(entries.__getitem__, range(end - 1, -1, -1))
 
 
 def _take(entries: Iterable[Entry], limit: int) -> Iterable[Entry]:
