@@ -116,6 +116,10 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Spark keys its pools of Python workers by their environment, and only the
+        # decode's mapInArrow sets SPARK_SIMPLIFIED_TRACEBACK: with it on, the decode
+        # and the join each kept a daemon and two ~175 MB workers (issue 16).
+        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Producer
 
@@ -87,6 +88,23 @@ def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_
         assert store.celebrities(), "the history should cross the celebrity threshold"
         dormant = [u for u in store.home_users() if store.horizon(u) == DORMANT]
         assert dormant, "users who stopped reading should get no fan-out"
+    # The decode (mapInArrow) and the join (transformWithStateInPandas) share one
+    # pool of Python workers: one daemon, not one per stage (infra.spark.session_conf).
+    assert len(_worker_daemons()) == 1, _worker_daemons()
+
+
+def _worker_daemons() -> list[list[str]]:
+    """Command lines of the Spark JVMs' ``pyspark.daemon`` processes for UDF workers."""
+    daemons = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd, parent = proc.cmdline(), proc.parent()
+            if cmd[-2:] == ["pyspark.daemon", "pyspark.worker"] and parent is not None \
+                    and "java" in parent.name():
+                daemons.append(cmd)
+        except psutil.Error:
+            continue  # gone meanwhile
+    return daemons
 
 
 def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_path, store_url):
