@@ -30,6 +30,7 @@ from views.delta import (
     timeline_removes,
     unpack_longs,
 )
+from views.stores.adds import Adds
 
 #: The horizon of a *dormant* user's timeline: above every key, so every read of it is
 #: evaluated at read time (exact) and no fan-out write lands in it. A user becomes
@@ -181,8 +182,8 @@ class WritePlan:
     wipes: set[tuple[int, int]] = field(default_factory=set)
     #: (user, tweet, created_at or 0 if unknown, author)
     removes: list[tuple[int, int, int, int]] = field(default_factory=list)
-    #: (user, created_at, tweet, author)
-    adds: list[tuple[int, int, int, int]] = field(default_factory=list)
+    #: (user, created_at, tweet, author), column-wise
+    adds: Adds = field(default_factory=Adds)
     horizons: dict[int, Key] = field(default_factory=dict)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     max_event_time: int = 0
@@ -380,7 +381,12 @@ def _fold_remove(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_add(plan: WritePlan, d: Delta) -> None:
-    plan.adds.extend(timeline_adds(d))
+    if d.kind == DeltaKind.FANOUT:
+        plan.adds.fan_out(unpack_longs(d.raw or b""), d.created_at, d.tweet_id, d.author_id)
+    elif d.kind == DeltaKind.BACKFILL:
+        plan.adds.backfill(d.user_id, unpack_longs(d.raw or b""), d.author_id)
+    else:
+        plan.adds.extend(timeline_adds(d))
 
 
 def _fold_horizon(plan: WritePlan, d: Delta) -> None:

@@ -13,13 +13,13 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
+from views.stores.adds import Adds, kept_in_order
 from views.stores.base import (
     DORMANT,
     BatchInfo,
@@ -294,7 +294,7 @@ class SQLiteStore(Store):
             "AND created_at = coalesce(nullif(?, 0), "
             "(SELECT created_at FROM tweets WHERE tweet_id = ?))",
             [(u, t, a, c, t) for u, t, c, a in plan.removes])
-        meta = self._meta(db, {row[0] for row in plan.adds} | set(plan.horizons)
+        meta = self._meta(db, set(plan.adds.users) | set(plan.horizons)
                           | set(plan.activity))
         self._read(db, plan.activity, meta)
         for user, key in plan.horizons.items():
@@ -302,10 +302,10 @@ class SQLiteStore(Store):
         self._go_dormant(db, plan.adds, meta)
         # At or below its horizon a timeline is read through the query, not the cache,
         # so an add there would only be trimmed again: skip it (all of a dormant one's).
-        adds = sorted(a for a in plan.adds if (a[1], a[2]) > meta[a[0]][0])
-        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", adds)
+        adds = kept_in_order(plan.adds, {u: m[0] for u, m in meta.items()})
+        db.executemany("INSERT OR IGNORE INTO home_timeline VALUES (?, ?, ?, ?)", adds.rows())
         self.rows_written += len(adds)
-        for user, added in Counter(a[0] for a in adds).items():
+        for user, added in adds.per_user():
             self._maybe_trim(db, user, meta[user], added)
         db.executemany("INSERT OR REPLACE INTO timeline_meta VALUES (?, ?, ?, ?, ?)",
                        [(u, h[0], h[1], size, read_at) for u, (h, size, read_at) in meta.items()])
@@ -336,7 +336,7 @@ class SQLiteStore(Store):
         horizon = entries[self.cap].key if len(entries) > self.cap else NO_HORIZON
         return horizon, len(kept)
 
-    def _go_dormant(self, db: sqlite3.Connection, adds: list[tuple[int, int, int, int]],
+    def _go_dormant(self, db: sqlite3.Connection, adds: Adds,
                     meta: dict[int, list]) -> None:
         """Users an entry reaches more than ``inactive_ms`` after their newest read.
 

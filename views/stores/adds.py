@@ -1,0 +1,140 @@
+"""A micro-batch's timeline adds as four int64 columns, not millions of tuples.
+
+A tweet burst's micro-batch carries ~2M timeline adds. As ``(user, created_at,
+tweet, author)`` tuples they took ~200 bytes each in the sink's process (a tuple
+and three large ints), ~400 MB at the batch's peak, and the store spent more time
+building, filtering, sorting and counting them than SQLite spent inserting them
+(``benchmarks/RESULTS.md``, issue 16). :class:`Adds` keeps them as four
+``array('q')`` columns (32 bytes an add), filled straight from the packed deltas,
+and :func:`kept_in_order` filters and orders them with numpy.
+
+Iterating an :class:`Adds` still yields the tuples, one at a time, for the code
+that wants them (the Cassandra statements, tests).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Final
+
+import numpy as np
+
+from views.delta import Key
+
+Add = tuple[int, int, int, int]  # user, created_at, tweet, author
+
+#: Rows handed to one ``executemany`` call: bounds the tuples alive at once.
+CHUNK: Final = 65_536
+
+
+class Adds:
+    """Timeline adds ``(user, created_at, tweet, author)``, column-wise, in arrival order."""
+
+    __slots__ = ("authors", "created", "tweets", "users")
+
+    def __init__(self, adds: Iterable[Add] = ()) -> None:
+        self.users = array("q")
+        self.created = array("q")
+        self.tweets = array("q")
+        self.authors = array("q")
+        self.extend(adds)
+
+    def append(self, add: Add) -> None:
+        user, created_at, tweet, author = add
+        self.users.append(user)
+        self.created.append(created_at)
+        self.tweets.append(tweet)
+        self.authors.append(author)
+
+    def extend(self, adds: Iterable[Add]) -> None:
+        for add in adds:
+            self.append(add)
+
+    def __iadd__(self, adds: Iterable[Add]) -> Adds:
+        self.extend(adds)
+        return self
+
+    def fan_out(self, users: array, created_at: int, tweet: int, author: int) -> None:
+        """One tweet into the timelines of ``users`` (a FANOUT delta's int64 array)."""
+        n = len(users)
+        self.users.extend(users)
+        self.created.extend(array("q", (created_at,)) * n)
+        self.tweets.extend(array("q", (tweet,)) * n)
+        self.authors.extend(array("q", (author,)) * n)
+
+    def backfill(self, user: int, pairs: array, author: int) -> None:
+        """``(created_at, tweet)`` pairs of ``author`` into ``user``'s timeline."""
+        n = len(pairs) // 2
+        self.users.extend(array("q", (user,)) * n)
+        self.created.extend(pairs[::2])
+        self.tweets.extend(pairs[1::2])
+        self.authors.extend(array("q", (author,)) * n)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __iter__(self) -> Iterator[Add]:
+        return zip(self.users, self.created, self.tweets, self.authors, strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Adds):
+            return all(getattr(self, c) == getattr(other, c) for c in self.__slots__)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"Adds({list(self)!r})"
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The four columns as numpy views (no copy): user, created_at, tweet, author."""
+        return tuple(np.frombuffer(c, dtype=np.int64) if len(c) else np.empty(0, np.int64)
+                     for c in (self.users, self.created, self.tweets, self.authors))  # type: ignore[return-value]
+
+
+class Kept:
+    """The adds above their user's horizon, in ``(user, created_at, tweet, author)`` order.
+
+    Holds the columns and the positions of the kept adds in order; rows are gathered
+    :data:`CHUNK` at a time, so no sorted copy of the batch is ever whole.
+    """
+
+    __slots__ = ("columns", "order")
+
+    def __init__(self, columns: tuple[np.ndarray, ...], order: np.ndarray) -> None:
+        self.columns, self.order = columns, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def rows(self) -> Iterator[Add]:
+        """The adds as tuples, made :data:`CHUNK` at a time (for ``executemany``)."""
+        for i in range(0, len(self.order), CHUNK):
+            at = self.order[i:i + CHUNK]
+            yield from zip(*(c[at].tolist() for c in self.columns), strict=True)
+
+    def per_user(self) -> Iterator[tuple[int, int]]:
+        """``(user, adds)`` for each user with kept adds, in user order."""
+        users, counts = np.unique(self.columns[0][self.order], return_counts=True)
+        return zip(users.tolist(), counts.tolist(), strict=True)
+
+
+def kept_in_order(adds: Adds, horizon: Mapping[int, Key]) -> Kept:
+    """The adds whose ``(created_at, tweet)`` is above ``horizon[user]``, sorted.
+
+    The same rows, duplicates included, in the same order as
+    ``sorted(a for a in adds if (a[1], a[2]) > horizon[a[0]])``.
+    """
+    columns = adds.columns()
+    users, created, tweets, authors = columns
+    if not len(users):
+        return Kept(columns, np.empty(0, np.int64))
+    distinct, which = np.unique(users, return_inverse=True)
+    keys = np.array([horizon[u] for u in distinct.tolist()], dtype=np.int64).reshape(-1, 2)
+    at = keys[which, 0]
+    keep = created > at
+    keep |= (created == at) & (tweets > keys[which, 1])
+    del which, at
+    order = np.lexsort((authors, tweets, created, users))
+    return Kept(columns, order[keep[order]])
