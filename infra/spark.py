@@ -36,8 +36,11 @@ from views.source import KafkaSource
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER: Final = "local[2]"
-#: The driver's heap unless FANOUT_SPARK_DRIVER_MEMORY says (see session_conf).
-DRIVER_MEMORY: Final = "2g"
+#: The driver's heap unless FANOUT_SPARK_DRIVER_MEMORY says (see session_conf): Spark's
+#: own default. State lives in RocksDB, off the heap, so the heap is bounded by a
+#: micro-batch, not by the history; 2g replayed ego-twitter ~6% faster but took the
+#: stack past 3 GB (benchmarks/RESULTS.md, issue 16).
+DRIVER_MEMORY: Final = "1g"
 LOOPBACK: Final = "127.0.0.1"
 MIN_JAVA: Final = 17
 #: Repository root, put on the Python workers' path in local mode so that they can
