@@ -319,17 +319,23 @@ def unpack_longs(raw: bytes) -> array:
     return out
 
 
+def timeline_add_columns(d: Delta) -> tuple[array, array, array, array]:
+    """The adds a TL_ADD/FANOUT/BACKFILL carries, column-wise: users, created_ats, tweets, authors."""
+    if d.kind == DeltaKind.TL_ADD:
+        return (array("q", (d.user_id,)), array("q", (d.created_at,)),
+                array("q", (d.tweet_id,)), array("q", (d.author_id,)))
+    longs = unpack_longs(d.raw or b"")
+    if d.kind == DeltaKind.FANOUT:
+        n = len(longs)
+        return (longs, array("q", (d.created_at,)) * n, array("q", (d.tweet_id,)) * n,
+                array("q", (d.author_id,)) * n)
+    n = len(longs) // 2  # BACKFILL: (created_at, tweet) pairs
+    return (array("q", (d.user_id,)) * n, longs[::2], longs[1::2], array("q", (d.author_id,)) * n)
+
+
 def timeline_adds(d: Delta) -> Iterator[tuple[int, int, int, int]]:
     """(user, created_at, tweet, author) of every add a TL_ADD/FANOUT/BACKFILL carries."""
-    if d.kind == DeltaKind.TL_ADD:
-        yield (d.user_id, d.created_at, d.tweet_id, d.author_id)
-    elif d.kind == DeltaKind.FANOUT:
-        for user in unpack_longs(d.raw or b""):
-            yield (user, d.created_at, d.tweet_id, d.author_id)
-    else:
-        pairs = unpack_longs(d.raw or b"")
-        for created_at, tweet in zip(pairs[::2], pairs[1::2], strict=True):
-            yield (d.user_id, created_at, tweet, d.author_id)
+    return zip(*timeline_add_columns(d), strict=True)
 
 
 def timeline_removes(d: Delta) -> Iterator[tuple[int, int, int, int]]:

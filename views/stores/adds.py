@@ -20,7 +20,7 @@ from typing import Final
 
 import numpy as np
 
-from views.delta import Key
+from views.delta import Delta, Key, timeline_add_columns
 
 Add = tuple[int, int, int, int]  # user, created_at, tweet, author
 
@@ -55,31 +55,23 @@ class Adds:
         self.extend(adds)
         return self
 
-    def fan_out(self, users: array, created_at: int, tweet: int, author: int) -> None:
-        """One tweet into the timelines of ``users`` (a FANOUT delta's int64 array)."""
-        n = len(users)
-        self.users.extend(users)
-        self.created.extend(array("q", (created_at,)) * n)
-        self.tweets.extend(array("q", (tweet,)) * n)
-        self.authors.extend(array("q", (author,)) * n)
+    def take(self, d: Delta) -> None:
+        """The adds of a TL_ADD, FANOUT or BACKFILL delta, one ``extend`` per column."""
+        for column, values in zip(self._columns(), timeline_add_columns(d), strict=True):
+            column.extend(values)
 
-    def backfill(self, user: int, pairs: array, author: int) -> None:
-        """``(created_at, tweet)`` pairs of ``author`` into ``user``'s timeline."""
-        n = len(pairs) // 2
-        self.users.extend(array("q", (user,)) * n)
-        self.created.extend(pairs[::2])
-        self.tweets.extend(pairs[1::2])
-        self.authors.extend(array("q", (author,)) * n)
+    def _columns(self) -> tuple[array, array, array, array]:
+        return self.users, self.created, self.tweets, self.authors
 
     def __len__(self) -> int:
         return len(self.users)
 
     def __iter__(self) -> Iterator[Add]:
-        return zip(self.users, self.created, self.tweets, self.authors, strict=True)
+        return zip(*self._columns(), strict=True)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Adds):
-            return all(getattr(self, c) == getattr(other, c) for c in self.__slots__)
+            return self._columns() == other._columns()
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable
@@ -90,7 +82,7 @@ class Adds:
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The four columns as numpy views (no copy): user, created_at, tweet, author."""
         return tuple(np.frombuffer(c, dtype=np.int64) if len(c) else np.empty(0, np.int64)
-                     for c in (self.users, self.created, self.tweets, self.authors))  # type: ignore[return-value]
+                     for c in self._columns())  # type: ignore[return-value]
 
 
 class Kept:

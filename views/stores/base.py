@@ -26,7 +26,6 @@ from views.delta import (
     Delta,
     DeltaKind,
     Key,
-    timeline_adds,
     timeline_removes,
     unpack_longs,
 )
@@ -381,12 +380,7 @@ def _fold_remove(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_add(plan: WritePlan, d: Delta) -> None:
-    if d.kind == DeltaKind.FANOUT:
-        plan.adds.fan_out(unpack_longs(d.raw or b""), d.created_at, d.tweet_id, d.author_id)
-    elif d.kind == DeltaKind.BACKFILL:
-        plan.adds.backfill(d.user_id, unpack_longs(d.raw or b""), d.author_id)
-    else:
-        plan.adds.extend(timeline_adds(d))
+    plan.adds.take(d)
 
 
 def _fold_horizon(plan: WritePlan, d: Delta) -> None:
