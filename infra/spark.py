@@ -41,6 +41,13 @@ DEFAULT_MASTER: Final = "local[2]"
 #: micro-batch, not by the history; 2g replayed ego-twitter ~6% faster but took the
 #: stack past 3 GB (benchmarks/RESULTS.md, issue 16).
 DRIVER_MEMORY: Final = "1g"
+#: glibc's malloc arenas in the Spark JVMs (and the Python workers they start). Native
+#: allocations from many JVM threads (RocksDB, Arrow, Netty) otherwise spread over up
+#: to 8 arenas a core that are rarely given back: with a 1 GB heap the local JVM peaked
+#: at 2,065 MB in one ego-twitter replay and at 1,307 MB with 2 arenas
+#: (benchmarks/RESULTS.md, issue 16). Hadoop's launch scripts cap them at 4 likewise.
+MALLOC_ARENAS_ENV: Final = "MALLOC_ARENA_MAX"
+MALLOC_ARENAS: Final = "2"
 LOOPBACK: Final = "127.0.0.1"
 MIN_JAVA: Final = 17
 #: Repository root, put on the Python workers' path in local mode so that they can
@@ -156,6 +163,7 @@ def executor_conf(master: str) -> dict[str, str]:
     if master.startswith("local"):
         return {}
     return {"spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT),
+            f"spark.executorEnv.{MALLOC_ARENAS_ENV}": MALLOC_ARENAS,
             "spark.executor.extraJavaOptions": JIT_OPTIONS}
 
 
@@ -200,6 +208,7 @@ def _prepare_environment(master: str) -> None:
     # spark.pyspark.python), on executors too; default to ours so they see the same
     # packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault(MALLOC_ARENAS_ENV, MALLOC_ARENAS)
     if master.startswith("local"):
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(PROJECT_ROOT) not in paths:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from infra.settings import SPARK_DRIVER_MEMORY_ENV
-from infra.spark import DRIVER_MEMORY, JIT_OPTIONS, session_conf
+from infra.spark import (
+    DRIVER_MEMORY,
+    JIT_OPTIONS,
+    MALLOC_ARENAS,
+    MALLOC_ARENAS_ENV,
+    executor_conf,
+    session_conf,
+)
 
 
 def test_the_driver_heap_is_1g_unless_fanout_spark_driver_memory_says(
@@ -17,3 +25,12 @@ def test_the_driver_heap_is_1g_unless_fanout_spark_driver_memory_says(
     assert conf["spark.driver.memory"] == "2g"
     assert JIT_OPTIONS in conf["spark.driver.extraJavaOptions"]
     assert conf["spark.sql.shuffle.partitions"] == "2"
+
+
+def test_the_spark_jvm_runs_with_few_malloc_arenas(spark):
+    jvms = [p for p in psutil.Process().children(recursive=True)
+            if p.name() == "java" and "org.apache.spark.deploy.SparkSubmit" in p.cmdline()]
+    assert jvms, "the session's JVM should be a child of this process"
+    assert all(p.environ().get(MALLOC_ARENAS_ENV) == MALLOC_ARENAS == "2" for p in jvms)
+    assert executor_conf("spark://127.0.0.1:7077")[
+        f"spark.executorEnv.{MALLOC_ARENAS_ENV}"] == MALLOC_ARENAS
