@@ -44,6 +44,7 @@ def test_a_plan_holds_the_adds_its_deltas_carry_in_arrival_order(tweets):
     assert list(plan.adds) == expected
     assert plan.adds == Adds(expected)
     assert len(plan.adds) == len(expected)
+    assert plan.adds.distinct_users() == {a[0] for a in expected}
 
 
 def test_rows_cross_chunk_boundaries_whole():

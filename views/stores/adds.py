@@ -79,6 +79,10 @@ class Adds:
     def __repr__(self) -> str:
         return f"Adds({list(self)!r})"
 
+    def distinct_users(self) -> set[int]:
+        """The users the adds reach (one numpy ``unique``, not an int object per add)."""
+        return set(np.unique(self.columns()[0]).tolist())
+
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The four columns as numpy views (no copy): user, created_at, tweet, author."""
         return tuple(np.frombuffer(c, dtype=np.int64) if len(c) else np.empty(0, np.int64)

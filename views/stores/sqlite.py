@@ -294,7 +294,7 @@ class SQLiteStore(Store):
             "AND created_at = coalesce(nullif(?, 0), "
             "(SELECT created_at FROM tweets WHERE tweet_id = ?))",
             [(u, t, a, c, t) for u, t, c, a in plan.removes])
-        meta = self._meta(db, set(plan.adds.users) | set(plan.horizons)
+        meta = self._meta(db, plan.adds.distinct_users() | set(plan.horizons)
                           | set(plan.activity))
         self._read(db, plan.activity, meta)
         for user, key in plan.horizons.items():
