@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import psutil
 from tqdm import tqdm
 
 import loadgen
@@ -220,7 +221,8 @@ def _run_mode(plan: LoadPlan, load: loadprep.LoadTarget, prepared: loadprep.Prep
     with loadprep.api_for(mode, load, prepared.auth, plan.out) as api:
         print(f"==> {mode} mode: {_describe(plan)} against {api}", flush=True)
         started = time.time()
-        cpu0, wall0 = _children_cpu(), time.monotonic()
+        servers = api_processes(api)
+        cpu0, wall0, server0 = _children_cpu(), time.monotonic(), _cpu_of(servers)
         process = _start_locust(plan, api, prepared, out)
         probe = _ProbeThread(api, prepared, plan) if plan.probe and prepared.targets else None
         try:
@@ -230,16 +232,44 @@ def _run_mode(plan: LoadPlan, load: loadprep.LoadTarget, prepared: loadprep.Prep
             result = probe.finish() if probe else None
         # Locust and its workers are reaped by now (the API of read mode is not yet):
         # the load generator's own CPU, to show it was not the bottleneck.
+        wall = round(time.monotonic() - wall0, 2)
         client = {"processes": plan.processes, "cpu_s": round(_children_cpu() - cpu0, 2),
-                  "wall_s": round(time.monotonic() - wall0, 2)}
+                  "wall_s": wall}
+        # What the same load cost the API serving it: the read modes' CPU side by side.
+        server = {"processes": len(servers), "cpu_s": round(_cpu_of(servers) - server0, 2),
+                  "wall_s": wall} if servers else None
     return ModeRun(mode, load_results(out / RESULTS), result, _lag_series(load, started),
-                   plan.probe_deadline, client)
+                   plan.probe_deadline, client, server)
 
 
 def _children_cpu() -> float:
     """CPU seconds of this process's reaped children (and theirs)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def api_processes(url: str) -> list[psutil.Process]:
+    """The processes listening on ``url``'s port on this machine.
+
+    Each API worker has its own socket, so this is every worker; it is empty for a
+    target served from another machine.
+    """
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    pids = {c.pid for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+    return [psutil.Process(pid) for pid in sorted(pids)]
+
+
+def _cpu_of(processes: list[psutil.Process]) -> float:
+    """CPU seconds the ``processes`` have used so far (a process gone since counts 0)."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _describe(plan: LoadPlan) -> str:

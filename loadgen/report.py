@@ -46,6 +46,8 @@ class ModeRun:
     probe_deadline: float = 30.0
     #: The load generator's own cost: Locust processes, CPU-s and wall-s of its run.
     client: dict[str, Any] | None = None
+    #: The API's cost over the same run (processes, CPU-s, wall-s), when it is local.
+    server: dict[str, Any] | None = None
 
     @cached_property
     def recorder(self) -> Recorder:
@@ -97,10 +99,10 @@ def mode_summary(run: ModeRun) -> dict[str, Any]:
     figures["fanout_latency"] = probe_summary(run.probe, seconds) if run.probe else None
     figures["view_lag"] = lag_summary(run.batches)
     figures["problems"] = problems(figures)
-    if run.client is not None:
-        wall = run.client["wall_s"]
-        figures["client"] = {**run.client, "cores": round(run.client["cpu_s"] / wall, 2)
-                             if wall > 0 else None}
+    for name, cost in (("client", run.client), ("server", run.server)):
+        if cost is not None:
+            wall = cost["wall_s"]
+            figures[name] = {**cost, "cores": round(cost["cpu_s"] / wall, 2) if wall > 0 else None}
     return figures
 
 
@@ -132,7 +134,8 @@ def compare_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"mode": mode, "rate": figures["meta"]["options"].get("fanout_rate"),
                      "reads": figures["reads"]["count"], "read_errors": figures["reads"]["errors"],
                      **{f"read {c}": figures["reads"].get(c) for c in COMPARE_COLUMNS},
-                     **{f"home {c}": home.get(c) for c in COMPARE_COLUMNS}})
+                     **{f"home {c}": home.get(c) for c in COMPARE_COLUMNS},
+                     "api cores": (figures.get("server") or {}).get("cores")})
     return rows
 
 
@@ -181,6 +184,10 @@ def render_text(summary: dict[str, Any]) -> str:
             parts.append(f"load generator: {client['processes']} Locust process(es), "
                          f"{client['cpu_s']} CPU-s over {client['wall_s']} s "
                          f"({client['cores']} cores), {os.cpu_count()} cores on this box")
+        server = figures.get("server")
+        if server:
+            parts.append(f"API: {server['processes']} process(es), {server['cpu_s']} CPU-s over "
+                         f"{server['wall_s']} s ({server['cores']} cores)")
         fan = figures.get("fanout_latency")
         if fan:
             parts.append(_fanout_text(fan))
@@ -203,11 +210,11 @@ def _fanout_text(fan: dict[str, Any]) -> str:
 
 def _compare_text(rows: list[dict[str, Any]]) -> str:
     head = f"{'read mode':<10}{'rate/s':>8}{'reads':>9}" + "".join(
-        f"{'read ' + c:>14}" for c in COMPARE_COLUMNS)
+        f"{'read ' + c:>14}" for c in COMPARE_COLUMNS) + f"{'API cores':>11}"
     lines = ["fan-out-on-write vs fan-out-on-read, same open-loop load (ms):", head]
     for r in rows:
         lines.append(f"{r['mode']:<10}{r['rate'] or 0:>8g}{r['reads']:>9}" + "".join(
-            f"{_ms(r['read ' + c]):>14}" for c in COMPARE_COLUMNS))
+            f"{_ms(r['read ' + c]):>14}" for c in COMPARE_COLUMNS) + f"{_ms(r['api cores']):>11}")
     return "\n".join(lines)
 
 
@@ -264,9 +271,11 @@ def _words(value: Any) -> str:
 
 def _compare_html(summary: dict[str, Any]) -> str:
     cols = ["mode", "rate", "reads", "read_errors",
-            *(f"read {c}" for c in COMPARE_COLUMNS), *(f"home {c}" for c in COMPARE_COLUMNS)]
+            *(f"read {c}" for c in COMPARE_COLUMNS), *(f"home {c}" for c in COMPARE_COLUMNS),
+            "api cores"]
     return _table_html(cols, [[r[c] for c in cols] for r in summary["compare"]],
-                       "Read latency in ms at the same open-loop rate, on the same store.")
+                       "Read latency in ms at the same open-loop rate, on the same store; "
+                       "api cores: the CPU the API processes used over the run.")
 
 
 def _mode_html(mode: str, figures: dict[str, Any]) -> str:

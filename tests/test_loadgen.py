@@ -252,7 +252,8 @@ def test_report_writes_summary_html_and_plots_for_two_modes(tmp_path: Path):
     probe.add(_sample("normal", 0.4))
     probe.add(_sample("celebrity", 0.7))
     probe.add(_sample("celebrity", None))
-    runs = [ModeRun("fanout", _results(3), probe, [(1001.0, 0.5), (1002.0, 0.8)]),
+    runs = [ModeRun("fanout", _results(3), probe, [(1001.0, 0.5), (1002.0, 0.8)],
+                    server={"processes": 2, "cpu_s": 3.0, "wall_s": 60.0}),
             ModeRun("read", _results(4))]
     info = {"name": "unit", "modes": ["fanout", "read"], "duration_s": 60.0,
             "probe": {"interval": 1.0, "deadline": 30.0, "max_pages": 10},
@@ -271,6 +272,9 @@ def test_report_writes_summary_html_and_plots_for_two_modes(tmp_path: Path):
     assert "interval 1 s, deadline 30 s, max pages 10" in html
     assert "users 1,000, seed 7" in html
     assert [r["mode"] for r in summary["compare"]] == ["fanout", "read"]
+    # The API's CPU where it was measured (a local API), and none where it was not.
+    assert [r["api cores"] for r in summary["compare"]] == [pytest.approx(0.05), None]
+    assert on_disk["modes"]["fanout"]["server"]["cores"] == pytest.approx(0.05)
     fan = on_disk["modes"]["fanout"]["fanout_latency"]
     assert (fan["normal"]["count"], fan["celebrity"]["count"], fan["celebrity"]["timeouts"]) \
         == (1, 1, 1)
@@ -278,6 +282,7 @@ def test_report_writes_summary_html_and_plots_for_two_modes(tmp_path: Path):
     assert all(not m["problems"] for m in on_disk["modes"].values())
     text = render_text(summary)
     assert "fan-out-on-write vs fan-out-on-read" in text and "celebrity" in text
+    assert "API: 2 process(es), 3.0 CPU-s over 60.0 s (0.05 cores)" in text
 
 
 def test_compare_rows_and_lag_summary():

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from infra.launch import up
+from infra.load import api_processes
 from infra.loadprep import History, api_for, seed, target
 from infra.stack import Stack, down
 from loadgen.recording import Recorder
@@ -67,6 +67,9 @@ def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: 
         _check_mode(mode, figures, out)
     assert [row["mode"] for row in summary["compare"]] == ["fanout", "read"]
     assert all(isinstance(row["read p99.9"], float) for row in summary["compare"])
+    # The API processes' CPU over each run, from the processes listening on its port.
+    for row in summary["compare"]:
+        assert 0 < row["api cores"] <= (os.cpu_count() or 1), row
     assert "fan-out-on-write vs fan-out-on-read" in done.stdout
 
 
@@ -77,15 +80,8 @@ def test_the_read_mode_baseline_is_served_by_as_many_processes_as_the_stack(
     with target(Path(stack.run_dir), url=None, start=False, history=History(),
                 allow_remote=False, auth="off", keep=False) as load, \
             api_for("read", load, auth=False, logs=tmp_path) as read_api:
-        served = {url: _listeners(url) for url in (stack.api_url, read_api)}
+        served = {url: api_processes(url) for url in (stack.api_url, read_api)}
     assert len(served[read_api]) == len(served[stack.api_url]) == (os.cpu_count() or 1), served
-
-
-def _listeners(url: str) -> set[int]:
-    """The processes listening on ``url``'s port (each API worker has its own socket)."""
-    port = int(url.rsplit(":", 1)[1])
-    return {c.pid for c in psutil.net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
 
 
 def _check_mode(mode: str, figures: dict, out: Path) -> None:
@@ -108,6 +104,8 @@ def _check_mode(mode: str, figures: dict, out: Path) -> None:
     assert fan["celebrity"]["count"] >= 3, "the tiny history should have celebrities"
     assert 0 < fan["normal"]["p50"] <= fan["normal"]["p99"] <= fan["normal"]["max"] < 30_000
     assert figures["view_lag"]["batches"] > 0
+    server = figures["server"]
+    assert server["processes"] == (os.cpu_count() or 1) and server["cpu_s"] > 0, server
 
 
 def test_plain_locust_headless_run_exits_zero(stack: Stack, tmp_path: Path):
