@@ -7,6 +7,7 @@ import pytest
 
 from infra.settings import SPARK_DRIVER_MEMORY_ENV
 from infra.spark import (
+    CHECKPOINT_FILE_MANAGER,
     DRIVER_MEMORY,
     JIT_OPTIONS,
     MALLOC_ARENAS,
@@ -34,3 +35,14 @@ def test_the_spark_jvm_runs_with_few_malloc_arenas(spark):
     assert all(p.environ().get(MALLOC_ARENAS_ENV) == MALLOC_ARENAS == "2" for p in jvms)
     assert executor_conf("spark://127.0.0.1:7077")[
         f"spark.executorEnv.{MALLOC_ARENAS_ENV}"] == MALLOC_ARENAS
+
+
+def test_checkpoints_are_written_through_the_filesystem_api(spark, tmp_path):
+    # Hadoop's FileContext forks `readlink` per rename on a local path; the session's
+    # checkpoint files (offset and commit logs, state store files) go through this one.
+    jvm = spark._jvm
+    manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager \
+        .create(jvm.org.apache.hadoop.fs.Path(str(tmp_path)),
+                spark._jsparkSession.sessionState().newHadoopConf())
+    assert manager.getClass().getName() == CHECKPOINT_FILE_MANAGER
+    assert manager.isLocal()
