@@ -38,7 +38,6 @@ import multiprocessing
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -54,6 +53,7 @@ from pipeline import ROOT, percentile, save
 sys.path.insert(0, str(ROOT))
 
 from infra.broker import free_port  # noqa: E402
+from infra.load import children_cpu, cpu_of  # noqa: E402
 
 # Each wrk thread draws its own users (a Lua state per thread, seeded by its index):
 # with one seed for all, every thread asked for the same users in the same order.
@@ -103,19 +103,7 @@ http {
 def _tree_cpu(pid: int) -> float:
     """CPU seconds of a process and its children (the API's workers)."""
     root = psutil.Process(pid)
-    total = 0.0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    return cpu_of([root, *root.children(recursive=True)])
 
 
 class Server:
@@ -217,7 +205,7 @@ def wrk(server: Server, connections: int, seconds: float, args: argparse.Namespa
     argv.append(f"http://{HOST}:{server.port}{path or '/'}")
     assert server.process is not None
     load = os.getloadavg()[0]
-    cpu0, client0, t0 = _tree_cpu(server.process.pid), _children_cpu(), time.perf_counter()
+    cpu0, client0, t0 = _tree_cpu(server.process.pid), children_cpu(), time.perf_counter()
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0
     server_cpu = _tree_cpu(server.process.pid) - cpu0
@@ -227,7 +215,7 @@ def wrk(server: Server, connections: int, seconds: float, args: argparse.Namespa
         "server_cpu_s": round(server_cpu, 2),
         "server_cores": round(server_cpu / wall, 2),
         "requests_per_cpu_s": round(result["requests"] / max(server_cpu, 1e-9)),
-        "client_cpu_s": round(_children_cpu() - client0, 2),
+        "client_cpu_s": round(children_cpu() - client0, 2),
         "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]})
     return result
 
@@ -344,7 +332,7 @@ def _open_loop_c(server: Server, rate: float, args: argparse.Namespace) -> dict:
     assert server.process is not None
     argv = [str(openloop_binary()), str(server.port), f"{rate:.1f}", f"{args.seconds:g}",
             str(args.open_connections), str(args.users), str(args.seed)]
-    load, cpu0, client0 = os.getloadavg()[0], _tree_cpu(server.process.pid), _children_cpu()
+    load, cpu0, client0 = os.getloadavg()[0], _tree_cpu(server.process.pid), children_cpu()
     t0 = time.perf_counter()
     raw = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     wall = time.perf_counter() - t0
@@ -352,7 +340,7 @@ def _open_loop_c(server: Server, rate: float, args: argparse.Namespace) -> dict:
             "requests": raw["requests"], "errors": raw["non200"] + raw["unanswered"] + raw["lost"],
             "client": "openloop.c, 1 process", "connections": args.open_connections,
             **{k: round(raw[k], 2) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")},
-            "client_cpu_s": round(_children_cpu() - client0, 2),
+            "client_cpu_s": round(children_cpu() - client0, 2),
             "server_cores": round((_tree_cpu(server.process.pid) - cpu0) / wall, 2),
             "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]}
 

@@ -222,7 +222,7 @@ def _run_mode(plan: LoadPlan, load: loadprep.LoadTarget, prepared: loadprep.Prep
         print(f"==> {mode} mode: {_describe(plan)} against {api}", flush=True)
         started = time.time()
         servers = api_processes(api)
-        cpu0, wall0, server0 = _children_cpu(), time.monotonic(), _cpu_of(servers)
+        cpu0, wall0, server0 = children_cpu(), time.monotonic(), cpu_of(servers)
         process = _start_locust(plan, api, prepared, out)
         probe = _ProbeThread(api, prepared, plan) if plan.probe and prepared.targets else None
         try:
@@ -233,16 +233,16 @@ def _run_mode(plan: LoadPlan, load: loadprep.LoadTarget, prepared: loadprep.Prep
         # Locust and its workers are reaped by now (the API of read mode is not yet):
         # the load generator's own CPU, to show it was not the bottleneck.
         wall = round(time.monotonic() - wall0, 2)
-        client = {"processes": plan.processes, "cpu_s": round(_children_cpu() - cpu0, 2),
+        client = {"processes": plan.processes, "cpu_s": round(children_cpu() - cpu0, 2),
                   "wall_s": wall}
         # What the same load cost the API serving it: the read modes' CPU side by side.
-        server = {"processes": len(servers), "cpu_s": round(_cpu_of(servers) - server0, 2),
+        server = {"processes": len(servers), "cpu_s": round(cpu_of(servers) - server0, 2),
                   "wall_s": wall} if servers else None
     return ModeRun(mode, load_results(out / RESULTS), result, _lag_series(load, started),
                    plan.probe_deadline, client, server)
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     """CPU seconds of this process's reaped children (and theirs)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -260,7 +260,7 @@ def api_processes(url: str) -> list[psutil.Process]:
     return [psutil.Process(pid) for pid in sorted(pids)]
 
 
-def _cpu_of(processes: list[psutil.Process]) -> float:
+def cpu_of(processes: list[psutil.Process]) -> float:
     """CPU seconds the ``processes`` have used so far (a process gone since counts 0)."""
     total = 0.0
     for process in processes:
