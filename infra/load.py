@@ -251,13 +251,17 @@ def children_cpu() -> float:
 def api_processes(url: str) -> list[psutil.Process]:
     """The processes listening on ``url``'s port on this machine.
 
-    Each API worker has its own socket, so this is every worker; it is empty for a
-    target served from another machine.
+    Each API worker has its own socket, so this is every worker. It is empty for a
+    target served from another machine, or where this user may not see the sockets'
+    owners: the report then leaves the API's CPU out rather than fail the run.
     """
     port = int(url.rstrip("/").rsplit(":", 1)[1])
-    pids = {c.pid for c in psutil.net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
-    return [psutil.Process(pid) for pid in sorted(pids)]
+    try:
+        pids = {c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+        return [psutil.Process(pid) for pid in sorted(pids)]
+    except psutil.Error:
+        return []
 
 
 def cpu_of(processes: list[psutil.Process]) -> float:
