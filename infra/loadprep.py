@@ -86,6 +86,10 @@ class Prepared:
 
 
 # -- the target ---------------------------------------------------------------------------
+#: Where ``--start`` puts its stack, under the run directory (kept there with ``--keep``).
+STARTED = "load"
+
+
 @contextlib.contextmanager
 def target(run_dir: Path, *, url: str | None, start: bool, history: History,
            allow_remote: bool, auth: str, keep: bool,
@@ -96,14 +100,19 @@ def target(run_dir: Path, *, url: str | None, start: bool, history: History,
     ``fanout up --store`` does; None leaves it to ``FANOUT_STORE``.
     """
     if start:
-        with _started(run_dir / "load", history, auth, keep, store) as started:
+        with _started(run_dir / STARTED, history, auth, keep, store) as started:
             yield started
         return
     stack = Stack.load(run_dir)
     api = url or (stack.api_url if stack else None) or os.environ.get(API_URL_ENV)
     if not api:
-        msg = (f"no API to load: no stack is up in {run_dir}; pass --target URL, or --start "
-               "to start one")
+        kept = run_dir / STARTED
+        if Stack.load(kept) is not None:
+            msg = (f"no API to load: no stack is up in {run_dir}, but `fanout load --start "
+                   f"--keep` left one in {kept}: pass --run-dir {kept}")
+        else:
+            msg = (f"no API to load: no stack is up in {run_dir}; pass --target URL, or "
+                   "--start to start one")
         raise LoadRunError(msg)
     check_loopback(api, allow_remote)
     env = stack.env() if stack else {}

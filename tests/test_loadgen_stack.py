@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.errors import LoadRunError
 from infra.launch import up
 from infra.load import api_processes
-from infra.loadprep import History, api_for, seed, target
+from infra.loadprep import STARTED, History, api_for, seed, target
 from infra.stack import Stack, down
 from loadgen.recording import Recorder
 from loadgen.summary import PERCENTILES, label
@@ -82,6 +83,21 @@ def test_the_read_mode_baseline_is_served_by_as_many_processes_as_the_stack(
             api_for("read", load, auth=False, logs=tmp_path) as read_api:
         served = {url: api_processes(url) for url in (stack.api_url, read_api)}
     assert len(served[read_api]) == len(served[stack.api_url]) == (os.cpu_count() or 1), served
+
+
+def test_a_run_dir_without_a_stack_names_the_one_start_keep_left_below_it(
+        stack: Stack, tmp_path: Path):
+    # `fanout load --start --keep` leaves its stack in <run-dir>/load: a later run
+    # given <run-dir> is told where it is instead of only that none is up.
+    (tmp_path / STARTED).symlink_to(stack.run_dir, target_is_directory=True)
+    with pytest.raises(LoadRunError, match=f"pass --run-dir {tmp_path / STARTED}$"), \
+            target(tmp_path, url=None, start=False, history=History(), allow_remote=False,
+                   auth="off", keep=False):
+        pass
+    with pytest.raises(LoadRunError, match="--start to start one"), \
+            target(tmp_path / "empty", url=None, start=False, history=History(),
+                   allow_remote=False, auth="off", keep=False):
+        pass
 
 
 def _check_mode(mode: str, figures: dict, out: Path) -> None:
