@@ -229,7 +229,9 @@ def auth_on(api_url: str, user: int) -> bool:
     try:
         answer = httpx.get(f"{api_url}/v1/users/{user}/home", params={"limit": 1}, timeout=10)
     except httpx.HTTPError as exc:
-        msg = f"the API at {api_url} does not answer: {exc}"
+        msg = (f"the API at {api_url} does not answer: {exc}. Is its stack up? "
+               "`fanout status` says what runs and `fanout up` starts it (with the same "
+               "--run-dir)")
         raise LoadRunError(msg) from exc
     return answer.status_code == 401
 

@@ -539,3 +539,13 @@ def test_load_plan_bounds_and_loopback_only(tmp_path: Path):
     with pytest.raises(LoadRunError, match="loopback"):
         check_loopback("http://10.0.0.5:8080", allow_remote=False)
     check_loopback("http://10.0.0.5:8080", allow_remote=True)
+
+
+def test_an_api_that_does_not_answer_gets_a_message_that_says_what_to_do():
+    # A stack that was stopped (its stack.json stays): nothing listens on its port.
+    from infra.loadprep import auth_on
+    from infra.process import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(LoadRunError, match=r"does not answer.*`fanout status`.*`fanout up`"):
+        auth_on(url, 1)
