@@ -82,6 +82,17 @@ def test_connector_classpath_leaves_out_what_pyspark_ships() -> None:
                      "kafka-clients", "commons-pool2"}
 
 
+@pytest.mark.spark
+def test_the_broker_holds_an_empty_fetch_only_briefly(spark: Any) -> None:
+    # Kafka's default hold (500 ms) made every partition read of a quiet stream wait
+    # it out before Spark's offset-range request was answered (views.connector).
+    frame = connector.read_stream(spark, KafkaSettings(bootstrap="127.0.0.1:1"),
+                                  max_records_per_batch=100, broker_retry_s=5.0, buckets=8)
+    plan = frame._jdf.queryExecution().logical().toString()
+    assert f"kafka.fetch.max.wait.ms={connector.FETCH_MAX_WAIT_MS}," in plan
+    assert connector.FETCH_MAX_WAIT_MS < 100
+
+
 def _collect(spark: Any, frame: Any, checkpoint: Path) -> set[tuple]:
     rows: list[tuple] = []
 

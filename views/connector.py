@@ -51,6 +51,13 @@ _LOSS_TEXT: Final = re.compile(r"Some data may have been lost because they are n
 _REASON: Final = re.compile(r"Reason: ([^\n]+)")
 #: The columns of Spark's Kafka rows that :func:`decode_batches` reads, in its order.
 _KAFKA_COLUMNS: Final = ("topic", "partition", "offset", "key", "value")
+#: How long the broker may hold a fetch that finds no new data (Kafka's default: 500 ms).
+#: Spark's reader asks the broker for a partition's offset range after every fetch, on
+#: the connection whose prefetch past the log's end the broker is holding; the broker
+#: answers one request per connection at a time, so each partition read waited out the
+#: hold. At a few writes a second a micro-batch took 1-2 s, nearly all of it there
+#: (benchmarks/RESULTS.md, issue 16).
+FETCH_MAX_WAIT_MS: Final = 10
 
 #: The Kafka client's own timeout: the broker did not answer within the API timeout.
 _TIMEOUT: Final = re.compile(r"org\.apache\.kafka\.common\.errors\.TimeoutException:?[^\n]*")
@@ -97,6 +104,7 @@ def _kafka_rows(spark: SparkSession, kafka: KafkaSettings, max_records_per_batch
            .option("maxOffsetsPerTrigger", str(max_records_per_batch))
            .option("failOnDataLoss", "true")
            .option("kafka.default.api.timeout.ms", timeout_ms)
+           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
            .load()
            .select(*_KAFKA_COLUMNS))
     return raw
