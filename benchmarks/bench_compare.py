@@ -12,7 +12,8 @@ read in turn. The stack is stopped at the end, whatever happened.
 
 Per rate it takes, from each run's ``summary.json``, the first home page's p50, p99
 and p99.9 per mode, the API's cores and the load generator's, and the p99 ratio
-(read over write) from that one run. It prints the table and plots p99 against the
+(read over write) from that one run, and the fan-out probe's post → visible latency
+(the view job's freshness while it serves the load). It prints the table and plots p99 against the
 rate (``compare-sweep.png``). Results go to ``benchmarks/results/compare-sweep.json``;
 the full reports stay in the work directory.
 """
@@ -63,6 +64,9 @@ def _figures(summary: dict[str, Any]) -> dict[str, Any]:
                                              "home p99.9", "read p99", "api cores")}
         out[mode]["client cores"] = (figures.get("client") or {}).get("cores")
         out[mode]["problems"] = figures["problems"]
+        probe = figures.get("fanout_latency") or {}
+        out[mode]["post to visible"] = {c: {k: probe[c].get(k) for k in ("count", "p50", "p99")}
+                                        for c in ("normal", "celebrity") if c in probe}
     write, read = out["fanout"]["home p99"], out["read"]["home p99"]
     out["home p99 ratio"] = round(read / write, 1) if write and read else None
     return out
