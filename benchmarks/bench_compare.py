@@ -13,8 +13,8 @@ read in turn. The stack is stopped at the end, whatever happened.
 Per rate it takes, from each run's ``summary.json``, the first home page's p50, p99
 and p99.9 per mode, the API's cores and the load generator's, and the p99 ratio
 (read over write) from that one run, and the fan-out probe's post → visible latency
-(the view job's freshness while it serves the load). It prints the table and plots p99 against the
-rate (``compare-sweep.png``). Results go to ``benchmarks/results/compare-sweep.json``;
+(the view job's freshness while it serves the load). It prints the table and plots
+p99 against the rate (``compare-sweep.png``). Results go to ``benchmarks/results/compare-sweep.json``;
 the full reports stay in the work directory.
 """
 
@@ -97,11 +97,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{r['rate']:6g}  failed (exit {r['exit']}): see {r['log']}")
             continue
         w, d = r["fanout"], r["read"]
-        lines.append(f"{r['rate']:6g}  {w['home p50']:6.2f} / {w['home p99']:6.2f} / "
-                     f"{w['home p99.9']:7.2f}    {d['home p50']:6.2f} / {d['home p99']:7.2f} / "
-                     f"{d['home p99.9']:7.2f}   {r['home p99 ratio']:8.1f}x  "
+        lines.append(f"{r['rate']:6g}  {_ms(w, 'home p50')} / {_ms(w, 'home p99')} / "
+                     f"{_ms(w, 'home p99.9')}    {_ms(d, 'home p50')} / {_ms(d, 'home p99')} / "
+                     f"{_ms(d, 'home p99.9')}   {_ms(r, 'home p99 ratio')}x  "
                      f"{w['api cores']} / {d['api cores']}")
     return "\n".join(lines)
+
+
+def _ms(figures: dict[str, Any], key: str) -> str:
+    value = figures.get(key)
+    return f"{value:7.2f}" if value is not None else "      -"
 
 
 def _plot(rows: list[dict[str, Any]], title: str, out: Path) -> Path:
@@ -115,10 +120,10 @@ def _plot(rows: list[dict[str, Any]], title: str, out: Path) -> Path:
     for mode, label, marker, color in (("fanout", "fan-out on write", "o", "tab:blue"),
                                        ("read", "fan-out on read", "s", "tab:red")):
         rates = [r["rate"] for r in done]
-        ax.plot(rates, [r[mode]["home p99"] for r in done], marker + "-", color=color,
-                label=f"{label}, home p99")
-        ax.plot(rates, [r[mode]["home p50"] for r in done], marker + ":", color=color,
-                alpha=0.5, label=f"{label}, home p50")
+        ax.plot(rates, [r[mode]["home p99"] or float("nan") for r in done], marker + "-",
+                color=color, label=f"{label}, home p99")
+        ax.plot(rates, [r[mode]["home p50"] or float("nan") for r in done], marker + ":",
+                color=color, alpha=0.5, label=f"{label}, home p50")
     ax.set_yscale("log")
     ax.set_xlabel("open-loop rate (actions/s)")
     ax.set_ylabel("latency (ms, log)")
@@ -164,10 +169,10 @@ def main() -> int:
                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
     title = (f"{args.history_users:,} users, {result['followees_per_user']:g} followees each, "
              f"threshold {args.celebrity_threshold}, {args.profile}: home first page")
+    saved = save(args.name, result)
     print(_table(result["rates"]))
-    RESULTS.mkdir(parents=True, exist_ok=True)
     print(_plot(result["rates"], title, RESULTS / f"{args.name}.png"))
-    print(save(args.name, result))
+    print(saved)
     return 0 if all(r["exit"] == 0 for r in result["rates"]) else 1
 
 
