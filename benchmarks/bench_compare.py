@@ -34,6 +34,8 @@ from pipeline import RESULTS, ROOT, save
 
 sys.path.insert(0, str(ROOT))
 
+from infra.loadprep import STARTED  # noqa: E402
+
 MODES = ("fanout", "read")
 
 
@@ -47,7 +49,7 @@ def _load(work: Path, rate: float, first: bool, args: argparse.Namespace) -> lis
               "--profile", args.profile, "--seed", str(args.seed),
               "--name", f"rate-{rate:g}", "--reports", str(work / "reports")]
     if not first:  # the stack --start --keep left in <run-dir>/load
-        return _fanout("--run-dir", str(work / "load"), *common)
+        return _fanout("--run-dir", str(work / STARTED), *common)
     return _fanout("--run-dir", str(work), *common, "--start", "--keep",
                    "--history-users", str(args.history_users),
                    "--history-follows", str(args.history_follows),
@@ -165,7 +167,7 @@ def main() -> int:
             if i == 0 and row["exit"] != 0 and "fanout" not in row:
                 break  # the stack did not come up: the other rates have nothing to load
     finally:
-        subprocess.run(_fanout("--run-dir", str(work / "load"), "down"), cwd=ROOT,
+        subprocess.run(_fanout("--run-dir", str(work / STARTED), "down"), cwd=ROOT,
                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
     title = (f"{args.history_users:,} users, {result['followees_per_user']:g} followees each, "
              f"threshold {args.celebrity_threshold}, {args.profile}: home first page")
