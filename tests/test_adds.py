@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from views.delta import TOP, Delta
-from views.stores.adds import CHUNK, Adds, kept_in_order
+from views.stores.adds import CHUNK, Adds, Kept, kept_in_order
 from views.stores.base import Store
 
 ids = st.integers(min_value=0, max_value=2**62)
@@ -20,7 +20,7 @@ def test_kept_in_order_is_the_sorted_filter_of_the_tuples(rows, given_horizons):
     horizon = {user: given_horizons.get(user, (-1, -1)) for user, *_ in rows}
     kept = kept_in_order(Adds(rows), horizon)
     expected = sorted(a for a in rows if (a[1], a[2]) > horizon[a[0]])
-    assert list(kept.rows()) == expected
+    assert _rows(kept) == expected
     assert len(kept) == len(expected)
     counts: dict[int, int] = {}
     for a in expected:
@@ -50,9 +50,14 @@ def test_a_plan_holds_the_adds_its_deltas_carry_in_arrival_order(tweets):
 def test_rows_cross_chunk_boundaries_whole():
     rows = [(u % 7, u, u * 3, 1) for u in range(CHUNK + 5)]
     kept = kept_in_order(Adds(rows), {u: (-1, -1) for u in range(7)})
-    assert list(kept.rows()) == sorted(rows)
+    assert _rows(kept) == sorted(rows)
 
 
 def test_no_adds_keep_nothing():
     kept = kept_in_order(Adds(), {})
-    assert len(kept) == 0 and list(kept.rows()) == [] and list(kept.per_user()) == []
+    assert len(kept) == 0 and _rows(kept) == [] and list(kept.per_user()) == []
+
+
+def _rows(kept: Kept) -> list[tuple[int, ...]]:
+    """The kept adds as tuples, regrouped from :meth:`Kept.flat`'s flat lists."""
+    return [tuple(chunk[i:i + 4]) for chunk in kept.flat() for i in range(0, len(chunk), 4)]

@@ -104,11 +104,14 @@ class Kept:
     def __len__(self) -> int:
         return len(self.order)
 
-    def rows(self) -> Iterator[Add]:
-        """The adds as tuples, made :data:`CHUNK` at a time (for ``executemany``)."""
+    def flat(self) -> Iterator[list[int]]:
+        """The rows flattened, :data:`CHUNK` at a time (for a many-row ``INSERT``).
+
+        Each list is ``[user, created_at, tweet, author, user, …]``, in order.
+        """
         for i in range(0, len(self.order), CHUNK):
             at = self.order[i:i + CHUNK]
-            yield from zip(*(c[at].tolist() for c in self.columns), strict=True)
+            yield np.column_stack([c[at] for c in self.columns]).ravel().tolist()
 
     def per_user(self) -> Iterator[tuple[int, int]]:
         """``(user, adds)`` for each user with kept adds, in user order."""
