@@ -15,6 +15,7 @@ here ever drops a record silently.
 from __future__ import annotations
 
 import json
+import json.scanner
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -257,8 +258,26 @@ def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     return event
 
 
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined,arg-type]
+
+
 def load_object(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object from ``raw``, or :class:`InvalidEvent` saying why not."""
+    """A JSON object from ``raw``, or :class:`InvalidEvent` saying why not.
+
+    What ``json.loads(raw)`` returns, by a shorter road for the usual record: UTF-8
+    bytes holding exactly one object. ``json.loads`` would guess the encoding and
+    match whitespace with a regular expression before and after the object, a third
+    of a record's decode (issue 16); anything else takes that road as before.
+    """
+    if type(raw) is bytes and raw[:1] == b"{" and raw[1:2] != b"\x00":
+        try:
+            text = raw.decode("utf-8", "surrogatepass")  # what json.loads would pick
+            body, end = _SCAN(text, 0)
+        except (UnicodeDecodeError, StopIteration, ValueError):
+            pass  # json.loads below says why
+        else:
+            if end == len(text):
+                return body  # type: ignore[no-any-return]  # an object: it began with {
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -345,7 +364,9 @@ _PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user,
 
 
 def _only(body: dict[str, Any], allowed: set[str]) -> None:
-    extra = sorted(set(body) - allowed)
+    if body.keys() <= allowed:
+        return
+    extra = sorted(body.keys() - allowed)
     if extra:
         msg = f"unexpected field(s) {', '.join(extra)}"
         raise InvalidEvent(msg)

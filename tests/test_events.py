@@ -35,6 +35,7 @@ from ingest.events import (
     decode,
     encode,
     encode_key,
+    load_object,
 )
 
 BIG = 2**63 - 1
@@ -197,6 +198,44 @@ def without(body: dict, field: str) -> dict:
 @pytest.mark.parametrize("value", [b"{not json", b"", b"\xff\xfe\x00", b'{"v":1,'])
 def test_non_json(value):
     reject(TWEETS, value, match="not JSON")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8)
+
+
+def _loaded(raw: bytes) -> object:
+    """What ``load_object`` gives for ``raw``: the object, or its refusal's words."""
+    try:
+        return load_object(raw)
+    except InvalidEvent as exc:
+        return f"refused: {exc}"
+
+
+def _expected(raw: bytes) -> object:
+    """The same through plain ``json.loads`` (the definition ``load_object`` shortens)."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"refused: value is not JSON: {exc}"
+    if not isinstance(body, dict):
+        return f"refused: value is JSON {type(body).__name__}, not an object"
+    return body
+
+
+@given(st.dictionaries(st.text(), json_values, max_size=5),
+       st.sampled_from(["", " ", "\n", "\t "]), st.sampled_from(["", " ", "\n", "x", "{}"]),
+       st.sampled_from(["utf-8", "utf-16", "utf-16-le", "utf-32", "utf-8-sig"]))
+def test_load_object_is_json_loads(body, before, after, encoding):
+    raw = (before + json.dumps(body, ensure_ascii=False) + after).encode(encoding, "surrogatepass")
+    assert _loaded(raw) == _expected(raw)
+
+
+@given(st.binary(max_size=40).map(lambda b: b"{" + b))
+def test_load_object_refuses_what_json_loads_refuses(raw):
+    assert _loaded(raw) == _expected(raw)
 
 
 @pytest.mark.parametrize("value", [b"[1, 2]", b"42", b'"post"', b"null", b"true"])
