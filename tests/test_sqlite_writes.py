@@ -63,3 +63,18 @@ def test_a_commit_reaches_the_database_file_without_waiting_for_the_next(tmp_pat
     finally:
         store.close()
     assert store._checkpointer is None
+
+
+def test_a_writer_neither_waits_on_nor_keeps_a_stopped_checkpointer(tmp_path):
+    store = SQLiteStore(tmp_path / "v.sqlite").open()
+    try:
+        store.apply(_fanout(7, [2]), 0)
+        gone = store._checkpointer
+        assert gone is not None
+        gone.close()  # as if its thread had died
+        assert not gone.running and gone.wait(0)
+        store.apply(_fanout(8, [2]), 1)
+        assert store._checkpointer is not gone and store._checkpointer.running
+        assert [e.tweet_id for e in store.cached(2, None, 10)] == [8, 7]
+    finally:
+        store.close()

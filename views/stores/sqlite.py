@@ -155,9 +155,14 @@ class Checkpointer:
         self.path = path
         self._cond = threading.Condition()
         self._asked = self._done = 0
-        self._closing = False
+        self._closing = self._stopped = False
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """False once the thread has stopped, closed or not."""
+        return not self._stopped
 
     def request(self) -> None:
         """Checkpoint everything committed so far, soon."""
@@ -166,9 +171,10 @@ class Checkpointer:
             self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Until every requested checkpoint has run; False on ``timeout``."""
+        """Until every requested checkpoint has run or the thread stopped; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._done >= self._asked, timeout)
+            return self._cond.wait_for(lambda: self._done >= self._asked or self._stopped,
+                                       timeout)
 
     def close(self) -> None:
         """Run what was requested, then stop the thread."""
@@ -178,8 +184,7 @@ class Checkpointer:
         self._thread.join()
 
     def _run(self) -> None:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
-                             check_same_thread=False)
+        db: sqlite3.Connection | None = None
         try:
             while True:
                 with self._cond:
@@ -187,6 +192,9 @@ class Checkpointer:
                     asked, closing = self._asked, self._closing
                 if asked > self._done:
                     try:
+                        if db is None:
+                            db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                                 check_same_thread=False)
                         db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     except sqlite3.Error as e:  # the next commit asks again
                         log.warning("checkpoint of %s failed: %s", self.path, e)
@@ -195,8 +203,12 @@ class Checkpointer:
                     self._cond.notify_all()
                 if closing:
                     return
-        finally:
-            db.close()
+        finally:  # a writer never waits on a thread that is gone
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()
+            if db is not None:
+                db.close()
 
 
 class SQLiteStore(Store):
@@ -267,7 +279,8 @@ class SQLiteStore(Store):
                 db.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's job
             self._local.writer = True
         with self._lock:
-            if self._checkpointer is None and self.path != ":memory:":
+            if self.path != ":memory:" and (self._checkpointer is None
+                                            or not self._checkpointer.running):
                 self._checkpointer = Checkpointer(self.path)
             if self._checkpointer is not None:
                 self._checkpointer.wait()  # the log starts over only after it
