@@ -398,6 +398,21 @@ def test_a_delete_under_another_authors_id_hides_nothing(backend: Backend,
     assert store.author_tweets([owner], None, 10) == []
 
 
+@pytest.mark.parametrize("forged_first", [True, False])
+def test_its_authors_delete_hides_a_tweet_beside_a_forged_one(backend: Backend, space: Space,
+                                                              forged_first: bool) -> None:
+    """Found by hypothesis (test_timeline_4b): the forged delete used to replace the real
+    one in the batch's plan, and the tweet stayed live."""
+    store = backend.store()
+    owner, forger, t = space(2), space(3), space(11)
+    store.apply([post(t, owner, 5, "mine")])
+    deletes = [gone(t, forger, 0), gone(t, owner, 5)]
+    store.apply(deletes if forged_first else deletes[::-1])
+    row = store.tweets([t])[t]
+    assert (row.deleted, row.author_id) == (True, owner)
+    assert store.author_tweets([owner], None, 10) == []
+
+
 # -- DESIGN §4b: replies, reposts, account deletes, blocks and mutes -----------------------------
 
 def test_a_reply_names_the_user_it_answers(backend: Backend, space: Space) -> None:

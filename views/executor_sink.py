@@ -214,7 +214,8 @@ def tweet_stage(config: CassandraConfig, cap: int, ts: int,
         if removes:
             cols = np.array([params for _, params in removes], dtype=np.int64)
             out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
-        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.reposts)
+        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.foreign_deletes)
+                               + len(plan.reposts)
                                + len(plan.dead), partition=len(plan.dead)))
     for d in deltas:
         if d.kind not in _TWEET_SIDE:

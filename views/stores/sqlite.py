@@ -309,7 +309,7 @@ class SQLiteStore(Store):
     @staticmethod
     def _write_tweets(db: sqlite3.Connection, plan: WritePlan) -> None:
         live = [t for t in plan.tweets.values() if not t.deleted]
-        gone = [t for t in plan.tweets.values() if t.deleted]
+        gone = [t for t in plan.tweets.values() if t.deleted] + plan.foreign_deletes
         # A tweet id belongs to whoever posted it: a delete under another author's
         # id (a forged or mistaken delete) neither hides it nor keeps it hidden.
         db.executemany(

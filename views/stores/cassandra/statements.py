@@ -371,12 +371,15 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
     """
     times = tweet_times(plan, states)
     ops: list[Op] = []
-    for tweet, row in sorted(plan.tweets.items()):
+    foreign = [(row.tweet_id, row, True) for row in plan.foreign_deletes]
+    for tweet, row, other in [*((t, r, False) for t, r in sorted(plan.tweets.items())), *foreign]:
         if tweet in plan.reposts:
             continue
         stored = states.get(tweet)
         author = row.author_id
-        owner = stored.author_id if stored is not None else author
+        # A second author's delete of an id the batch holds hides it only if that
+        # author posted it before (as SQLite's conflict clause decides).
+        owner = stored.author_id if stored is not None else None if other else author
         if not row.deleted:
             if stored is None or not stored.deleted or owner != author:
                 ops.append(("tweet_live", (tweet, author, row.created_at, row.text,
@@ -384,9 +387,10 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
                 ops.append(("author_add", (author, row.created_at, tweet, ts)))
         elif owner != author:
             continue  # someone else's tweet
-        elif tweet in times:
-            ops.append(("tweet_gone_at", (ts, author, times[tweet], tweet)))
-            ops.append(("author_del", (ts, author, times[tweet], tweet)))
+        elif row.created_at or tweet in times:
+            at = row.created_at or times[tweet]
+            ops.append(("tweet_gone_at", (ts, author, at, tweet)))
+            ops.append(("author_del", (ts, author, at, tweet)))
         else:  # never posted here: nothing to remove from author_tweets
             ops.append(("tweet_gone", (ts, author, tweet)))
     return ops
