@@ -146,6 +146,10 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+        # Python workers, and transformWithState's calls to the state server, over Unix
+        # sockets instead of loopback TCP. Two state calls per key bucket were most of
+        # a small micro-batch's join (issue 16): at 500 tweets/s, batch p50 0.34 → 0.28 s.
+        "spark.python.unix.domain.socket.enabled": "true",
     } | kafka_jars_conf()
 
 

@@ -46,3 +46,21 @@ def test_checkpoints_are_written_through_the_filesystem_api(spark, tmp_path):
                 spark._jsparkSession.sessionState().newHadoopConf())
     assert manager.getClass().getName() == CHECKPOINT_FILE_MANAGER
     assert manager.isLocal()
+
+
+def _sockets(batches):
+    """In a Python worker: its own TCP and Unix sockets, once per task."""
+    import psutil
+    import pyarrow as pa
+
+    me = psutil.Process()
+    tcp, unix = len(me.net_connections("tcp")), len(me.net_connections("unix"))
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"tcp": [tcp], "unix": [unix]})
+
+
+def test_python_workers_talk_to_the_jvm_over_unix_sockets(spark):
+    rows = spark.range(4).mapInArrow(_sockets, "tcp long, unix long").collect()
+    assert rows
+    assert all(r.tcp == 0 and r.unix > 0 for r in rows), rows
