@@ -203,7 +203,8 @@ class WritePlan:
                     self.removes, self.adds, self.horizons))
 
     def rows(self) -> int:
-        parts: tuple[Sized, ...] = (self.tweets, self.foreign_deletes, self.follows, self.celeb_edges, self.celebs,
+        parts: tuple[Sized, ...] = (self.tweets, self.foreign_deletes, self.follows,
+                                     self.celeb_edges, self.celebs,
                                      self.users, self.deleted_users, self.relations,
                                      self.reposts, self.activity, self.wipes, self.removes, self.adds,
                                      self.horizons, self.dead)

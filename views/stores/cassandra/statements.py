@@ -377,9 +377,10 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
             continue
         stored = states.get(tweet)
         author = row.author_id
-        # A second author's delete of an id the batch holds hides it only if that
-        # author posted it before (as SQLite's conflict clause decides).
-        owner = stored.author_id if stored is not None else None if other else author
+        if stored is not None:
+            owner = stored.author_id
+        else:  # a second author's delete hides only a tweet stored as theirs (as in SQLite)
+            owner = None if other else author
         if not row.deleted:
             if stored is None or not stored.deleted or owner != author:
                 ops.append(("tweet_live", (tweet, author, row.created_at, row.text,
