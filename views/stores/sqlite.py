@@ -20,7 +20,7 @@ from pathlib import Path
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
-from views.stores.adds import Adds, kept_in_order
+from views.stores.adds import CHUNK, Adds, kept_in_order
 from views.stores.base import (
     DORMANT,
     BatchInfo,
@@ -133,9 +133,9 @@ def insert_flat(db: sqlite3.Connection, head: str, width: int,
 
 def insert_rows(db: sqlite3.Connection, head: str, width: int,
                 rows: Iterable[Sequence[object]]) -> None:
-    """:func:`insert_flat` for rows as tuples, flattened 65,536 rows at a time."""
+    """:func:`insert_flat` for rows as tuples, flattened :data:`CHUNK` rows at a time."""
     rows = iter(rows)
-    while block := list(islice(rows, 65_536)):
+    while block := list(islice(rows, CHUNK)):
         insert_flat(db, head, width, (list(chain.from_iterable(block)),))
 
 
