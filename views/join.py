@@ -148,7 +148,9 @@ class _Out:
     def __init__(self, author: int) -> None:
         self.author = author
         self.home: dict[tuple[int, int], tuple[bool, int]] = {}
-        self.by_user: dict[int, set[int]] = {}
+        #: user → tweets in ``home``, built at the first wipe: most batches have none,
+        #: and keeping it on every add cost as much as the add.
+        self.by_user: dict[int, set[int]] | None = None
         self.wipes: set[int] = set()
         self.edges: dict[int, tuple[bool, int]] = {}
         self.starred: dict[int, bool] = {}
@@ -159,13 +161,25 @@ class _Out:
 
     def add(self, user: int, tweet: int, created_at: int) -> None:
         self.home[(user, tweet)] = (True, created_at)
-        self.by_user.setdefault(user, set()).add(tweet)
+        if self.by_user is not None:
+            self.by_user.setdefault(user, set()).add(tweet)
+
+    def add_all(self, user: int, tweets: dict[int, int]) -> None:
+        """:meth:`add` of each (tweet, created_at) in ``tweets``."""
+        self.home.update(((user, tweet), (True, at)) for tweet, at in tweets.items())
+        if self.by_user is not None and tweets:
+            self.by_user.setdefault(user, set()).update(tweets)
 
     def remove(self, user: int, tweet: int, created_at: int) -> None:
         self.home[(user, tweet)] = (False, created_at)
-        self.by_user.setdefault(user, set()).add(tweet)
+        if self.by_user is not None:
+            self.by_user.setdefault(user, set()).add(tweet)
 
     def wipe(self, user: int) -> None:
+        if self.by_user is None:
+            self.by_user = {}
+            for seen, tweet in self.home:
+                self.by_user.setdefault(seen, set()).add(tweet)
         for tweet in self.by_user.pop(user, ()):
             del self.home[(user, tweet)]
         self.wipes.add(user)
@@ -285,8 +299,7 @@ def _edge_rank(edge: tuple[int, bool]) -> tuple[int, int]:
 
 
 def _backfill(state: AuthorState, user: int, out: _Out) -> None:
-    for tweet_id, created_at in state.tweets.items():
-        out.add(user, tweet_id, created_at)
+    out.add_all(user, state.tweets)
     if state.evicted != NO_KEY:
         out.horizon(user, state.evicted)
 
