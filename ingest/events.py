@@ -289,11 +289,21 @@ def load_object(raw: bytes | str) -> dict[str, Any]:
     return body
 
 
+# The fields each kind of record may carry (built once: a set literal is built per call).
+_POST_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "created_at", "text",
+                                  "in_reply_to_user_id"})
+_TWEET_ID_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "created_at"})
+_REPOST_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "original_tweet_id",
+                                    "original_author_id", "created_at"})
+_EDGE_FIELDS: Final = frozenset({"v", "op", "follower_id", "followee_id", "created_at"})
+_USER_ID_FIELDS: Final = frozenset({"v", "op", "user_id", "created_at"})
+_UPSERT_FIELDS: Final = frozenset({"v", "op", "user_id", "handle", "name", "created_at"})
+
+
 def _parse_tweet(body: dict[str, Any]) -> Event:
     op = body.get("op")
     if op == "post":
-        _only(body, {"v", "op", "tweet_id", "author_id", "created_at", "text",
-                     "in_reply_to_user_id"})
+        _only(body, _POST_FIELDS)
         author = _id(body, "author_id")
         reply_to = _id(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
         if reply_to == author:
@@ -302,12 +312,11 @@ def _parse_tweet(body: dict[str, Any]) -> Event:
         return Post(_id(body, "tweet_id"), author, _time(body),
                     _text(body, "text", MAX_TEXT, allow_empty=False), reply_to)
     if op in ("delete", "unrepost"):
-        _only(body, {"v", "op", "tweet_id", "author_id", "created_at"})
+        _only(body, _TWEET_ID_FIELDS)
         kind = Delete if op == "delete" else Unrepost
         return kind(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
     if op == "repost":
-        _only(body, {"v", "op", "tweet_id", "author_id", "original_tweet_id",
-                     "original_author_id", "created_at"})
+        _only(body, _REPOST_FIELDS)
         tweet, original = _id(body, "tweet_id"), _id(body, "original_tweet_id")
         if tweet == original:
             msg = f"repost tweet_id={tweet} equals original_tweet_id: a repost has its own id"
@@ -326,7 +335,7 @@ def _parse_follow(body: dict[str, Any]) -> Event:
     if op not in _EDGE_OPS:
         msg = f"unknown op {op!r} on topic follows (expected {', '.join(_EDGE_OPS)})"
         raise InvalidEvent(msg)
-    _only(body, {"v", "op", "follower_id", "followee_id", "created_at"})
+    _only(body, _EDGE_FIELDS)
     follower, followee = _id(body, "follower_id"), _id(body, "followee_id")
     if follower == followee:
         msg = f"user {follower} cannot {op} themselves"
@@ -340,12 +349,12 @@ def _parse_follow(body: dict[str, Any]) -> Event:
 def _parse_user(body: dict[str, Any]) -> Event:
     op = body.get("op")
     if op == "delete":
-        _only(body, {"v", "op", "user_id", "created_at"})
+        _only(body, _USER_ID_FIELDS)
         return AccountDelete(_id(body, "user_id"), _time(body))
     if op != "upsert":
         msg = f"unknown op {op!r} on topic users (expected upsert or delete)"
         raise InvalidEvent(msg)
-    _only(body, {"v", "op", "user_id", "handle", "name", "created_at"})
+    _only(body, _UPSERT_FIELDS)
     return UserUpsert(_id(body, "user_id"), _text(body, "handle", MAX_HANDLE, allow_empty=False),
                       _text(body, "name", MAX_NAME, allow_empty=True), _time(body))
 
@@ -355,7 +364,7 @@ def _parse_activity(body: dict[str, Any]) -> Event:
     if op != "read":
         msg = f"unknown op {op!r} on topic activity (expected read)"
         raise InvalidEvent(msg)
-    _only(body, {"v", "op", "user_id", "created_at"})
+    _only(body, _USER_ID_FIELDS)
     return Activity(_id(body, "user_id"), _time(body))
 
 
@@ -363,7 +372,7 @@ _PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user,
             ACTIVITY: _parse_activity}
 
 
-def _only(body: dict[str, Any], allowed: set[str]) -> None:
+def _only(body: dict[str, Any], allowed: frozenset[str]) -> None:
     if body.keys() <= allowed:
         return
     extra = sorted(body.keys() - allowed)
