@@ -94,19 +94,19 @@ class Pipeline:
 
 
 def _rss_tree() -> dict[str, int]:
-    """RSS of this process and its descendants, by kind (see :func:`_kind`)."""
+    """RSS of this process and its descendants, by kind (see :func:`process_kind`)."""
     me = psutil.Process()
     parts = {"driver": me.memory_info().rss}
     for child in me.children(recursive=True):
         try:
-            kind = _kind(child.cmdline())
+            kind = process_kind(child.cmdline())
             parts[kind] = parts.get(kind, 0) + child.memory_info().rss
         except psutil.Error:
             pass
     return parts
 
 
-def _kind(cmdline: list[str]) -> str:
+def process_kind(cmdline: list[str]) -> str:
     line = " ".join(cmdline)
     if cmdline and cmdline[0].endswith("java"):
         # Spark's class path names its Kafka connector too: tell them by their main class.

@@ -1,0 +1,133 @@
+"""CPU-seconds of a benchmark's process tree, by kind of process and by JVM thread.
+
+    .venv/bin/python benchmarks/cpu_tree.py [--name cpu] -- .venv/bin/python benchmarks/bench_peers.py --engines pipeline
+
+Runs the command and samples, once a second, the cumulative CPU time (user + system)
+of every process under it, grouped as ``benchmarks.pipeline`` groups them for memory
+(driver, spark jvm, broker, python workers, ...), and of each thread of the Spark JVM
+(``/proc/PID/task``; thread names with their numbers folded, e.g. ``Executor task
+launch worker-#``). It prints the CPU each kind used over the *busy window*: from one
+sample before the Python workers first ran to the last sample in which they did,
+i.e. the job's micro-batches, not the broker's start or the producer (the
+workers' longest busy stretch, see :func:`busy_window`). On two cores
+the window offers twice its length in CPU-seconds. A second in which the workers
+used under 0.2 CPU-seconds does not count as busy (idle workers still tick). Results go to
+``benchmarks/results/NAME.json``.
+
+Threads or processes that end between two samples lose at most their last second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+from pipeline import process_kind, save
+
+WORKERS = "python workers"
+#: CPU-seconds in a one-second sample that count the workers as busy (idle ones tick).
+BUSY = 0.2
+
+
+def _sample(root: psutil.Process) -> tuple[Counter[str], Counter[str]]:
+    """Cumulative CPU-seconds per kind of process, and per (folded) Spark JVM thread."""
+    kinds: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cpu = proc.cpu_times()
+            kind = process_kind(proc.cmdline()) if proc.pid != root.pid else "driver"
+            kinds[kind] += cpu.user + cpu.system
+            if kind == "spark jvm":
+                threads.update(_jvm_threads(proc.pid))
+        except psutil.Error:
+            continue
+    return kinds, threads
+
+
+def _jvm_threads(pid: int) -> Counter[str]:
+    out: Counter[str] = Counter()
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[re.sub(r"[-_ #]?\d+", "#", name)] += (int(stat[11]) + int(stat[12])) / tick
+    return out
+
+
+def busy_window(samples: list[tuple[float, Counter[str], Counter[str]]],
+                gap: int = 3) -> tuple[int, int]:
+    """Indexes of the samples that bound the Python workers' longest busy stretch.
+
+    A stretch goes on across up to ``gap`` quiet seconds (a micro-batch's other
+    stages); a short burst apart from it (the session starting its data-source
+    worker) is not the job.
+    """
+    busy = [i for i in range(1, len(samples))
+            if samples[i][1][WORKERS] - samples[i - 1][1][WORKERS] >= BUSY]
+    if not busy:
+        return 0, len(samples) - 1
+    stretches = [[busy[0]]]
+    for i in busy[1:]:
+        if i - stretches[-1][-1] > gap:
+            stretches.append([])
+        stretches[-1].append(i)
+    longest = max(stretches, key=len)
+    return max(0, longest[0] - 1), longest[-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", default="cpu")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give the command to run after --")
+    child = subprocess.Popen(command)
+    root = psutil.Process(child.pid)
+    samples = []
+    while child.poll() is None:
+        try:
+            samples.append((time.perf_counter(), *_sample(root)))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(1.0)
+    if child.returncode != 0:
+        raise SystemExit(f"the command failed with exit code {child.returncode}")
+    if len(samples) < 2:
+        raise SystemExit("the command ended before two samples were taken")
+    first, last = busy_window(samples)
+    (t0, k0, j0), (t1, k1, j1) = samples[first], samples[last]
+    seconds = t1 - t0
+    kinds = {k: round(k1[k] - k0[k], 2) for k in k1}
+    threads = {k: round(j1[k] - j0[k], 2) for k in j1 if j1[k] - j0[k] >= 0.05}
+    total = sum(kinds.values())
+    print(f"busy window {seconds:.1f} s: {total:.1f} CPU-seconds used "
+          f"({total / seconds:.2f} cores busy on average)")
+    for kind, cpu in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:<16} {cpu:7.2f} CPU-s")
+    print("Spark JVM threads:")
+    for name, cpu in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {name:<32} {cpu:7.2f} CPU-s")
+    per_second = [{"t": round(t - samples[0][0], 1), **{k: round(v, 2) for k, v in kc.items()}}
+                  for t, kc, _ in samples]
+    result = {"command": command, "window_s": round(seconds, 2), "cpu_s": kinds,
+              "window": [round(t0 - samples[0][0], 1), round(t1 - samples[0][0], 1)],
+              "cumulative_cpu_s": per_second,
+              "spark_jvm_threads_cpu_s": threads, "cores": psutil.cpu_count()}
+    print(f"written to {save(args.name, result)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
