@@ -2,7 +2,8 @@
 
 The layout is what a running job's checkpoint holds, so a faster encoder must write
 the same bytes as the one before it, and read what that one wrote: the golden value
-below was written by the encoder of ``00bf083``.
+below was written by the encoder of ``00bf083``. (The join's own tests used to hold
+the round trips; they live here now, over states with every field set.)
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ def test_an_empty_state_round_trips():
 def states(draw) -> AuthorState:
     reposts = draw(st.dictionaries(IDS, st.tuples(TIMES, IDS, IDS), max_size=6))
     undone = draw(st.sets(IDS, max_size=4) | st.sets(st.sampled_from(sorted(reposts) or [1])))
-    tombstones = draw(st.sets(IDS, max_size=4))
+    tombstones = draw(st.sets(IDS))
     return AuthorState(
-        followers=draw(st.dictionaries(IDS, st.tuples(TIMES, st.booleans()), max_size=20)),
-        tweets=draw(st.dictionaries(IDS, TIMES, max_size=8)),
+        followers=draw(st.dictionaries(IDS, st.tuples(TIMES, st.booleans()))),
+        tweets=draw(st.dictionaries(IDS, TIMES)),
         tombstones=tombstones,
         evicted=draw(st.tuples(st.integers(-1, 2**62), st.integers(-1, BIG))),
         celebrity=draw(st.booleans()), profile_at=draw(st.integers(-1, 2**62)),

@@ -20,7 +20,7 @@ from ingest.events import Delete, Event, Follow, Post, UserUpsert
 from serving.celebrities import CelebrityCache
 from serving.timeline import home_page, home_top, read_time_page
 from views.delta import DeltaKind
-from views.join import AuthorState, Change, JoinConfig, apply_batch
+from views.join import Change, JoinConfig, apply_batch
 from views.local import LocalJoin
 from views.reference import Reference
 from views.stores.sqlite import SQLiteStore
@@ -236,28 +236,6 @@ def test_demotion_backfills_remaining_followers():
     assert not h.states[1].celebrity
     assert [e.tweet_id for e in h.store.cached(2, None, 10)] == [12]
     assert h.store.celebrities() == []
-
-
-@given(st.builds(
-    AuthorState,
-    followers=st.dictionaries(st.integers(1, BIG), st.tuples(st.integers(0, 2**62), st.booleans())),
-    tweets=st.dictionaries(st.integers(1, BIG), st.integers(0, 2**62)),
-    tombstones=st.sets(st.integers(1, BIG)),
-    evicted=st.tuples(st.integers(-1, 2**62), st.integers(-1, BIG)),
-    celebrity=st.booleans(), profile_at=st.integers(-1, 2**62)))
-def test_state_codec_round_trips(state):
-    from views.codec import decode_state, encode_state
-
-    decoded = decode_state(encode_state(state))
-    assert decoded == state
-    assert decoded.follower_count() == sum(on for _, on in state.followers.values())
-
-
-@given(st.dictionaries(st.integers(1, BIG), st.binary(max_size=64)))
-def test_bucket_codec_round_trips(states):
-    from views.codec import decode_bucket, encode_bucket
-
-    assert decode_bucket(encode_bucket(states)) == states
 
 
 def test_a_delete_under_another_authors_id_does_not_hide_the_tweet():
