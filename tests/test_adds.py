@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from views.delta import TOP, Delta
-from views.stores.adds import CHUNK, Adds, Kept, kept_in_order
+from views.stores.adds import CHUNK, Adds, Kept, SortedAdds, kept_in_order
 from views.stores.base import Store
 
 ids = st.integers(min_value=0, max_value=2**62)
@@ -26,6 +26,15 @@ def test_kept_in_order_is_the_sorted_filter_of_the_tuples(rows, given_horizons):
     for a in expected:
         counts[a[0]] = counts.get(a[0], 0) + 1
     assert list(kept.per_user()) == sorted(counts.items())
+
+
+@given(adds, st.dictionaries(small, horizons))
+def test_one_sort_answers_the_users_and_the_kept_adds(rows, given_horizons):
+    ordered = SortedAdds(Adds(rows))
+    assert ordered.users() == sorted({a[0] for a in rows})
+    horizon = {user: given_horizons.get(user, (-1, -1)) for user in ordered.users()}
+    assert _rows(ordered.kept(horizon)) == _rows(kept_in_order(Adds(rows), horizon))
+    assert _rows(ordered.kept(horizon)) == sorted(a for a in rows if (a[1], a[2]) > horizon[a[0]])
 
 
 @given(st.lists(st.tuples(small, ids, ids, st.lists(ids, max_size=5)), max_size=20))

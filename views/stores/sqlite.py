@@ -20,7 +20,7 @@ from pathlib import Path
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
-from views.stores.adds import CHUNK, Adds, kept_in_order
+from views.stores.adds import CHUNK, Adds, SortedAdds
 from views.stores.base import (
     DORMANT,
     BatchInfo,
@@ -414,15 +414,16 @@ class SQLiteStore(Store):
             "AND created_at = coalesce(nullif(?, 0), "
             "(SELECT created_at FROM tweets WHERE tweet_id = ?))",
             [(u, t, a, c, t) for u, t, c, a in plan.removes])
-        meta = self._meta(db, plan.adds.distinct_users() | set(plan.horizons)
-                          | set(plan.activity))
+        ordered = SortedAdds(plan.adds)  # one sort: the users it reaches, then the kept
+        meta = self._meta(db, set(ordered.users()) | set(plan.horizons) | set(plan.activity))
         self._read(db, plan.activity, meta)
         for user, key in plan.horizons.items():
             meta[user][0] = max(meta[user][0], key)
         self._go_dormant(db, plan.adds, meta)
         # At or below its horizon a timeline is read through the query, not the cache,
         # so an add there would only be trimmed again: skip it (all of a dormant one's).
-        adds = kept_in_order(plan.adds, {u: m[0] for u, m in meta.items()})
+        adds = ordered.kept({u: m[0] for u, m in meta.items()})
+        del ordered  # its whole-batch order; the kept adds have their own
         insert_flat(db, "INSERT OR IGNORE INTO home_timeline", 4, adds.flat())
         self.rows_written += len(adds)
         for user, added in adds.per_user():
