@@ -14,7 +14,10 @@ the window offers twice its length in CPU-seconds. A second in which the workers
 used under 0.2 CPU-seconds does not count as busy (idle workers still tick). Results go to
 ``benchmarks/results/NAME.json``.
 
-Threads or processes that end between two samples lose at most their last second.
+Each thread is followed by its id from sample to sample, so a thread that starts and
+ends inside the window still counts (Spark's state server runs one per task); threads
+or processes that end between two samples lose at most their last second. The JVM's
+CPU that no sampled thread accounts for is printed as ``(between samples)``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import re
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import psutil
@@ -36,10 +39,14 @@ WORKERS = "python workers"
 BUSY = 0.2
 
 
-def _sample(root: psutil.Process) -> tuple[Counter[str], Counter[str]]:
-    """Cumulative CPU-seconds per kind of process, and per (folded) Spark JVM thread."""
+Thread = tuple[str, int]  # folded name, thread id
+Sample = tuple[float, Counter[str], dict[Thread, float]]
+
+
+def _sample(root: psutil.Process) -> tuple[Counter[str], dict[Thread, float]]:
+    """Cumulative CPU-seconds per kind of process, and per Spark JVM thread."""
     kinds: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
+    threads: dict[Thread, float] = {}
     for proc in [root, *root.children(recursive=True)]:
         try:
             cpu = proc.cpu_times()
@@ -52,8 +59,8 @@ def _sample(root: psutil.Process) -> tuple[Counter[str], Counter[str]]:
     return kinds, threads
 
 
-def _jvm_threads(pid: int) -> Counter[str]:
-    out: Counter[str] = Counter()
+def _jvm_threads(pid: int) -> dict[Thread, float]:
+    out: dict[Thread, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -61,12 +68,28 @@ def _jvm_threads(pid: int) -> Counter[str]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[re.sub(r"[-_ #]?\d+", "#", name)] += (int(stat[11]) + int(stat[12])) / tick
+        out[re.sub(r"[-_ #]?\d+", "#", name), int(tid)] = (int(stat[11]) + int(stat[12])) / tick
     return out
 
 
-def busy_window(samples: list[tuple[float, Counter[str], Counter[str]]],
-                gap: int = 3) -> tuple[int, int]:
+def thread_cpu(samples: list[Sample], first: int, last: int) -> dict[str, float]:
+    """CPU-seconds per folded thread name between samples ``first`` and ``last``.
+
+    Summed second by second per thread id: a thread born after ``first`` counts from
+    zero, one gone before ``last`` keeps what it used while it was seen. (Cumulative
+    figures per name, taken at the two ends only, lose every thread that ended in
+    between, and count a new thread's whole life as a rise of its name.)
+    """
+    out: dict[str, float] = defaultdict(float)
+    for i in range(first + 1, last + 1):
+        before = samples[i - 1][2]
+        for (name, tid), cpu in samples[i][2].items():
+            was = before.get((name, tid), 0.0)
+            out[name] += cpu - was if cpu >= was else cpu  # a reused id is a new thread
+    return out
+
+
+def busy_window(samples: list[Sample], gap: int = 3) -> tuple[int, int]:
     """Indexes of the samples that bound the Python workers' longest busy stretch.
 
     A stretch goes on across up to ``gap`` quiet seconds (a micro-batch's other
@@ -96,7 +119,7 @@ def main() -> None:
         ap.error("give the command to run after --")
     child = subprocess.Popen(command)
     root = psutil.Process(child.pid)
-    samples = []
+    samples: list[Sample] = []
     while child.poll() is None:
         try:
             samples.append((time.perf_counter(), *_sample(root)))
@@ -108,18 +131,20 @@ def main() -> None:
     if len(samples) < 2:
         raise SystemExit("the command ended before two samples were taken")
     first, last = busy_window(samples)
-    (t0, k0, j0), (t1, k1, j1) = samples[first], samples[last]
+    (t0, k0, _), (t1, k1, _) = samples[first], samples[last]
     seconds = t1 - t0
     kinds = {k: round(k1[k] - k0[k], 2) for k in k1}
-    threads = {k: round(j1[k] - j0[k], 2) for k in j1 if j1[k] - j0[k] >= 0.05}
+    by_name = thread_cpu(samples, first, last)
+    threads = {k: round(v, 2) for k, v in by_name.items() if v >= 0.05}
+    threads["(between samples)"] = round(kinds.get("spark jvm", 0.0) - sum(by_name.values()), 2)
     total = sum(kinds.values())
     print(f"busy window {seconds:.1f} s: {total:.1f} CPU-seconds used "
           f"({total / seconds:.2f} cores busy on average)")
     for kind, cpu in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:<16} {cpu:7.2f} CPU-s")
     print("Spark JVM threads:")
-    for name, cpu in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
-        print(f"  {name:<32} {cpu:7.2f} CPU-s")
+    for name, used in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {name:<32} {used:7.2f} CPU-s")
     per_second = [{"t": round(t - samples[0][0], 1), **{k: round(v, 2) for k, v in kc.items()}}
                   for t, kc, _ in samples]
     result = {"command": command, "window_s": round(seconds, 2), "cpu_s": kinds,

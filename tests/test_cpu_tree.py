@@ -1,4 +1,5 @@
-"""``benchmarks/cpu_tree.py``'s busy window: the job's micro-batches, not a stray burst."""
+"""``benchmarks/cpu_tree.py``: the busy window is the job's micro-batches, not a stray burst;
+threads are counted by id, so short-lived ones are not lost."""
 
 from __future__ import annotations
 
@@ -6,18 +7,43 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from cpu_tree import WORKERS, busy_window  # noqa: E402
+from cpu_tree import WORKERS, busy_window, thread_cpu  # noqa: E402
 
 
-def _samples(per_second: list[float]) -> list[tuple[float, Counter[str], Counter[str]]]:
+def _samples(per_second: list[float]) -> list[tuple[float, Counter[str], dict]]:
     """Cumulative samples from the workers' CPU-seconds in each second."""
-    total, out = 0.0, [(0.0, Counter({WORKERS: 0.0}), Counter())]
+    total, out = 0.0, [(0.0, Counter({WORKERS: 0.0}), {})]
     for t, used in enumerate(per_second, start=1):
         total += used
-        out.append((float(t), Counter({WORKERS: total}), Counter()))
+        out.append((float(t), Counter({WORKERS: total}), {}))
     return out
+
+
+def _threads(*per_sample: dict) -> list[tuple[float, Counter[str], dict]]:
+    return [(float(t), Counter(), threads) for t, threads in enumerate(per_sample)]
+
+
+def test_threads_that_start_and_end_inside_the_window_count():
+    # The task thread lives throughout; two state-server threads (one per task) each
+    # live for two samples; the name is the same, the thread ids differ.
+    samples = _threads({("task", 1): 5.0},
+                       {("task", 1): 6.0, ("state", 7): 0.5},
+                       {("task", 1): 7.0, ("state", 7): 1.5},
+                       {("task", 1): 8.0, ("state", 9): 0.8},
+                       {("task", 1): 9.0, ("state", 9): 1.0},
+                       {("task", 1): 9.5})
+    assert thread_cpu(samples, 0, 5) == pytest.approx({"task": 4.5, "state": 2.5})
+    # Only what fell between the two samples, whoever was alive at either end.
+    assert thread_cpu(samples, 1, 3) == pytest.approx({"task": 2.0, "state": 1.8})
+
+
+def test_a_reused_thread_id_is_a_new_thread():
+    samples = _threads({("pool", 3): 4.0}, {("pool", 3): 0.3})
+    assert thread_cpu(samples, 0, 1) == pytest.approx({"pool": 0.3})
 
 
 def test_the_window_is_the_longest_busy_stretch():
