@@ -21,8 +21,8 @@ from views.settings import (
     sqlite_url,
 )
 
-__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_DRIVER_MEMORY_ENV", "SPARK_MASTER_ENV",
-           "run_dir_views")
+__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_DRIVER_MEMORY_ENV", "SPARK_JAVA_OPTIONS_ENV",
+           "SPARK_MASTER_ENV", "run_dir_views")
 
 RUN_DIR_ENV: Final = "FANOUT_RUN_DIR"
 API_URL_ENV: Final = "FANOUT_API_URL"
@@ -30,6 +30,9 @@ SPARK_MASTER_ENV: Final = "FANOUT_SPARK_MASTER"
 #: The Spark driver JVM's heap (``spark.driver.memory``, e.g. ``1g``); local mode's
 #: executor lives in it.
 SPARK_DRIVER_MEMORY_ENV: Final = "FANOUT_SPARK_DRIVER_MEMORY"
+#: More options for Spark's JVMs, driver and executors (e.g. a Java Flight Recording),
+#: after fanout's own.
+SPARK_JAVA_OPTIONS_ENV: Final = "FANOUT_SPARK_JAVA_OPTIONS"
 
 
 def run_dir_views(run_dir: Path, environ: Mapping[str, str]) -> ViewSettings:

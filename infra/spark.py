@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
-from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_MASTER_ENV
+from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,17 @@ CHECKPOINT_FILE_MANAGER: Final = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
 
 
+def java_options() -> str:
+    """The options fanout gives a Spark JVM, then those of ``FANOUT_SPARK_JAVA_OPTIONS``.
+
+    The variable is how to profile the JVM where the job runs, e.g.
+    ``-XX:StartFlightRecording=delay=30s,duration=60s,filename=job.jfr,settings=profile``
+    (read with ``benchmarks/jfr_top.py``).
+    """
+    extra = os.environ.get(SPARK_JAVA_OPTIONS_ENV, "").strip()
+    return f"{JIT_OPTIONS} {extra}" if extra else JIT_OPTIONS
+
+
 def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
     """The Spark settings fanout relies on, as strings."""
     log4j = _log4j2_file(log_level)
@@ -131,7 +142,8 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.driver.memory": os.environ.get(SPARK_DRIVER_MEMORY_ENV) or DRIVER_MEMORY,
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} {JIT_OPTIONS}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} "
+                                         f"{java_options()}",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -180,7 +192,7 @@ def executor_conf(master: str) -> dict[str, str]:
         return {}
     return {"spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT),
             f"spark.executorEnv.{MALLOC_ARENAS_ENV}": MALLOC_ARENAS,
-            "spark.executor.extraJavaOptions": JIT_OPTIONS}
+            "spark.executor.extraJavaOptions": java_options()}
 
 
 def require_java(minimum: int = MIN_JAVA) -> int:

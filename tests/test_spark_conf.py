@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from infra.settings import SPARK_DRIVER_MEMORY_ENV
+from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV
 from infra.spark import (
     CHECKPOINT_FILE_MANAGER,
     DRIVER_MEMORY,
@@ -26,6 +26,18 @@ def test_the_driver_heap_is_1g_unless_fanout_spark_driver_memory_says(
     assert conf["spark.driver.memory"] == "2g"
     assert JIT_OPTIONS in conf["spark.driver.extraJavaOptions"]
     assert conf["spark.sql.shuffle.partitions"] == "2"
+
+
+def test_fanout_spark_java_options_go_to_every_spark_jvm_after_fanouts_own(
+        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(SPARK_JAVA_OPTIONS_ENV, raising=False)
+    assert session_conf(2)["spark.driver.extraJavaOptions"].endswith(JIT_OPTIONS)
+    recording = "-XX:StartFlightRecording=duration=30s,filename=job.jfr,settings=profile"
+    monkeypatch.setenv(SPARK_JAVA_OPTIONS_ENV, f" {recording} ")
+    driver = session_conf(2)["spark.driver.extraJavaOptions"]
+    assert driver.endswith(f"{JIT_OPTIONS} {recording}"), driver
+    executors = executor_conf("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"]
+    assert executors == f"{JIT_OPTIONS} {recording}"
 
 
 def test_the_spark_jvm_runs_with_few_malloc_arenas(spark):
