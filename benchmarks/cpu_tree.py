@@ -39,14 +39,14 @@ WORKERS = "python workers"
 BUSY = 0.2
 
 
-Thread = tuple[str, int]  # folded name, thread id
-Sample = tuple[float, Counter[str], dict[Thread, float]]
+Threads = dict[int, tuple[str, float]]  # thread id: (folded name, cumulative CPU-seconds)
+Sample = tuple[float, Counter[str], Threads]
 
 
-def _sample(root: psutil.Process) -> tuple[Counter[str], dict[Thread, float]]:
+def _sample(root: psutil.Process) -> tuple[Counter[str], Threads]:
     """Cumulative CPU-seconds per kind of process, and per Spark JVM thread."""
     kinds: Counter[str] = Counter()
-    threads: dict[Thread, float] = {}
+    threads: Threads = {}
     for proc in [root, *root.children(recursive=True)]:
         try:
             cpu = proc.cpu_times()
@@ -59,8 +59,8 @@ def _sample(root: psutil.Process) -> tuple[Counter[str], dict[Thread, float]]:
     return kinds, threads
 
 
-def _jvm_threads(pid: int) -> dict[Thread, float]:
-    out: dict[Thread, float] = {}
+def _jvm_threads(pid: int) -> Threads:
+    out: Threads = {}
     tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -68,23 +68,24 @@ def _jvm_threads(pid: int) -> dict[Thread, float]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[re.sub(r"[-_ #]?\d+", "#", name), int(tid)] = (int(stat[11]) + int(stat[12])) / tick
+        out[int(tid)] = (re.sub(r"[-_ #]?\d+", "#", name), (int(stat[11]) + int(stat[12])) / tick)
     return out
 
 
 def thread_cpu(samples: list[Sample], first: int, last: int) -> dict[str, float]:
     """CPU-seconds per folded thread name between samples ``first`` and ``last``.
 
-    Summed second by second per thread id: a thread born after ``first`` counts from
-    zero, one gone before ``last`` keeps what it used while it was seen. (Cumulative
-    figures per name, taken at the two ends only, lose every thread that ended in
-    between, and count a new thread's whole life as a rise of its name.)
+    Summed second by second per thread id, each second going to the name the thread
+    has at its end (Spark renames a pool's thread for each task it runs): a thread
+    born after ``first`` counts from zero, one gone before ``last`` keeps what it used
+    while it was seen. (Cumulative figures per name, taken at the two ends only, lose
+    every thread that ended in between.)
     """
     out: dict[str, float] = defaultdict(float)
     for i in range(first + 1, last + 1):
         before = samples[i - 1][2]
-        for (name, tid), cpu in samples[i][2].items():
-            was = before.get((name, tid), 0.0)
+        for tid, (name, cpu) in samples[i][2].items():
+            was = before[tid][1] if tid in before else 0.0
             out[name] += cpu - was if cpu >= was else cpu  # a reused id is a new thread
     return out
 

@@ -30,19 +30,28 @@ def _threads(*per_sample: dict) -> list[tuple[float, Counter[str], dict]]:
 def test_threads_that_start_and_end_inside_the_window_count():
     # The task thread lives throughout; two state-server threads (one per task) each
     # live for two samples; the name is the same, the thread ids differ.
-    samples = _threads({("task", 1): 5.0},
-                       {("task", 1): 6.0, ("state", 7): 0.5},
-                       {("task", 1): 7.0, ("state", 7): 1.5},
-                       {("task", 1): 8.0, ("state", 9): 0.8},
-                       {("task", 1): 9.0, ("state", 9): 1.0},
-                       {("task", 1): 9.5})
+    samples = _threads({1: ("task", 5.0)},
+                       {1: ("task", 6.0), 7: ("state", 0.5)},
+                       {1: ("task", 7.0), 7: ("state", 1.5)},
+                       {1: ("task", 8.0), 9: ("state", 0.8)},
+                       {1: ("task", 9.0), 9: ("state", 1.0)},
+                       {1: ("task", 9.5)})
     assert thread_cpu(samples, 0, 5) == pytest.approx({"task": 4.5, "state": 2.5})
     # Only what fell between the two samples, whoever was alive at either end.
     assert thread_cpu(samples, 1, 3) == pytest.approx({"task": 2.0, "state": 1.8})
 
 
+def test_a_renamed_thread_is_counted_once():
+    # Spark renames an executor thread for each task: idle, then launch, then idle.
+    samples = _threads({4: ("Executor task idle", 10.0)},
+                       {4: ("Executor task launch", 11.0)},
+                       {4: ("Executor task idle", 11.2)})
+    assert thread_cpu(samples, 0, 2) == pytest.approx({"Executor task launch": 1.0,
+                                                       "Executor task idle": 0.2})
+
+
 def test_a_reused_thread_id_is_a_new_thread():
-    samples = _threads({("pool", 3): 4.0}, {("pool", 3): 0.3})
+    samples = _threads({3: ("pool", 4.0)}, {3: ("pool", 0.3)})
     assert thread_cpu(samples, 0, 1) == pytest.approx({"pool": 0.3})
 
 
