@@ -318,11 +318,12 @@ class SQLiteStore(Store):
             "text = excluded.text, deleted = 0, reply_to = excluded.reply_to "
             "WHERE tweets.author_id != excluded.author_id",
             [(t.tweet_id, t.author_id, t.created_at, t.text, t.reply_to) for t in live])
-        # A tweet deleted in an earlier batch stays deleted: no live row for it here either.
+        # A tweet deleted in an earlier batch stays deleted: no live row for it here
+        # either. In author_tweets' key order, as the follows (_write_graph).
         db.executemany(
             "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE NOT EXISTS "
             "(SELECT 1 FROM tweets WHERE tweet_id = ? AND deleted = 1)",
-            [(t.author_id, t.created_at, t.tweet_id, t.tweet_id) for t in live])
+            sorted((t.author_id, t.created_at, t.tweet_id, t.tweet_id) for t in live))
         db.executemany(
             "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
             [(t.author_id, t.tweet_id) for t in gone])
@@ -360,12 +361,16 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _write_graph(db: sqlite3.Connection, plan: WritePlan) -> None:
+        # In key order: a batch's follows arrive in any order, and B-tree inserts in key
+        # order touch each page once. Random edges went in 2x faster; ego-twitter's,
+        # which arrive partly grouped, 14-24% (issue 16, session 29). Each key is in
+        # the plan once, so the order changes nothing else.
         edges = plan.follows.values()
-        on = [(e.follower_id, e.followee_id, e.created_at) for e in edges if e.active]
-        off = [(e.follower_id, e.followee_id) for e in edges if not e.active]
+        on = sorted((e.follower_id, e.followee_id, e.created_at) for e in edges if e.active)
+        off = sorted((e.follower_id, e.followee_id) for e in edges if not e.active)
         insert_rows(db, "INSERT OR REPLACE INTO follows", 3, on)
         db.executemany("DELETE FROM follows WHERE follower_id = ? AND followee_id = ?", off)
-        stars = plan.celeb_edges.items()
+        stars = sorted(plan.celeb_edges.items())
         insert_rows(db, "INSERT OR IGNORE INTO celebrity_follows", 2,
                     [pair for pair, on in stars if on])
         db.executemany("DELETE FROM celebrity_follows WHERE user_id = ? AND celebrity_id = ?",
