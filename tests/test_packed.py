@@ -8,6 +8,7 @@ record's Kafka key is the bucket of its decoded join key.
 
 from __future__ import annotations
 
+import marshal
 import random
 from typing import Any
 
@@ -120,6 +121,14 @@ def test_packed_deltas_round_trip_every_kind() -> None:
     assert deltas_from_arrow(table) == deltas
     rows = pa.Table.from_batches(list(unpacked_batches(table.to_batches())))
     assert deltas_from_arrow(rows) == deltas  # one delta a row, as the executor sink routes them
+    assert back[0].raw == deltas[0].raw and back[-1].user_id == deltas[-1].user_id
+
+
+def test_deltas_packed_with_other_fields_are_refused() -> None:
+    kind, *rest = Delta.timeline_add(4, 1, 2, 3)
+    short = marshal.dumps([(int(kind), *rest[:-1])], 4)  # as a build with one field less
+    with pytest.raises(ValueError, match="fields"):
+        unpack_deltas(short)
 
 
 @pytest.mark.spark
