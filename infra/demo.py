@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-from tqdm import tqdm
 
 from infra.errors import InfraError
 from infra.launch import up
@@ -23,6 +22,7 @@ from infra.verify import lagging, verify
 from ingest.generator import generate, write
 from ingest.history import iter_events
 from ingest.producer import ChangelogProducer
+from ingest.progress import progress as progress_bar
 from ingest.replay import replay
 from ingest.settings import KafkaSettings
 from serving.settings import AUTH_ENV
@@ -81,7 +81,7 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
     ends = end_offsets(kafka)
     total = sum(ends.values())
     deadline = time.monotonic() + timeout
-    with tqdm(total=total, desc="view applied", unit="rec", unit_scale=True) as bar:
+    with progress_bar(total=total, desc="view applied", unit="rec", unit_scale=True) as bar:
         while lagging(store, ends):
             applied = store.applied_offsets()
             bar.n = sum(min(applied.get(tp, -1) + 1, end) for tp, end in ends.items())

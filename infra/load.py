@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
-from tqdm import tqdm
 
 import loadgen
 from infra import loadprep
 from infra.errors import LoadRunError
+from ingest.progress import progress as progress_bar
 from loadgen.errors import LoadgenError
 from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings
 from loadgen.workload import PROFILES, parse_mix, parse_user_range
@@ -315,8 +315,8 @@ def _follow(process: subprocess.Popen[bytes], out: Path, plan: LoadPlan, mode: s
     total = plan.warmup + plan.duration
     began = time.monotonic()
     last = (began, 0)
-    with tqdm(total=round(total), desc=mode, unit="s", bar_format=
-              "{desc}: {bar} {n_fmt}/{total_fmt}s {postfix}", file=sys.stderr) as bar:
+    with progress_bar(total=round(total), desc=mode, unit="s", bar_format=
+                      "{desc}: {bar} {n_fmt}/{total_fmt}s {postfix}") as bar:
         while process.poll() is None:
             if time.monotonic() - began > total + GRACE:
                 msg = f"Locust ran past {total + GRACE:.0f}s: stopped; see {out / 'locust.log'}"

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
+from ingest.progress import progress as progress_bar
 from ingest.settings import KafkaSettings
 from serving.errors import NotFound
 from serving.timeline import home_top
@@ -117,8 +115,8 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
                         e.original_author) for e in entries]
 
     with (ThreadPoolExecutor(READERS) as pool,
-          tqdm(total=len(users), desc="verify", unit="user", file=sys.stderr,
-               disable=not progress) as bar):
+          progress_bar(total=len(users), desc="verify", unit="user",
+                       disable=not progress) as bar):
         for user, got in zip(users, pool.map(served, users), strict=True):
             want = ref.home_fast(user, cap)
             result.users_checked += 1

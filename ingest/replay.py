@@ -13,7 +13,6 @@ message timeout), on a read error, or on Ctrl-C, and says so in the summary.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ingest.errors import ProduceError
 from ingest.events import TOPICS, Event, encode
 from ingest.history import ReadReport
 from ingest.producer import DeliveryCallback, ProducerStats
+from ingest.progress import progress as progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,8 @@ def replay(events: Iterable[Event], producer: Sink, speedup: float | None = None
     before, started = producer.stats, time.monotonic()
     pacer = _Pacer(speedup, producer) if speedup else None
     aborted = None
-    bar = tqdm(total=total, unit="ev", unit_scale=True, file=sys.stderr,
-               disable=not progress, mininterval=0.5, smoothing=0.05)
+    bar = progress_bar(total=total, unit="ev", unit_scale=True, disable=not progress,
+                       mininterval=0.5, smoothing=0.05)
     try:
         _pump(events, producer, pacer, bar, _FailureLimit(producer, before, max_failures))
     except ProduceError as exc:
