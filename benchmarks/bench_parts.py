@@ -24,11 +24,10 @@ import argparse
 import gzip
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from pipeline import ROOT, save
+from pipeline import ROOT, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -217,11 +216,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="times each Spark source variant runs, alternated")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fanout-parts-"))
-    evts = events(args.edges, args.tweets, work)
-    result = {"events": len(evts), **bench_join_and_sink(evts, args.batch, work),
-              **bench_source(evts, work, not args.no_spark, args.rounds), "settings": vars(args),
-              "load_average": os.getloadavg()}
+    with scratch("fanout-parts-") as work:
+        evts = events(args.edges, args.tweets, work)
+        result = {"events": len(evts), **bench_join_and_sink(evts, args.batch, work),
+                  **bench_source(evts, work, not args.no_spark, args.rounds),
+                  "settings": vars(args), "load_average": os.getloadavg()}
     for part in ("source", "spark-source", "join", "sink"):
         if part in result:
             print(f"{part:>13}: {result[part]}")

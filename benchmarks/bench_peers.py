@@ -35,14 +35,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench_parts import events as parts_events
 from peers import ensure_venv
-from pipeline import ROOT, pipeline, save
+from pipeline import ROOT, pipeline, save, scratch
 
 from infra.verify import compare  # noqa: E402
 from ingest.events import Delete, Follow, Post
@@ -166,7 +165,11 @@ def main() -> int:
     unknown = set(engines) - set(ENGINES)
     if unknown:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
-    work = Path(tempfile.mkdtemp(prefix="fanout-peers-"))
+    with scratch("fanout-peers-") as work:
+        return _run(args, engines, work)
+
+
+def _run(args: argparse.Namespace, engines: list[str], work: Path) -> int:
     evts = parts_events(args.edges, args.tweets, work)
     print(f"{len(evts):,} events ({args.edges:,} edges, {args.tweets:,} tweets)", file=sys.stderr)
     results: dict[str, dict[str, Any]] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,19 +119,40 @@ def process_kind(cmdline: list[str]) -> str:
     return "other"
 
 
+#: Set to keep a benchmark's work directory (broker log, store, checkpoints) after it.
+KEEP_ENV = "FANOUT_BENCH_KEEP"
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A work directory under the system's temp dir, removed at the end.
+
+    A replay leaves ~0.9 GB there (the broker's log, the store, the checkpoints), so
+    left behind they filled this machine's disk. ``FANOUT_BENCH_KEEP=1`` keeps it
+    (the path is printed) for a look at the store or the logs.
+    """
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        if os.environ.get(KEEP_ENV):
+            print(f"kept the work directory {work} ({KEEP_ENV} is set)", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 @contextmanager
 def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int = 800,
              max_records: int = 50_000, trigger_seconds: float = 0.0,
              shuffle_partitions: int = 2, key_buckets: int | None = None,
              conf: dict[str, str] | None = None, kafka_source: str | None = None,
              start: bool = True) -> Iterator[Pipeline]:
-    """Start everything in a temp dir; stop and clean up at the end.
+    """Start everything in a temp dir (:func:`scratch`); stop and clean up at the end.
 
     Without ``start`` the query is left to ``pipe.query = pipe.launch()`` (to time a backlog
     produced before the job runs).
     """
-    work = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
-    with KafkaBroker(work / "kafka") as broker:
+    with scratch("fanout-bench-") as work, KafkaBroker(work / "kafka") as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
                               topic_prefix="b_")
         create_topics(kafka)
