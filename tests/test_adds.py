@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from views.delta import TOP, Delta
-from views.stores.adds import CHUNK, Adds, Kept, SortedAdds, kept_in_order
+from views.stores.adds import CHUNK, Adds, Kept, SortedAdds
 from views.stores.base import Store
 
 ids = st.integers(min_value=0, max_value=2**62)
@@ -16,9 +16,11 @@ horizons = st.one_of(st.just((-1, -1)), st.just(TOP), st.tuples(small, small))
 
 
 @given(adds, st.dictionaries(small, horizons))
-def test_kept_in_order_is_the_sorted_filter_of_the_tuples(rows, given_horizons):
-    horizon = {user: given_horizons.get(user, (-1, -1)) for user, *_ in rows}
-    kept = kept_in_order(Adds(rows), horizon)
+def test_the_kept_adds_are_the_sorted_filter_of_the_tuples(rows, given_horizons):
+    ordered = SortedAdds(Adds(rows))  # one sort answers the users, then the kept adds
+    assert ordered.users() == sorted({a[0] for a in rows})
+    horizon = {user: given_horizons.get(user, (-1, -1)) for user in ordered.users()}
+    kept = ordered.kept(horizon)
     expected = sorted(a for a in rows if (a[1], a[2]) > horizon[a[0]])
     assert _rows(kept) == expected
     assert len(kept) == len(expected)
@@ -26,15 +28,6 @@ def test_kept_in_order_is_the_sorted_filter_of_the_tuples(rows, given_horizons):
     for a in expected:
         counts[a[0]] = counts.get(a[0], 0) + 1
     assert list(kept.per_user()) == sorted(counts.items())
-
-
-@given(adds, st.dictionaries(small, horizons))
-def test_one_sort_answers_the_users_and_the_kept_adds(rows, given_horizons):
-    ordered = SortedAdds(Adds(rows))
-    assert ordered.users() == sorted({a[0] for a in rows})
-    horizon = {user: given_horizons.get(user, (-1, -1)) for user in ordered.users()}
-    assert _rows(ordered.kept(horizon)) == _rows(kept_in_order(Adds(rows), horizon))
-    assert _rows(ordered.kept(horizon)) == sorted(a for a in rows if (a[1], a[2]) > horizon[a[0]])
 
 
 @given(st.lists(st.tuples(small, ids, ids, st.lists(ids, max_size=5)), max_size=20))
@@ -53,17 +46,17 @@ def test_a_plan_holds_the_adds_its_deltas_carry_in_arrival_order(tweets):
     assert list(plan.adds) == expected
     assert plan.adds == Adds(expected)
     assert len(plan.adds) == len(expected)
-    assert plan.adds.distinct_users() == {a[0] for a in expected}
+    assert SortedAdds(plan.adds).users() == sorted({a[0] for a in expected})
 
 
 def test_rows_cross_chunk_boundaries_whole():
     rows = [(u % 7, u, u * 3, 1) for u in range(CHUNK + 5)]
-    kept = kept_in_order(Adds(rows), {u: (-1, -1) for u in range(7)})
+    kept = SortedAdds(Adds(rows)).kept({u: (-1, -1) for u in range(7)})
     assert _rows(kept) == sorted(rows)
 
 
 def test_no_adds_keep_nothing():
-    kept = kept_in_order(Adds(), {})
+    kept = SortedAdds(Adds()).kept({})
     assert len(kept) == 0 and _rows(kept) == [] and list(kept.per_user()) == []
 
 

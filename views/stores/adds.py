@@ -6,7 +6,7 @@ and three large ints), ~400 MB at the batch's peak, and the store spent more tim
 building, filtering, sorting and counting them than SQLite spent inserting them
 (``benchmarks/RESULTS.md``, issue 16). :class:`Adds` keeps them as four
 ``array('q')`` columns (32 bytes an add), filled straight from the packed deltas,
-and :func:`kept_in_order` filters and orders them with numpy.
+and :class:`SortedAdds` filters and orders them with numpy.
 
 Iterating an :class:`Adds` still yields the tuples, one at a time, for the code
 that wants them (the Cassandra statements, tests).
@@ -78,10 +78,6 @@ class Adds:
 
     def __repr__(self) -> str:
         return f"Adds({list(self)!r})"
-
-    def distinct_users(self) -> set[int]:
-        """The users the adds reach (one numpy ``unique``, not an int object per add)."""
-        return set(np.unique(self.columns()[0]).tolist())
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The four columns as numpy views (no copy): user, created_at, tweet, author."""
@@ -165,12 +161,3 @@ def _run_starts(values: np.ndarray) -> np.ndarray:
     if not len(values):
         return np.empty(0, np.int64)
     return np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-
-
-def kept_in_order(adds: Adds, horizon: Mapping[int, Key]) -> Kept:
-    """The adds whose ``(created_at, tweet)`` is above ``horizon[user]``, sorted.
-
-    The same rows, duplicates included, in the same order as
-    ``sorted(a for a in adds if (a[1], a[2]) > horizon[a[0]])``.
-    """
-    return SortedAdds(adds).kept(horizon)
