@@ -46,5 +46,6 @@ def progress(*, file: TextIO | None = None, log_interval: float = LOG_INTERVAL,
     stream = sys.stderr if file is None else file
     isatty = getattr(stream, "isatty", None)
     if isatty is None or not isatty():
-        return tqdm(file=LogLines(stream, log_interval), ascii=True, **kwargs)
+        kwargs.setdefault("ascii", True)  # a log may not be UTF-8
+        return tqdm(file=LogLines(stream, log_interval), **kwargs)
     return tqdm(file=stream, **kwargs)
