@@ -12,7 +12,12 @@ literal §4b query in an in-memory SQLite database:
   original_author_id)``; it is undone, for good, by an unrepost or a tweets-topic
   delete naming it by its reposter. Of one user's reposts of one tweet that are not
   undone, the earliest by ``(created_at, tweet_id)`` is the live one;
-- an account delete is final: nothing that comes before or after it undoes it.
+- an account delete is final: nothing that comes before or after it undoes it;
+- a tweet id belongs to one author (DESIGN §3). An id that several authors post or
+  repost (a producer's contract violation) is owned by the earliest claim by
+  ``(created_at, author_id)`` — each author's claim being their earliest post or
+  repost of it, deleted or not — and the other authors' records of it are not part
+  of the tables (:func:`owner_order`).
 
 ``fanout verify`` and the property tests compare served timelines with it. It
 shares no code with the incremental path (``views.join``) on purpose: it never
@@ -135,10 +140,11 @@ class Reference:
     def __init__(self) -> None:
         self._edges: dict[tuple[int, int], _Rank] = {}
         self._relations: dict[tuple[int, int, str], _Rank] = {}
-        self._posts: dict[int, Post] = {}
+        self._claims: dict[tuple[int, int], Post] = {}  # (tweet id, author): the post
         self._deletes: set[tuple[int, int]] = set()
-        self._reposts: dict[tuple[int, int], Repost] = {}
+        self._all_reposts: dict[tuple[int, int], Repost] = {}  # (reposter, tweet id)
         self._unreposts: set[tuple[int, int]] = set()
+        self._owned: tuple[dict[int, Post], dict[tuple[int, int], Repost]] | None = None
         self.profiles: dict[int, UserUpsert] = {}
         self.deleted_accounts: set[int] = set()
         self._db: sqlite3.Connection | None = None
@@ -147,7 +153,7 @@ class Reference:
     def add(self, events: Iterable[Event]) -> Reference:
         """Fold ``events`` in; order and duplication do not matter."""
         for event in events:
-            self._db, self._index = None, None
+            self._db, self._index, self._owned = None, None, None
             self._fold(event)
         return self
 
@@ -174,16 +180,43 @@ class Reference:
         # tables: an optimization of how the view is kept, not of what it means.
 
     def _post(self, post: Post) -> None:
-        old = self._posts.get(post.tweet_id)
+        key = (post.tweet_id, post.author_id)
+        old = self._claims.get(key)
         order = (post.created_at, post.text, post.in_reply_to_user_id)
         if old is None or order < (old.created_at, old.text, old.in_reply_to_user_id):
-            self._posts[post.tweet_id] = post
+            self._claims[key] = post
 
     def _repost(self, repost: Repost) -> None:
         key = (repost.author_id, repost.tweet_id)
-        old = self._reposts.get(key)
+        old = self._all_reposts.get(key)
         if old is None or _repost_order(repost) < _repost_order(old):
-            self._reposts[key] = repost
+            self._all_reposts[key] = repost
+
+    @property
+    def _posts(self) -> dict[int, Post]:
+        """Each owned tweet id's post (see the module docstring)."""
+        return self._owners()[0]
+
+    @property
+    def _reposts(self) -> dict[tuple[int, int], Repost]:
+        """Each owned repost id's repost, by (reposter, tweet id)."""
+        return self._owners()[1]
+
+    def _owners(self) -> tuple[dict[int, Post], dict[tuple[int, int], Repost]]:
+        if self._owned is None:
+            owner: dict[int, tuple[int, int]] = {}
+            claims = [*((t, p.created_at, a) for (t, a), p in self._claims.items()),
+                      *((t, r.created_at, a) for (a, t), r in self._all_reposts.items())]
+            for tweet, created_at, author in claims:
+                claim, best = owner_order(created_at, author), owner.get(tweet)
+                if best is None or claim < best:
+                    owner[tweet] = claim
+            posts = {t: p for (t, a), p in self._claims.items()
+                     if owner[t] == owner_order(p.created_at, a)}
+            reposts = {(a, t): r for (a, t), r in self._all_reposts.items()
+                       if owner[t] == owner_order(r.created_at, a)}
+            self._owned = (posts, reposts)
+        return self._owned
 
     def _profile(self, user: UserUpsert) -> None:
         old = self.profiles.get(user.user_id)
@@ -224,16 +257,22 @@ class Reference:
         return self._posts.get(tweet_id)
 
     def live_reposts(self) -> list[Repost]:
-        """The reposts that are shown: not undone, and each user's earliest of a tweet."""
+        """The reposts that are shown: not undone, each user's earliest of a tweet, owned.
+
+        A repost under an id another author owns is not shown, but it is still its
+        reposter's repost of that tweet: an earlier one leaves their later ones no-ops.
+        """
         live: dict[tuple[int, int], Repost] = {}
-        for (author, tweet), repost in self._reposts.items():
+        for (author, tweet), repost in self._all_reposts.items():
             if (tweet, author) in self._unreposts or (tweet, author) in self._deletes:
                 continue
             group = (author, repost.original_tweet_id)
             best = live.get(group)
             if best is None or (repost.created_at, tweet) < (best.created_at, best.tweet_id):
                 live[group] = repost
-        return sorted(live.values(), key=lambda r: (r.created_at, r.tweet_id))
+        owned = self._reposts
+        return sorted((r for r in live.values() if (r.author_id, r.tweet_id) in owned),
+                      key=lambda r: (r.created_at, r.tweet_id))
 
     def author_tweets(self, author: int) -> list[tuple[int, int]]:
         """An author's live entries, newest first: (created_at, tweet_id).
@@ -357,6 +396,11 @@ def _entries_by_actor(ref: Reference, gone: set[int]) -> dict[int, list[_Entry]]
 
 def _newest(table: dict, key: tuple, rank: _Rank) -> None:
     table[key] = max(table.get(key, rank), rank)
+
+
+def owner_order(created_at: int, author_id: int) -> tuple[int, int]:
+    """How claims of one tweet id rank: the smallest owns it (DESIGN §3, one author per id)."""
+    return (created_at, author_id)
 
 
 def _repost_order(repost: Repost) -> tuple[int, int, int]:
