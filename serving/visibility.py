@@ -11,6 +11,10 @@ For an entry of user ``u`` to be served (the pinned semantics of issue 13):
 
 - its row is live (a post not deleted, a repost shown), and a repost's original is a
   live post — not a repost — by the repost's ``original_author``;
+- its row is its actor's: a tweet id belongs to one author, and where several claim
+  one the store's row holds the owner (:mod:`views.stores.base`). An entry listed
+  under another author at the row's own position — two claims at one time, one
+  timeline row — is the owner's entry, served if the owner is in ``F(u)``;
 - neither the actor nor the original's author is a deleted account, blocked by or
   blocking ``u``, or muted by ``u``; a repost of ``u``'s own tweet is not served;
 - a reply is served if it answers ``u``, its own author, or someone in ``F(u)``
@@ -124,26 +128,38 @@ class Viewer:
     # -- the filter ------------------------------------------------------------------------
     def home(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
         """The candidates §4b serves to the reader, in the order given."""
-        entries = self._live(candidates)
+        entries, claimed = self._live(candidates)
         if not entries:
             return []
         wanted = {e.author_id for e in entries} | {e.original_author for e in entries}
         wanted |= {e.reply_to for e in entries if e.reply_to}
         self.load_users([*wanted, self.user] if self.user is not None else wanted)
-        shown = [e for e in entries if self._shown(e)]
+        shown = [e for e in entries if self._shown(e)
+                 and (e.tweet_id not in claimed or self.follows(e.author_id))]
         return self._newest_per_original(shown)
 
     def own(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
         """An author's own page: live posts and shown reposts of live originals."""
-        entries = self._live(candidates)
+        entries, claimed = self._live(candidates)
+        entries = [e for e in entries if e.tweet_id not in claimed]
         self.load_users({e.author_id for e in entries} | {e.original_author for e in entries})
         return [e for e in entries if not self.deleted(e.original_author)]
 
-    def _live(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
+    def _live(self, candidates: Sequence[Entry]) -> tuple[list[HomeEntry], set[int]]:
+        """Live entries as their rows say, and the ids listed under another author."""
         self.load_tweets(c.tweet_id for c in candidates)
         rows = [(c, self.tweet(c.tweet_id)) for c in candidates]
         self.load_tweets(r.original_id for _, r in rows if r.is_repost and not r.deleted)
-        return [e for c, r in rows if (e := self._entry(c, r)) is not None]
+        # One id under two authors at one time: listed once per author (two followees'
+        # author_tweets), it is one entry, the row's.
+        owned = {c.key for c, r in rows if r.author_id == c.author_id}
+        claimed = {c.tweet_id for c, r in rows if r.author_id != c.author_id
+                   and r.created_at == c.created_at and c.key not in owned}
+        out: dict[Key, HomeEntry] = {}
+        for c, r in rows:
+            if c.key not in out and (e := self._entry(c, r)) is not None:
+                out[c.key] = e
+        return list(out.values()), claimed
 
     def _entry(self, candidate: Entry, row: TweetRow) -> HomeEntry | None:
         # Deleted, hidden, or not in the store at all; or listed at a position that is
@@ -203,6 +219,7 @@ class Viewer:
         """
         row = self.tweet(repost.tweet_id)
         return not row.deleted and row.original_author == of.original_author \
+            and row.author_id == repost.author_id and row.created_at == repost.created_at \
             and self.follows(repost.author_id) \
             and repost.author_id not in self.relations().muted
 

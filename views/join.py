@@ -158,6 +158,9 @@ class _Out:
         self.other: list[Delta] = []
         #: Newest home-timeline read by this key's user in the batch (-1: none).
         self.read_at = -1
+        #: Reposts remembered (or replaced by a smaller copy) in the batch: the store
+        #: hears of each, shown or not, since the id is this author's claim.
+        self.claimed: set[int] = set()
 
     def add(self, user: int, tweet: int, created_at: int) -> None:
         self.home[(user, tweet)] = (True, created_at)
@@ -243,8 +246,12 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
 
 
 def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out) -> None:
-    if (post.tweet_id in state.tombstones or post.tweet_id in state.tweets
-            or post.tweet_id in state.reposts):
+    if post.tweet_id in state.tombstones:
+        # Deleted before it arrived: not shown, but the store learns its time, which
+        # makes the id this author's claim (views.stores.base, one author per id).
+        out.emit(Delta.tweet_deleted(post.tweet_id, key, post.created_at))
+        return
+    if post.tweet_id in state.tweets or post.tweet_id in state.reposts:
         return
     out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text, post.other_id))
     _keep(state, post.tweet_id, post.created_at, cfg.cap)
@@ -323,6 +330,7 @@ def _repost(state: AuthorState, key: int, repost: Change, cfg: JoinConfig, out: 
         originals.add(seen[1])
     state.reposts[repost.tweet_id] = mine
     originals.add(repost.ref_id)
+    out.claimed.add(repost.tweet_id)
 
 
 def _undo(state: AuthorState, entry_id: int, originals: set[int]) -> None:
@@ -355,6 +363,11 @@ def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: Join
         if new is not None:
             _show_repost(state, key, new, True, cfg, out)
             state.shown[original] = new
+    # A repost never shown (superseded or undone from the start) is still a claim on
+    # its id (views.stores.base): the store hears of it, hidden.
+    for repost in sorted(out.claimed):
+        if state.shown.get(state.reposts[repost][1]) != repost:
+            _show_repost(state, key, repost, False, cfg, out)
 
 
 def live_reposts(reposts: dict[int, tuple[int, int, int]], undone: set[int],

@@ -10,6 +10,17 @@ disk: :meth:`Store.open` does.
 Applying the same plan twice leaves the store as applying it once (every write is an
 upsert or a delete keyed by its primary key), which is what makes a micro-batch
 replayed after a crash invisible (DESIGN §4, exactly-once in effect).
+
+**One author per tweet id.** DESIGN §3 has a tweet id name one tweet, so one author;
+the join, partitioned by author, cannot see a second author post or repost an id
+another author holds. Where that contract is broken, the id belongs to the earliest
+*claim* by ``(created_at, author_id)`` (:func:`outranks`), whatever the arrival order:
+a claim is a post or a repost, live or since deleted, of known time; a delete of a
+tweet the join never saw (time 0) claims nothing. Each store's ``tweets`` row holds
+the owner's claim (a plan nets claims within a batch, the store's write against the
+stored row), and the read path serves an entry only as its row's author's
+(:mod:`serving.visibility`): the other authors' fanned-out rows are never served.
+:class:`views.reference.Reference` states the same rule on the events.
 """
 
 from __future__ import annotations
@@ -361,13 +372,46 @@ class Store(abc.ABC):
         """How many dead letters the store holds; read on every metrics scrape."""
 
 
+def outranks(row: TweetRow, created_at: int | None, author_id: int | None) -> bool:
+    """Whether ``row``'s claim owns its id over a stored one (module docstring).
+
+    ``created_at`` None or 0: the stored row claims nothing (a delete of unknown time).
+    A row of the stored author is that author's own update, never a rival claim.
+    """
+    if author_id is None or author_id == row.author_id or not created_at:
+        return True
+    return bool(row.created_at) and (row.created_at, row.author_id) < (created_at, author_id)
+
+
+def _rival(row: TweetRow, other: TweetRow | None) -> bool:
+    """Whether ``other`` is another author's claim on ``row``'s id."""
+    return other is not None and other.author_id != row.author_id and bool(other.created_at)
+
+
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:
     row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag),
                    reply_to=d.reply_to)
     old = plan.tweets.get(d.tweet_id)
+    repost = plan.reposts.get(d.tweet_id)
+    if row.created_at and _rival(row, repost):
+        if not outranks(row, repost.created_at, repost.author_id):  # type: ignore[union-attr]
+            _lost(plan, row)
+            return
+        del plan.reposts[d.tweet_id]
+    if row.created_at and _rival(row, old):
+        assert old is not None
+        if outranks(row, old.created_at, old.author_id):
+            plan.tweets[d.tweet_id] = row
+            _lost(plan, old)
+        else:
+            _lost(plan, row)
+        return
     if old is not None and old.author_id != row.author_id and old.deleted and row.deleted:
         # Two deletes of one id under two authors, and no post of it in the batch: one
-        # may be a forgery, and which is the store's to tell. Both are written.
+        # may be a forgery, and which is the store's to tell. Both are written; a
+        # claim (a delete of known time) first, as the stronger fact.
+        if row.created_at and not old.created_at:
+            plan.tweets[d.tweet_id], row = row, old
         plan.foreign_deletes.append(row)
         return
     if old is not None and old.author_id != row.author_id and old.deleted != row.deleted:
@@ -382,6 +426,12 @@ def _fold_tweet(plan: WritePlan, d: Delta) -> None:
                            created_at=row.created_at or old.created_at,
                            text=row.text if old.deleted else old.text)
     plan.tweets[d.tweet_id] = row
+
+
+def _lost(plan: WritePlan, row: TweetRow) -> None:
+    """A claim another author's outranks: its author's own rows still go if deleted."""
+    if row.deleted and not row.is_repost:
+        plan.foreign_deletes.append(row)
 
 
 def _fold_remove(plan: WritePlan, d: Delta) -> None:
@@ -433,8 +483,17 @@ def _fold_user(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_repost(plan: WritePlan, d: Delta) -> None:
-    plan.reposts[d.tweet_id] = TweetRow(d.tweet_id, d.author_id, d.created_at, "",
-                                        not d.flag, 0, d.original_id, d.original_author)
+    row = TweetRow(d.tweet_id, d.author_id, d.created_at, "", not d.flag, 0, d.original_id,
+                   d.original_author)
+    for rivals in (plan.reposts, plan.tweets):
+        other = rivals.get(d.tweet_id)
+        if _rival(row, other):
+            assert other is not None
+            if not outranks(row, other.created_at, other.author_id):
+                return
+            del rivals[d.tweet_id]
+            _lost(plan, other)
+    plan.reposts[d.tweet_id] = row
 
 
 def _fold_relation(plan: WritePlan, d: Delta) -> None:

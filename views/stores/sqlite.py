@@ -80,6 +80,22 @@ CREATE TABLE IF NOT EXISTS page_version (
   id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL);
 INSERT OR IGNORE INTO page_version VALUES (0, 0);
 """
+#: When another author's claim on a tweet id gives way to the row written
+#: (views.stores.base.outranks): it claims nothing (a delete of unknown time), or the
+#: written claim is earlier by (created_at, author_id).
+_RIVAL = ("tweets.author_id != excluded.author_id AND (tweets.created_at = 0 OR "
+          "(excluded.created_at, excluded.author_id) < (tweets.created_at, tweets.author_id))")
+_SAME = "tweets.author_id = excluded.author_id"
+#: A delete: the author's own hides their tweet (keeping the first known time, which
+#: makes the row a claim); one of known time is a claim that may outrank another's.
+_GONE = (
+    "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0) ON CONFLICT (tweet_id) DO UPDATE "
+    f"SET deleted = 1, text = '', created_at = CASE WHEN {_SAME} AND tweets.created_at != 0 "
+    "THEN tweets.created_at ELSE excluded.created_at END, author_id = excluded.author_id, "
+    f"reply_to = CASE WHEN {_SAME} THEN tweets.reply_to ELSE 0 END, "
+    f"original_id = CASE WHEN {_SAME} THEN tweets.original_id ELSE 0 END, "
+    f"original_author = CASE WHEN {_SAME} THEN tweets.original_author ELSE 0 END "
+    f"WHERE {_SAME} OR (excluded.created_at != 0 AND {_RIVAL})")
 #: Counts the commits after which a page may read differently (:meth:`WritePlan.shows`,
 #: or a dormant reader's cache regenerated): what API processes validate cached pages
 #: against, so a batch of only offsets and read times keeps them (serving.pagecache).
@@ -311,26 +327,28 @@ class SQLiteStore(Store):
         live = [t for t in plan.tweets.values() if not t.deleted]
         gone = [t for t in plan.tweets.values() if t.deleted] + plan.foreign_deletes
         # A tweet id belongs to whoever posted it: a delete under another author's
-        # id (a forged or mistaken delete) neither hides it nor keeps it hidden.
+        # id (a forged or mistaken delete) neither hides it nor keeps it hidden. Of two
+        # authors' claims, the earlier owns the id (views.stores.base): _RIVAL.
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, ?, 0, ?, 0, 0) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
-            "text = excluded.text, deleted = 0, reply_to = excluded.reply_to "
-            "WHERE tweets.author_id != excluded.author_id",
+            "text = excluded.text, deleted = 0, reply_to = excluded.reply_to, "
+            f"original_id = 0, original_author = 0 WHERE {_RIVAL}",
             [(t.tweet_id, t.author_id, t.created_at, t.text, t.reply_to) for t in live])
-        # A tweet deleted in an earlier batch stays deleted: no live row for it here
-        # either. In author_tweets' key order, as the follows (_write_graph).
+        # A tweet deleted in an earlier batch stays deleted, and one another author
+        # owns is not this author's entry: no live row for either. In author_tweets'
+        # key order, as the follows (_write_graph).
         db.executemany(
-            "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE NOT EXISTS "
-            "(SELECT 1 FROM tweets WHERE tweet_id = ? AND deleted = 1)",
-            sorted((t.author_id, t.created_at, t.tweet_id, t.tweet_id) for t in live))
+            "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE EXISTS "
+            "(SELECT 1 FROM tweets WHERE tweet_id = ? AND author_id = ? AND deleted = 0)",
+            sorted((t.author_id, t.created_at, t.tweet_id, t.tweet_id, t.author_id)
+                   for t in live))
         db.executemany(
             "DELETE FROM author_tweets WHERE author_id = ? AND tweet_id = ?",
             [(t.author_id, t.tweet_id) for t in gone])
-        db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0) ON CONFLICT (tweet_id) "
-            "DO UPDATE SET deleted = 1, text = '' WHERE tweets.author_id = excluded.author_id",
-            [(t.tweet_id, t.author_id, t.created_at) for t in gone])
+        # The author's own delete hides the tweet, and a first known time makes the
+        # row a claim; a deleted claim may also outrank another author's.
+        db.executemany(_GONE, [(t.tweet_id, t.author_id, t.created_at) for t in gone])
 
     @staticmethod
     def _write_reposts(db: sqlite3.Connection, plan: WritePlan) -> None:
@@ -353,11 +371,15 @@ class SQLiteStore(Store):
             "INSERT INTO tweets VALUES (?, ?, ?, '', ?, 0, ?, ?) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
             "text = '', deleted = excluded.deleted, reply_to = 0, "
-            "original_id = excluded.original_id, original_author = excluded.original_author",
+            "original_id = excluded.original_id, original_author = excluded.original_author "
+            f"WHERE tweets.author_id = excluded.author_id OR {_RIVAL}",
             [(r.tweet_id, r.author_id, r.created_at, int(r.deleted), r.original_id,
               r.original_author) for r in rows])
-        db.executemany("INSERT OR IGNORE INTO author_tweets VALUES (?, ?, ?)",
-                       [(r.author_id, r.created_at, r.tweet_id) for r in rows if not r.deleted])
+        db.executemany(
+            "INSERT OR IGNORE INTO author_tweets SELECT ?, ?, ? WHERE EXISTS "
+            "(SELECT 1 FROM tweets WHERE tweet_id = ? AND author_id = ?)",
+            [(r.author_id, r.created_at, r.tweet_id, r.tweet_id, r.author_id)
+             for r in rows if not r.deleted])
 
     @staticmethod
     def _write_graph(db: sqlite3.Connection, plan: WritePlan) -> None:

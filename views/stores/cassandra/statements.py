@@ -37,6 +37,7 @@ from views.stores.base import (
     RelationRow,
     TweetRow,
     WritePlan,
+    outranks,
 )
 
 Op = tuple[str, tuple[Any, ...]]
@@ -88,6 +89,10 @@ STATEMENTS: Final[dict[str, str]] = {
                   "body = '' WHERE tweet_id = ?",
     "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
                      "deleted = true, body = '' WHERE tweet_id = ?",
+    # A post whose claim outranks another author's stored row: every cell of it.
+    "tweet_take": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
+                  "reply_to, original_id, original_author) VALUES (?, ?, ?, ?, ?, ?, 0, 0) "
+                  "USING TIMESTAMP ?",
     "tweet_state": "SELECT created_at, deleted, author_id, original_id FROM tweets "
                    "WHERE tweet_id = ?",
     "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
@@ -363,7 +368,9 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
 
     A tweet id belongs to whoever posted it: a delete under another author's id
     neither hides the tweet nor keeps it hidden, and a tweet its author deleted
-    stays deleted (no live write over it). An id the batch also writes a repost of
+    stays deleted (no live write over it). Of two authors' claims the earlier owns
+    the id (:func:`~views.stores.base.outranks`): a later one writes nothing but the
+    removal of its author's own ``author_tweets`` row. An id the batch also writes a repost of
     is left to :func:`repost_ops`: SQLite writes reposts after tweets, so the join's
     repost state is what stays, and here both would land at one timestamp, where
     Cassandra keeps the larger value of each cell (``deleted`` true over false:
@@ -373,15 +380,20 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
     ops: list[Op] = []
     foreign = [(row.tweet_id, row, True) for row in plan.foreign_deletes]
     for tweet, row, other in [*((t, r, False) for t, r in sorted(plan.tweets.items())), *foreign]:
+        author = row.author_id
+        if other and row.created_at:  # a claim the batch's own outranks (WritePlan)
+            ops.append(("author_del", (ts, author, row.created_at, tweet)))
+            continue
         if tweet in plan.reposts:
             continue
         stored = states.get(tweet)
-        author = row.author_id
         if stored is not None:
             owner = stored.author_id
         else:  # a second author's delete hides only a tweet stored as theirs (as in SQLite)
             owner = None if other else author
-        if not row.deleted:
+        if stored is not None and owner != author and row.created_at:
+            ops += _rival_tweet(row, stored, ts)
+        elif not row.deleted:
             if stored is None or not stored.deleted or owner != author:
                 ops.append(("tweet_live", (tweet, author, row.created_at, row.text,
                                            row.reply_to, ts)))
@@ -395,6 +407,18 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
         else:  # never posted here: nothing to remove from author_tweets
             ops.append(("tweet_gone", (ts, author, tweet)))
     return ops
+
+
+def _rival_tweet(row: TweetRow, stored: TweetState, ts: int) -> list[Op]:
+    """A claim on an id whose stored row is another author's: it takes the row if earlier."""
+    tweet, author, at = row.tweet_id, row.author_id, row.created_at
+    if not outranks(row, stored.created_at, stored.author_id):
+        # The earlier claim's id: this author's own entry row goes if deleted.
+        return [("author_del", (ts, author, at, tweet))] if row.deleted else []
+    take: Op = ("tweet_take", (tweet, author, at, row.text, row.deleted, row.reply_to, ts))
+    if row.deleted:
+        return [take, ("author_del", (ts, author, at, tweet))]
+    return [take, ("author_add", (author, at, tweet, ts))]
 
 
 def repost_moves(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState],
@@ -414,8 +438,8 @@ def repost_moves(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetStat
     ops: list[Op] = []
     for repost, row in sorted(reposts.items()):
         stored = states.get(repost)
-        if stored is None or stored.created_at is None:
-            continue
+        if stored is None or stored.created_at is None or stored.author_id != row.author_id:
+            continue  # another author's rows stay theirs (read as theirs, see repost_ops)
         at = stored.created_at
         if at != row.created_at:
             ops.append(("author_del", (ts, row.author_id, at, repost)))
@@ -425,17 +449,22 @@ def repost_moves(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetStat
     return ops
 
 
-def repost_ops(reposts: Mapping[int, TweetRow], ts: int) -> list[Op]:
+def repost_ops(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState],
+               ts: int) -> list[Op]:
     """Reposts as the join last decided them: shown, or not (undone, or superseded).
 
     The ``tweets`` row keeps the repost's original either way (``deleted`` = not
     shown); while shown the repost is also an entry of the reposter (``author_tweets``)
     and a repost of its original (``reposts_by_original``), and hiding it deletes
     both. Not final, unlike a tweet's delete: a later batch may show it again, and its
-    timestamp wins.
+    timestamp wins. A repost id another author claimed earlier is theirs: nothing is
+    written (:func:`~views.stores.base.outranks`).
     """
     ops: list[Op] = []
     for repost, row in sorted(reposts.items()):
+        stored = states.get(repost)
+        if stored is not None and not outranks(row, stored.created_at, stored.author_id):
+            continue
         author, at, original = row.author_id, row.created_at, row.original_id
         ops.append(("repost_set", (repost, author, at, row.deleted, original,
                                    row.original_author, ts)))

@@ -298,7 +298,7 @@ class CassandraStore(Store):
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
         self._run(cql.repost_moves(plan.reposts, states, ts))  # first: see repost_moves
-        self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, ts)
+        self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts)
                   + cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts) + removes)

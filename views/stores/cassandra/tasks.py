@@ -150,7 +150,7 @@ class TaskWriter(CassandraStore):
                                           ts + cql.REMOVE)
         self._run(cql.repost_moves(plan.reposts, states, ts + cql.REMOVE))  # see there
         self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
-                  + cql.repost_ops(plan.reposts, ts + cql.REMOVE)
+                  + cql.repost_ops(plan.reposts, states, ts + cql.REMOVE)
                   + cql.dead_ops(plan.dead, int(time.time() * 1000)))
         return removes, skipped
 
