@@ -20,6 +20,7 @@ pinned by the examples at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from collections.abc import Iterable, Sequence
@@ -113,10 +114,17 @@ def shapes(draw: st.DrawFn) -> Shapes:
 
 
 @st.composite
-def events(draw: st.DrawFn, fixed: Shapes | None = None) -> Event:
-    """One event; reposts are ``fixed``'s, or drawn afresh when it is None."""
+def events(draw: st.DrawFn, fixed: Shapes | None = None, reuse: bool = False) -> Event:
+    """One event; reposts are ``fixed``'s, or drawn afresh when it is None.
+
+    With ``reuse``, one post or repost in five is another author's record under an
+    id the generator gives its own author: a broken contract (DESIGN §3), which the
+    earliest claim settles (``views.stores.base``).
+    """
     kind = draw(st.sampled_from(KINDS))
     user, when = draw(st.sampled_from(USERS)), draw(TIMES)
+    if kind in ("post", "repost") and reuse and draw(st.integers(0, 4)) == 0:
+        return _reused(draw)
     if kind == "post":
         return post(draw(st.sampled_from(POSTS)))
     if kind == "delete":
@@ -150,6 +158,24 @@ def _undo(draw: st.DrawFn, undo: type[Unrepost | Delete], user: int,
     return undo(repost, user if forged else reposter_of(repost), when)
 
 
+def _reused(draw: st.DrawFn) -> Post | Repost:
+    """A post or repost under an id of another author's: never its own author's.
+
+    One user puts one id to one use (a post, or a repost): one author's post and
+    repost of one id is a violation this rule does not settle (see ``tests/test_id_reuse``).
+    """
+    tweet = draw(st.sampled_from([*POSTS, *REPOSTS]))
+    owner = author_of(tweet) if tweet in POSTS else reposter_of(tweet)
+    user = draw(st.sampled_from([u for u in USERS if u != owner]))
+    # Duplicates are copies, so the time is the pair's; odd, where every other event's
+    # is even (histories): two claims of one id never share a time (test_id_reuse).
+    when = 2 * ((tweet + user) % 9) + 1
+    if (tweet + user) % 2:
+        return Post(tweet, user, when, f"r{tweet}", 0)
+    original = POSTS[(tweet + user) % len(POSTS)]
+    return Repost(tweet, user, original, author_of(original), when)
+
+
 def _repost(draw: st.DrawFn, repost: int, when: int) -> Repost:
     """A repost by the id's reposter: of a post, a repost, or naming the wrong author."""
     original = draw(st.sampled_from([*POSTS, *POSTS, REPOSTS[0]]))  # a repost of a repost, too
@@ -165,12 +191,24 @@ GRAPHS = st.lists(st.sampled_from([(f, x) for f in USERS for x in USERS if f != 
 
 
 @st.composite
-def histories(draw: st.DrawFn, min_size: int = 15, max_size: int = 70) -> list[Event]:
-    """A follow graph to start from, then random events over it."""
+def histories(draw: st.DrawFn, min_size: int = 15, max_size: int = 70,
+              reuse: bool = False) -> list[Event]:
+    """A follow graph to start from, then random events over it (``events``' ``reuse``)."""
     fixed = None if VARIED_DUPLICATES else draw(shapes())
     graph = draw(GRAPHS)
-    more = draw(st.lists(events(fixed), min_size=min_size, max_size=max_size))
+    more = draw(st.lists(events(fixed, reuse), min_size=min_size, max_size=max_size))
+    if reuse:
+        more = [e if _is_reused(e) else dataclasses.replace(e, created_at=2 * e.created_at + 2)
+                for e in more]
     return [Follow(f, x, 0) for f, x in graph] + more
+
+
+def _is_reused(event: Event) -> bool:
+    """Whether ``event`` is one of :func:`_reused`'s."""
+    if isinstance(event, Post):
+        return event.author_id != author_of(event.tweet_id)
+    return isinstance(event, Repost) and (event.tweet_id in POSTS
+                                          or event.author_id != reposter_of(event.tweet_id))
 
 
 @st.composite
