@@ -5,8 +5,8 @@ ingest can check that (the join is partitioned by author), so where it is broken
 id belongs to the earliest claim by ``(created_at, author_id)``, whatever the arrival
 order (``views.stores.base``, ``views.reference``): the other authors' records of it
 are not served. These are the shapes found then, and the cases the rule has to get
-right; ``tests/test_store_contract.py`` checks random histories with reused ids on
-both stores.
+right; ``test_served_4b_timelines_equal_the_sql`` in ``tests/test_store_contract.py``
+checks random histories with reused ids on both stores.
 
 Not settled by the rule (and not generated there): one author's post *and* repost
 of one id, and a deleted post at ``created_at`` 0 (the store reads time 0 as

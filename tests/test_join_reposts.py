@@ -81,7 +81,8 @@ def test_a_shown_repost_is_fanned_out_with_its_original():
 def test_a_second_repost_is_a_no_op_while_the_first_stands_then_takes_over():
     first, second = Repost(500, REPOSTER, 40, 3, 5), Repost(501, REPOSTER, 40, 3, 6)
     _, deltas = _run([FOLLOWERS, [first], [second]])
-    assert _shown(deltas) == {500: True}
+    # The second is told to the store, hidden: its id is this reposter's claim.
+    assert _shown(deltas) == {500: True, 501: False}
     _, deltas = _run([FOLLOWERS, [first], [second], [Unrepost(500, REPOSTER, 7)]])
     assert _shown(deltas) == {500: False, 501: True}
     assert _timeline(deltas) == {(1, 501), (2, 501)}
@@ -97,7 +98,7 @@ def test_a_late_earlier_repost_takes_over_from_the_one_shown():
 def test_an_unrepost_seen_before_its_repost_keeps_it_hidden():
     state, deltas = _run([FOLLOWERS, [Unrepost(500, REPOSTER, 9)],
                           [Repost(500, REPOSTER, 40, 3, 5)]])
-    assert _shown(deltas) == {}
+    assert _shown(deltas) == {500: False}  # told to the store, hidden (a claim on 500)
     assert _timeline(deltas) == set() and state.shown == {}
 
 

@@ -721,35 +721,16 @@ def test_served_timelines_equal_the_sql(backend: Backend) -> None:
     run()
 
 
-def test_served_4b_timelines_equal_the_sql(backend: Backend) -> None:
-    """Every DESIGN §4b record (``tests.test_timeline_4b``'s histories) through each backend."""
+@pytest.mark.parametrize("reuse", [False, True], ids=["one author per id", "reused ids"])
+def test_served_4b_timelines_equal_the_sql(backend: Backend, reuse: bool) -> None:
+    """Every DESIGN §4b record (``tests.test_timeline_4b``'s histories) through each backend.
+
+    With ``reuse``, ids are also posted or reposted by a second author: the earliest
+    claim owns each (``tests/test_id_reuse.py``).
+    """
     @settings(max_examples=backend.examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(history=histories(max_size=50), seed=st.integers(0, 2**32),
-           cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
-           promote_at=st.integers(1, 4), slack=st.integers(0, 3))
-    def run(history: list[Event], seed: int, cuts: list[int], cap: int, promote_at: int,
-            slack: int) -> None:
-        ns = next(_SPACES)
-        history = [_remap(e, ns) for e in history]
-        rng = random.Random(seed)
-        arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
-        rng.shuffle(arrivals)  # out of order
-        config = JoinConfig(cap, promote_at, max(1, promote_at - 1))
-        harness = Harness(config, store=backend.store(cap, slack))  # type: ignore[arg-type]
-        for batch in _split(arrivals, cuts):
-            harness.run(batch)
-        _check(harness.store, history, [_remap(Follow(u, u, 0), ns).follower_id
-                                        for u in USERS_4B], cap)
-
-    run()
-
-
-def test_served_timelines_with_reused_ids_equal_the_sql(backend: Backend) -> None:
-    """Ids posted or reposted by two authors: the earliest claim owns each, in each backend."""
-    @settings(max_examples=backend.examples, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(history=histories(max_size=50, reuse=True), seed=st.integers(0, 2**32),
+    @given(history=histories(max_size=50, reuse=reuse), seed=st.integers(0, 2**32),
            cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
            promote_at=st.integers(1, 4), slack=st.integers(0, 3))
     def run(history: list[Event], seed: int, cuts: list[int], cap: int, promote_at: int,
