@@ -227,10 +227,34 @@ def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
     assert ops == [("tweet_live", (10, 1, 5, "hi", 4, 100)), ("author_add", (1, 5, 10, 100)),
                    ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
                    ("tweet_gone", (100, 1, 12)),
-                   ("tweet_live", (14, 1, 8, "mine", 0, 100)), ("author_add", (1, 8, 14, 100))]
+                   # Over another author's row, every cell is written (it may be a repost's).
+                   ("tweet_take", (14, 1, 8, "mine", False, 0, 100)),
+                   ("author_add", (1, 8, 14, 100))]
     assert cql.TweetState.decode([(4, None, 1, None)]) == cql.TweetState(4, False, 1)
     assert cql.TweetState.decode([(4, False, 1, 9)]) == cql.TweetState(4, False, 1, 9)
     assert cql.TweetState.decode([]) is None
+
+
+def test_of_two_authors_claims_the_earlier_keeps_the_row() -> None:
+    """One id, two authors (a broken contract): the earliest (created_at, author) owns it."""
+    plan = _plan(Delta.tweet(30, 1, 5, "later"),            # stored: author 2 at 4
+                 Delta.tweet(31, 1, 5, "earlier"),          # stored: author 2 at 6
+                 Delta.tweet_deleted(32, 1, 3),             # stored: author 2 at 4, live
+                 Delta.repost(33, 1, 9, (10, 2), True),     # stored: author 2's post at 2
+                 Delta.repost(34, 1, 1, (10, 2), True))     # stored: author 2's post at 2
+    states = {30: cql.TweetState(4, False, 2), 31: cql.TweetState(6, False, 2),
+              32: cql.TweetState(4, False, 2), 33: cql.TweetState(2, False, 2),
+              34: cql.TweetState(2, False, 2)}
+    ops = cql.tweet_ops(plan, states, 100) + cql.repost_ops(plan.reposts, states, 100)
+    _check_markers(ops)
+    assert ops == [("tweet_take", (31, 1, 5, "earlier", False, 0, 100)),
+                   ("author_add", (1, 5, 31, 100)),
+                   ("tweet_take", (32, 1, 3, "", True, 0, 100)),
+                   ("author_del", (100, 1, 3, 32)),
+                   ("repost_set", (34, 1, 1, False, 10, 2, 100)),
+                   ("author_add", (1, 1, 34, 100)), ("repost_add", (10, 1, 34, 1, 100))]
+    # Another author's stored repost keeps its rows: only the reposter's own move.
+    assert cql.repost_moves(plan.reposts, {33: cql.TweetState(7, False, 2, 11)}, 100) == []
 
 
 def test_tweet_ops_leave_an_id_the_batch_reposts_to_repost_ops() -> None:
@@ -284,7 +308,7 @@ def test_repost_ops_write_the_last_state_of_each_repost() -> None:
     plan = _plan(Delta.repost(20, 2, 9, (10, 1), True),
                  Delta.repost(21, 2, 8, (11, 1), True),
                  Delta.repost(21, 2, 8, (11, 1), False))  # shown, then hidden: hidden
-    ops = cql.repost_ops(plan.reposts, 50)
+    ops = cql.repost_ops(plan.reposts, {}, 50)
     _check_markers(ops)
     assert ops == [("repost_set", (20, 2, 9, False, 10, 1, 50)), ("author_add", (2, 9, 20, 50)),
                    ("repost_add", (10, 9, 20, 2, 50)),
