@@ -4,9 +4,10 @@ The contract has a duplicate be an exact copy, so one id has one author. Nothing
 ingest can check that (the join is partitioned by author), so where it is broken the
 id belongs to the earliest claim by ``(created_at, author_id)``, whatever the arrival
 order (``views.stores.base``, ``views.reference``): the other authors' records of it
-are not served. These are the shapes found then, and the cases the rule has to get
-right; ``test_served_4b_timelines_equal_the_sql`` in ``tests/test_store_contract.py``
-checks random histories with reused ids on both stores.
+are not served, and each such id gets a dead letter (``ID_CONFLICTS``). These are the
+shapes found then, and the cases the rule has to get right;
+``test_served_4b_timelines_equal_the_sql`` in ``tests/test_store_contract.py`` checks
+random histories with reused ids on both stores.
 
 Not settled by the rule (and not generated there): one author's post *and* repost
 of one id, and a deleted post at ``created_at`` 0 (the store reads time 0 as
@@ -17,6 +18,7 @@ but an unfollow of either author takes the row with it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from views.changelog import Changelog
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
+from views.stores.base import ID_CONFLICTS
 from views.stores.sqlite import SQLiteStore
 
 CAP = 50
@@ -131,3 +134,20 @@ def test_one_author_per_id_is_served_as_the_sql_says(tmp_path):
     batches = [GRAPH, [Repost(30, 1, 100, 3, 2), Repost(31, 2, 101, 4, 3)],
                [Post(200, 3, 1, "a"), Post(201, 4, 2, "b")]]
     assert divergent(tmp_path, batches) == 0
+
+
+@ORDERS
+def test_each_reused_id_gets_one_dead_letter_naming_its_owner(tmp_path, order):
+    events = [Post(200, 3, 9, "late"), Post(200, 4, 2, "early"), Repost(30, 1, 100, 3, 2),
+              Repost(30, 2, 101, 4, 3), Post(201, 3, 5, "one author")]
+    store, count = run(tmp_path, batches_of(events, order))
+    try:
+        assert count == 0
+        letters = sorted((d.offset, d.reason, json.loads(d.raw))
+                         for d in store.dead_letters() if d.topic == ID_CONFLICTS)
+        assert [(offset, raw["owner"]["author_id"], raw["other"]["author_id"])
+                for offset, _, raw in letters] == [(30, 1, 2), (200, 4, 3)]
+        assert "the earliest claim, 4's, owns it" in letters[1][1]
+        assert store.dead_letter_count() == 2
+    finally:
+        store.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import random
 import sqlite3
 from collections import defaultdict
@@ -48,7 +49,7 @@ from views.delta import Delta, Key, pack
 from views.errors import StoreError
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
-from views.stores.base import Entry, Relations, Store
+from views.stores.base import ID_CONFLICTS, Entry, Relations, Store
 from views.stores.cassandra.statements import BATCH_BUCKET
 from views.stores.cassandra.store import CassandraStore
 from views.stores.sqlite import SQLiteStore
@@ -601,6 +602,21 @@ def test_dead_letters_are_kept_once_as_first_seen(backend: Backend, space: Space
         ((0, 3), "not json", b"{"), ((1, 4), "no op", b"{}")]
     assert store.dead_letter_count() == before + 2
     assert len(store.dead_letters(1)) == 1
+
+
+def test_two_authors_claims_of_one_id_keep_the_earliest_and_a_dead_letter(
+        backend: Backend, space: Space) -> None:
+    store = backend.store()
+    a, b, late, early = space(1), space(2), space(10), space(11)
+    store.apply([post(late, a, 5, "first"), post(early, a, 9, "first")], space.batch())
+    store.apply([post(late, b, 7, "late"), post(early, b, 3, "early")], space.batch(1))
+    rows = store.tweets([late, early])
+    assert (rows[late].author_id, rows[late].text) == (a, "first")
+    assert (rows[early].author_id, rows[early].text) == (b, "early")
+    letters = {d.offset: json.loads(d.raw) for d in store.dead_letters(1000)
+               if d.topic == ID_CONFLICTS and d.offset in (late, early)}
+    assert {t: (r["owner"]["author_id"], r["other"]["author_id"])
+            for t, r in letters.items()} == {late: (a, b), early: (b, a)}
 
 
 def test_counts_and_home_users_see_new_rows(backend: Backend, space: Space) -> None:

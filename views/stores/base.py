@@ -20,6 +20,7 @@ tweet the join never saw (time 0) claims nothing. Each store's ``tweets`` row ho
 the owner's claim (a plan nets claims within a batch, the store's write against the
 stored row), and the read path serves an entry only as its row's author's
 (:mod:`serving.visibility`): the other authors' fanned-out rows are never served.
+Each such id gets a dead letter (:data:`ID_CONFLICTS`), counted like any other.
 :class:`views.reference.Reference` states the same rule on the events.
 """
 
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import time
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from views.delta import (
     TOP,
@@ -383,6 +385,39 @@ def outranks(row: TweetRow, created_at: int | None, author_id: int | None) -> bo
     return bool(row.created_at) and (row.created_at, row.author_id) < (created_at, author_id)
 
 
+#: The dead letters' topic for tweet ids two authors claim: one letter per id (its
+#: ``offset``), the first conflict seen; its raw record is both claims, as JSON.
+ID_CONFLICTS: Final = "tweet-id-conflicts"
+
+
+def id_conflict(tweet_id: int, one: tuple[int, int], other: tuple[int, int]) -> DeadRow:
+    """The dead letter for ``tweet_id`` claimed as (created_at, author) ``one`` and ``other``."""
+    (at, owner), (other_at, author) = sorted((one, other))
+    reason = (f"tweet id {tweet_id} has two authors: {owner} (created_at {at}) and {author} "
+              f"(created_at {other_at}); the earliest claim, {owner}'s, owns it, and "
+              f"{author}'s records of it are not served")
+    raw = json.dumps({"tweet_id": tweet_id,
+                      "owner": {"author_id": owner, "created_at": at},
+                      "other": {"author_id": author, "created_at": other_at}})
+    return DeadRow(ID_CONFLICTS, 0, tweet_id, reason, raw.encode())
+
+
+def stored_conflicts(plan: WritePlan,
+                     stored: Mapping[int, tuple[int | None, int | None]]) -> list[DeadRow]:
+    """Dead letters for the plan's claims on ids another author's stored claim holds.
+
+    ``stored``: tweet id → (created_at, author_id) of its stored row (None: unknown).
+    """
+    out: list[DeadRow] = []
+    seen = {d.offset for d in plan.dead if d.topic == ID_CONFLICTS}
+    for row in (*plan.tweets.values(), *plan.reposts.values()):
+        at, author = stored.get(row.tweet_id, (None, None))
+        if row.created_at and at and author is not None and author != row.author_id \
+                and row.tweet_id not in seen:
+            out.append(id_conflict(row.tweet_id, (row.created_at, row.author_id), (at, author)))
+    return out
+
+
 def _rival(row: TweetRow, other: TweetRow | None) -> bool:
     """Whether ``other`` is another author's claim on ``row``'s id."""
     return other is not None and other.author_id != row.author_id and bool(other.created_at)
@@ -393,18 +428,18 @@ def _fold_tweet(plan: WritePlan, d: Delta) -> None:
                    reply_to=d.reply_to)
     old = plan.tweets.get(d.tweet_id)
     repost = plan.reposts.get(d.tweet_id)
-    if row.created_at and _rival(row, repost):
-        if not outranks(row, repost.created_at, repost.author_id):  # type: ignore[union-attr]
-            _lost(plan, row)
+    if row.created_at and repost is not None and _rival(row, repost):
+        if not outranks(row, repost.created_at, repost.author_id):
+            _lost(plan, row, repost)
             return
         del plan.reposts[d.tweet_id]
-    if row.created_at and _rival(row, old):
-        assert old is not None
+        _lost(plan, repost, row)
+    if row.created_at and old is not None and _rival(row, old):
         if outranks(row, old.created_at, old.author_id):
             plan.tweets[d.tweet_id] = row
-            _lost(plan, old)
+            _lost(plan, old, row)
         else:
-            _lost(plan, row)
+            _lost(plan, row, old)
         return
     if old is not None and old.author_id != row.author_id and old.deleted and row.deleted:
         # Two deletes of one id under two authors, and no post of it in the batch: one
@@ -428,8 +463,10 @@ def _fold_tweet(plan: WritePlan, d: Delta) -> None:
     plan.tweets[d.tweet_id] = row
 
 
-def _lost(plan: WritePlan, row: TweetRow) -> None:
-    """A claim another author's outranks: its author's own rows still go if deleted."""
+def _lost(plan: WritePlan, row: TweetRow, owner: TweetRow) -> None:
+    """A claim ``owner``'s outranks: a dead letter; its author's own rows go if deleted."""
+    plan.dead.append(id_conflict(row.tweet_id, (owner.created_at, owner.author_id),
+                                 (row.created_at, row.author_id)))
     if row.deleted and not row.is_repost:
         plan.foreign_deletes.append(row)
 
@@ -487,12 +524,12 @@ def _fold_repost(plan: WritePlan, d: Delta) -> None:
                    d.original_author)
     for rivals in (plan.reposts, plan.tweets):
         other = rivals.get(d.tweet_id)
-        if _rival(row, other):
-            assert other is not None
+        if other is not None and _rival(row, other):
             if not outranks(row, other.created_at, other.author_id):
+                _lost(plan, row, other)
                 return
             del rivals[d.tweet_id]
-            _lost(plan, other)
+            _lost(plan, other, row)
     plan.reposts[d.tweet_id] = row
 
 

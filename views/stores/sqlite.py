@@ -32,6 +32,7 @@ from views.stores.base import (
     TweetRow,
     UserRow,
     WritePlan,
+    stored_conflicts,
 )
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ CREATE TABLE IF NOT EXISTS page_version (
   id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL);
 INSERT OR IGNORE INTO page_version VALUES (0, 0);
 """
+#: Ids per ``IN (...)`` of one read (SQLite allows 32,766 bound values; any build 999).
+_IN_CHUNK = 900
 #: When another author's claim on a tweet id gives way to the row written
 #: (views.stores.base.outranks): it claims nothing (a delete of unknown time), or the
 #: written claim is earlier by (created_at, author_id).
@@ -316,11 +319,26 @@ class SQLiteStore(Store):
                 self._checkpointer.request()
 
     def _write_tables(self, db: sqlite3.Connection, plan: WritePlan) -> None:
+        plan.dead += stored_conflicts(plan, self._stored_claims(db, plan))
         self._write_tweets(db, plan)
         self._write_reposts(db, plan)
         self._write_graph(db, plan)
         self._write_users(db, plan)
         self._write_relations(db, plan)
+
+    @staticmethod
+    def _stored_claims(db: sqlite3.Connection,
+                       plan: WritePlan) -> dict[int, tuple[int | None, int | None]]:
+        """(created_at, author_id) of the stored rows of the plan's claims (id conflicts)."""
+        ids = [t for rows in (plan.tweets, plan.reposts) for t, r in rows.items() if r.created_at]
+        out: dict[int, tuple[int | None, int | None]] = {}
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i:i + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            out.update((t, (at, author)) for t, at, author in db.execute(
+                f"SELECT tweet_id, created_at, author_id FROM tweets WHERE tweet_id IN ({marks})",  # noqa: S608
+                chunk))
+        return out
 
     @staticmethod
     def _write_tweets(db: sqlite3.Connection, plan: WritePlan) -> None:

@@ -346,6 +346,11 @@ def lookup_ids(plan: WritePlan) -> list[int]:
     return sorted(set(plan.tweets) | set(plan.reposts) | unknown)
 
 
+def claims(states: Mapping[int, TweetState]) -> dict[int, tuple[int | None, int | None]]:
+    """tweet_id → (created_at, author_id) of the stored rows (for id conflicts)."""
+    return {t: (s.created_at, s.author_id) for t, s in states.items()}
+
+
 def tweet_times(plan: WritePlan, states: Mapping[int, TweetState]) -> dict[int, int]:
     """tweet_id → created_at from the plan, else from the ``tweets`` table."""
     times = {t: s.created_at for t, s in states.items() if s.created_at is not None}

@@ -99,6 +99,7 @@ from views.stores.base import (
     TweetRow,
     UserRow,
     WritePlan,
+    stored_conflicts,
 )
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
@@ -297,6 +298,7 @@ class CassandraStore(Store):
         if skipped:
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
+        plan.dead += stored_conflicts(plan, cql.claims(states))
         self._run(cql.repost_moves(plan.reposts, states, ts))  # first: see repost_moves
         self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts)
                   + cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)

@@ -50,7 +50,7 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
 
 from views.errors import StoreError
-from views.stores.base import WritePlan
+from views.stores.base import WritePlan, stored_conflicts
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
@@ -148,6 +148,7 @@ class TaskWriter(CassandraStore):
         owners = {t: s.author_id for t, s in states.items()}
         removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
                                           ts + cql.REMOVE)
+        plan.dead += stored_conflicts(plan, cql.claims(states))
         self._run(cql.repost_moves(plan.reposts, states, ts + cql.REMOVE))  # see there
         self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
                   + cql.repost_ops(plan.reposts, states, ts + cql.REMOVE)
