@@ -36,16 +36,14 @@ import gzip
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -404,8 +402,7 @@ def main() -> int:
     # SIGTERM (e.g. from `timeout`) unwinds like an error, so the API process is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    work = Path(tempfile.mkdtemp(prefix="fanout-api-"))
-    try:
+    with scratch("fanout-api-") as work:
         path = args.store or work / "v.sqlite"
         if path.exists():  # reuse a store built by an earlier run with the same settings
             if not path.with_suffix(".json").exists():
@@ -434,8 +431,6 @@ def main() -> int:
                 store_info["same_pages_checked"] = len(checked)
                 store_info["same_pages"] = _same_pages({modes[0]: a.port, modes[1]: b.port},
                                                        checked)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print("medians by requests per CPU-second:")
     for r in results.values():
         _print(r)

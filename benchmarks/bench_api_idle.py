@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench_http import _tree_cpu, api, checkout
-from pipeline import save
+from pipeline import save, scratch
 
 
 def main() -> int:
@@ -28,18 +27,18 @@ def main() -> int:
     ap.add_argument("--before", default="0d21c7e")
     ap.add_argument("--seconds", type=float, default=15.0)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fanout-idle-"))
     out: dict = {"store": str(args.store), "seconds": args.seconds}
-    for label, root in (("before", checkout(args.before, work)), ("after", None)):
-        with api(args.store, 1, 64, work, **({} if root is None else {"root": root})) as s:
-            assert s.process is not None
-            time.sleep(2)  # past the first (full) refresh
-            cpu, start = _tree_cpu(s.process.pid), time.perf_counter()
-            time.sleep(args.seconds)
-            out[label] = {"idle_cores": round((_tree_cpu(s.process.pid) - cpu)
-                                              / (time.perf_counter() - start), 4),
-                          "loadavg_1m": round(os.getloadavg()[0], 2)}
-        print(label, out[label], flush=True)
+    with scratch("fanout-idle-") as work:
+        for label, root in (("before", checkout(args.before, work)), ("after", None)):
+            with api(args.store, 1, 64, work, **({} if root is None else {"root": root})) as s:
+                assert s.process is not None
+                time.sleep(2)  # past the first (full) refresh
+                cpu, start = _tree_cpu(s.process.pid), time.perf_counter()
+                time.sleep(args.seconds)
+                out[label] = {"idle_cores": round((_tree_cpu(s.process.pid) - cpu)
+                                                  / (time.perf_counter() - start), 4),
+                              "loadavg_1m": round(os.getloadavg()[0], 2)}
+            print(label, out[label], flush=True)
     out["before"]["rev"] = args.before
     print(f"written to {save('api-idle', out)}")
     return 0

@@ -36,7 +36,6 @@ import random
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -45,7 +44,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -362,7 +361,7 @@ def main() -> int:
             raise SystemExit(msg)
         from infra.cassandra import LocalCassandra
 
-        work = Path(tempfile.mkdtemp(prefix="fanout-bench-cassandra-"))
+        work = stack.enter_context(scratch("fanout-bench-cassandra-"))  # removed after the node
         node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=args.heap_mb))
         result["node"] = {"started_in_s": round(node.started_in or 0, 1),
                           "heap_mb": args.heap_mb, "version": "5.0 (infra.jars pin)"}

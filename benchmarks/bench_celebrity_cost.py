@@ -28,13 +28,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psutil
-from pipeline import ROOT, save
+from pipeline import ROOT, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -119,8 +118,7 @@ def main() -> int:
     if args.store is None or not args.store.exists():
         raise SystemExit("no ego-twitter store: run benchmarks/bench_replay.py first "
                          "(it leaves /tmp/fanout-bench-*/v.sqlite), or pass --store")
-    work = Path(tempfile.mkdtemp(prefix="fanout-celebcost-"))
-    try:
+    with scratch("fanout-celebcost-") as work:
         copy = work / "v.sqlite"
         shutil.copyfile(args.store, copy)
         store = SQLiteStore(copy, cap=800).open()
@@ -154,8 +152,6 @@ def main() -> int:
         out["full_reload_twice_a_second_cores"] = round(2 * full_s, 3)
         out["loadavg_1m"] = round(os.getloadavg()[0], 2)
         store.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print(f"celebrity cache at C=500: {out['cache_cores']:.2%} of a core "
           f"({out['celebrities']} celebrities, {args.rate:g} tweets/s, "
           f"{args.celebrity_share:.0%} by celebrities); one full reload "

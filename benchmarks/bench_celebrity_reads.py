@@ -23,11 +23,10 @@ import functools
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from pipeline import ROOT, percentile, save, timed_ms
+from pipeline import ROOT, percentile, save, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -113,19 +112,20 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--http", action="store_true", help="also measure over HTTP")
     args = ap.parse_args()
-    path = Path(tempfile.mkdtemp(prefix="fanout-celeb-")) / "v.sqlite"
-    started = time.perf_counter()
-    readers = build(path)
-    print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    store = SQLiteStore(path, cap=800).open()
-    cache = CelebrityCache(store)
-    cache.refresh()
-    result: dict[str, dict] = {
-        "store": measure(lambda u: home_page(store, u, None, 20), readers, args.rounds),
-        "cache": measure(functools.partial(_cached, store, cache), readers, args.rounds),
-    }
-    if args.http:
-        result["http"] = _http(path, readers, args.rounds)
+    with scratch("fanout-celeb-") as work:
+        path = work / "v.sqlite"
+        started = time.perf_counter()
+        readers = build(path)
+        print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        store = SQLiteStore(path, cap=800).open()
+        cache = CelebrityCache(store)
+        cache.refresh()
+        result: dict[str, dict] = {
+            "store": measure(lambda u: home_page(store, u, None, 20), readers, args.rounds),
+            "cache": measure(functools.partial(_cached, store, cache), readers, args.rounds),
+        }
+        if args.http:
+            result["http"] = _http(path, readers, args.rounds)
     for path_name, groups in result.items():
         print(f"{path_name:>6}: " + "  ".join(
             f"{k:>4} celebs p50 {g['p50_ms']:.2f}ms p99 {g['p99_ms']:.2f}ms "

@@ -23,13 +23,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from bench_replay import _graph, _phase
-from pipeline import ROOT, pipeline, replay_process, save
+from pipeline import ROOT, pipeline, replay_process, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -127,9 +125,9 @@ def main() -> int:
     local = _child(args, "local[2]")
     print(f"local[2]: {local['events']:,} events in {local['seconds']:.1f}s = "
           f"{local['events_per_s']:,} events/s; {local['verify']}")
-    work = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))
     started = time.perf_counter()
-    with LocalSparkCluster(work, cores=args.cores, memory="2g") as cluster:
+    with (scratch("fanout-bench-cluster-") as work,
+          LocalSparkCluster(work, cores=args.cores, memory="2g") as cluster):
         start_s = time.perf_counter() - started
         idle = cluster.rss()
         with PeakRss(cluster) as rss:

@@ -42,13 +42,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 from bench_api import HOST, _get_once, _read_response, _request, build
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -419,10 +418,9 @@ def main() -> int:
         info = build(args.store, args)
         args.store.with_suffix(".json").write_text(json.dumps(info))
     conns = [int(c) for c in args.connections.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="fanout-http-"))
     out: dict = {"settings": {k: str(v) for k, v in vars(args).items()},
                  "machine": {"cpus": os.cpu_count()}, "closed": {}}
-    try:
+    with scratch("fanout-http-") as work:
         if args.before:
             with api(args.store, 1, 0, work, checkout(args.before, work)) as server:
                 wrk(server, conns[-1], 3, args, work)
@@ -460,8 +458,6 @@ def main() -> int:
         with nginx(body, args.workers, work) as server:
             out["nginx"] = r = wrk(server, conns[-1], args.seconds, args, work)
             _show(f"nginx, same body, {conns[-1]}c", r)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     top = out["closed"][str(conns[-1])]["requests_per_s"]
     out["fraction_of_nginx"] = round(top / out["nginx"]["requests_per_s"], 3)
     out["body_bytes"], out["body_status"] = len(body), status

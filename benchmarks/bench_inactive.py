@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from pipeline import ROOT, percentile, save, timed_ms
+from pipeline import ROOT, percentile, save, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -80,6 +79,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--name", default="inactive")
     args = ap.parse_args()
+    with scratch("fanout-inactive-") as work:
+        return _bench(args, work)
+
+
+def _bench(args: argparse.Namespace, work: Path) -> int:
     span = args.days * 86_400_000
     history = add_reads(generate(args.users, args.follows, args.tweets, seed=args.seed,
                                  span_ms=span, mix=SOCIAL), args.readers, DEFAULT_START_MS,
@@ -87,7 +91,6 @@ def main() -> int:
     events = list(history.events())
     print(f"history: {len(events):,} events ({history.counts()})", flush=True)
     config = JoinConfig.with_ratio(args.cap, 1000)
-    work = Path(tempfile.mkdtemp(prefix="fanout-inactive-"))
     off, off_s = _replay(events, config, work / "off.sqlite", 0.0, args.batch)
     print(f"inactive rule off: {off.store.rows_written:,} timeline rows in {off_s:.1f}s",
           flush=True)

@@ -33,7 +33,6 @@ import importlib.util
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline import ROOT, percentile, save, timed_ms
+from pipeline import ROOT, percentile, save, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -140,8 +139,8 @@ def now_read(store: Any) -> Callable[[int], bytes]:
     return read
 
 
-def before_read(store: Any, commit: str) -> Callable[[int], bytes]:
-    timeline, render = (_load(commit, name) for name in ("timeline", "render"))
+def before_read(store: Any, commit: str, work: Path) -> Callable[[int], bytes]:
+    timeline, render = (_load(commit, name, work) for name in ("timeline", "render"))
 
     def read(user: int) -> bytes:
         page = timeline.home_page(store, user, None, 20)
@@ -151,10 +150,10 @@ def before_read(store: Any, commit: str) -> Callable[[int], bytes]:
     return read
 
 
-def _load(commit: str, name: str) -> ModuleType:
+def _load(commit: str, name: str, work: Path) -> ModuleType:
     source = subprocess.run(["git", "show", f"{commit}:serving/{name}.py"], cwd=ROOT,
                             check=True, capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"before_{name}.py"
+    path = work / f"before_{name}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"before_{name}", path)
     assert spec is not None and spec.loader is not None
@@ -169,26 +168,29 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--before", help="a commit whose read path to time too (e.g. 750cb06)")
     args = ap.parse_args()
-    path = Path(tempfile.mkdtemp(prefix="fanout-filter-")) / "v.sqlite"
-    started = time.perf_counter()
-    readers = build(path)
-    print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    store = SQLiteStore(path, cap=800).open()
-    result: dict[str, Any] = {"rounds": args.rounds, "limit": 20, "groups": {}}
-    for group, users in readers.items():
-        counting = Counting(store)
-        for user in users:
-            now_read(counting)(user)
-        row: dict[str, Any] = {"now": measure(now_read(store), users, args.rounds),
-                               "calls_per_page": {k: round(v / len(users), 2) for k, v
-                                                  in sorted(counting.calls.items())}}
-        if args.before:
-            row["before"] = measure(before_read(store, args.before), users, args.rounds)
-        result["groups"][group] = row
-        before = f"  before p50 {row['before']['p50_ms']:.3f}ms" if args.before else ""
-        print(f"{group:>9}: p50 {row['now']['p50_ms']:.3f}ms p99 {row['now']['p99_ms']:.3f}ms"
-              f"  calls/page {sum(row['calls_per_page'].values()):.1f}{before}")
-    store.close()
+    with scratch("fanout-filter-") as work:
+        path = work / "v.sqlite"
+        started = time.perf_counter()
+        readers = build(path)
+        print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        store = SQLiteStore(path, cap=800).open()
+        result: dict[str, Any] = {"rounds": args.rounds, "limit": 20, "groups": {}}
+        for group, users in readers.items():
+            counting = Counting(store)
+            for user in users:
+                now_read(counting)(user)
+            row: dict[str, Any] = {"now": measure(now_read(store), users, args.rounds),
+                                   "calls_per_page": {k: round(v / len(users), 2) for k, v
+                                                      in sorted(counting.calls.items())}}
+            if args.before:
+                row["before"] = measure(before_read(store, args.before, work), users,
+                                        args.rounds)
+            result["groups"][group] = row
+            before = f"  before p50 {row['before']['p50_ms']:.3f}ms" if args.before else ""
+            print(f"{group:>9}: p50 {row['now']['p50_ms']:.3f}ms "
+                  f"p99 {row['now']['p99_ms']:.3f}ms"
+                  f"  calls/page {sum(row['calls_per_page'].values()):.1f}{before}")
+        store.close()
     print(f"written to {save('read_filter', result)}")
     return 0
 

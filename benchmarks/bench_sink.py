@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
-from pipeline import ROOT, percentile, save
+from pipeline import ROOT, percentile, save, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -98,9 +96,9 @@ def main() -> int:
     parser.add_argument("--verify-sample", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fanout-bench-sink-"))
     result: dict[str, Any] = {"args": vars(args)}
     with ExitStack() as stack:
+        work = stack.enter_context(scratch("fanout-bench-sink-"))  # removed last
         broker = stack.enter_context(KafkaBroker(work / "kafka"))
         hosts = os.environ.get("FANOUT_CASSANDRA_HOSTS")
         node = None
