@@ -88,9 +88,9 @@ def celebrity_split(path: Path, thresholds: tuple[int, ...] = THRESHOLDS) -> dic
     for c in thresholds:
         celebs = {u for u, f in followers.items() if f >= c}
         per_reader: dict[int, int] = {}
-        for a, b in edges:
-            if b in celebs:
-                per_reader[a] = per_reader.get(a, 0) + 1
+        for reader, followee in edges:
+            if followee in celebs:
+                per_reader[reader] = per_reader.get(reader, 0) + 1
         counts = sorted(per_reader.values())
         counts = [0] * (len(users) - len(counts)) + counts
         out["thresholds"][str(c)] = {

@@ -70,7 +70,8 @@ class PeakRss:
     """Peak RSS of each part of the cluster, sampled every half second."""
 
     def __init__(self, cluster: LocalSparkCluster) -> None:
-        self.cluster, self.peak = cluster, {}
+        self.cluster = cluster
+        self.peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 

@@ -50,7 +50,8 @@ def main() -> None:
     config = JoinConfig.with_ratio(800, 1000)
     stored: dict[int, bytes] = {}
     touched: Counter[str] = Counter()
-    seconds: dict[str, Counter[str]] = {part: Counter() for part in ("decode", "join", "encode")}
+    seconds: dict[str, defaultdict[str, float]] = {
+        part: defaultdict(float) for part in ("decode", "join", "encode")}
     clock = time.perf_counter
     offset = 0
     for first in range(0, len(evts), args.batch):

@@ -43,7 +43,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import psutil
 from bench_api import HOST, _get_once, _read_response, _request, build
@@ -228,7 +230,8 @@ def _parse_wrk(out: str) -> dict:
                    for k in ("p50_us", "p99_us", "p999_us", "max_us")}}
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    result = {"requests": requests, "errors": 0, "non2xx": int(non2xx.group(1)) if non2xx else 0}
+    result: dict[str, float] = {"requests": requests, "errors": 0,
+                                "non2xx": int(non2xx.group(1)) if non2xx else 0}
     for pct, key in (("50", "p50_ms"), ("99", "p99_ms")):
         found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)$", out, re.M)
         if found:
@@ -260,6 +263,7 @@ def warm_up(server: Server, connections: int, args: argparse.Namespace, work: Pa
 
 def _open_worker(port: int, rate: float, seconds: float, connections: int, users: int,
                  seed: int, out: multiprocessing.Queue) -> None:
+    run: Callable[[Coroutine[Any, Any, dict]], dict]
     try:
         import uvloop
         run = uvloop.run

@@ -29,6 +29,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline import ROOT, percentile, save, scratch, timed_ms
 
@@ -46,13 +47,13 @@ from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 
 def _replay(events: list, config: JoinConfig, path: Path, inactive_days: float,
-            batch: int) -> tuple[LocalJoin, float]:
+            batch: int) -> tuple[LocalJoin, SQLiteStore, float]:
     store = SQLiteStore(path, cap=config.cap, inactive_days=inactive_days).open()
     join = LocalJoin(config, store)
     start = time.perf_counter()
     for i in range(0, len(events), batch):
         join.run(events[i:i + batch])
-    return join, time.perf_counter() - start
+    return join, store, time.perf_counter() - start
 
 
 def _read_ms(store: SQLiteStore, users: list[int], limit: int = 20) -> list[float]:
@@ -91,54 +92,55 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
     events = list(history.events())
     print(f"history: {len(events):,} events ({history.counts()})", flush=True)
     config = JoinConfig.with_ratio(args.cap, 1000)
-    off, off_s = _replay(events, config, work / "off.sqlite", 0.0, args.batch)
-    print(f"inactive rule off: {off.store.rows_written:,} timeline rows in {off_s:.1f}s",
+    _, off_store, off_s = _replay(events, config, work / "off.sqlite", 0.0, args.batch)
+    print(f"inactive rule off: {off_store.rows_written:,} timeline rows in {off_s:.1f}s",
           flush=True)
-    on, on_s = _replay(events, config, work / "on.sqlite", args.inactive_days, args.batch)
-    on_rows = on.store.rows_written
-    print(f"inactive after {args.inactive_days:g} days: {on.store.rows_written:,} timeline "
+    on, on_store, on_s = _replay(events, config, work / "on.sqlite", args.inactive_days,
+                                 args.batch)
+    on_rows = on_store.rows_written
+    print(f"inactive after {args.inactive_days:g} days: {on_store.rows_written:,} timeline "
           f"rows in {on_s:.1f}s", flush=True)
-    gone = {u for u, row in on.store.users(on.store.home_users()).items() if row.deleted}
-    users = [u for u in on.store.home_users() if u not in gone]  # deleted accounts: 404
-    dormant = [u for u in users if on.store.horizon(u) == DORMANT]
-    active = [u for u in users if on.store.horizon(u) != DORMANT]
+    gone = {u for u, row in on_store.users(on_store.home_users()).items() if row.deleted}
+    users = [u for u in on_store.home_users() if u not in gone]  # deleted accounts: 404
+    dormant = [u for u in users if on_store.horizon(u) == DORMANT]
+    active = [u for u in users if on_store.horizon(u) != DORMANT]
     rng = random.Random(args.seed)
     returning = rng.sample(dormant, min(args.sample, len(dormant)))
     staying = rng.sample(active, min(args.sample, len(active)))
-    first_read = _read_ms(on.store, returning)
-    cached_read = _read_ms(on.store, staying)
-    same = sum(home_top(on.store, u, 50) == home_top(off.store, u, 50)
+    first_read = _read_ms(on_store, returning)
+    cached_read = _read_ms(on_store, staying)
+    same = sum(home_top(on_store, u, 50) == home_top(off_store, u, 50)
                for u in returning + staying)
     ref = Reference().add(events)
     checked = rng.sample(returning + staying, min(60, len(returning + staying)))
     exact = sum([(e.tweet_id, e.created_at, e.author_id, e.original_id, e.original_author)
-                 for e in home_top(on.store, u, 50)] == [tuple(r) for r in ref.home(u, 50)]
+                 for e in home_top(on_store, u, 50)] == [tuple(r) for r in ref.home(u, 50)]
                 for u in checked)
     # The returning users' reads arrive: one micro-batch of their records.
     now = max(e.created_at for e in events) + 1
-    before = on.store.rows_written
+    before = on_store.rows_written
     start = time.perf_counter()
     on.run([Activity(u, now) for u in returning])
     regen_s = time.perf_counter() - start
-    regenerated = sum(on.store.horizon(u) != DORMANT for u in returning)
-    after_read = _read_ms(on.store, returning)
-    result = {
+    regenerated = sum(on_store.horizon(u) != DORMANT for u in returning)
+    after_read = _read_ms(on_store, returning)
+    result: dict[str, Any] = {
         "events": len(events), "counts": history.counts(), "users_with_followees": len(users),
         "dormant_users": len(dormant),
-        "rows_written": {"off": off.store.rows_written, "on": on_rows},
-        "rows_ratio": round(on_rows / max(1, off.store.rows_written), 3),
+        "rows_written": {"off": off_store.rows_written, "on": on_rows},
+        "rows_ratio": round(on_rows / max(1, off_store.rows_written), 3),
         "replay_s": {"off": round(off_s, 1), "on": round(on_s, 1)},
         "first_read_ms": _quantiles(first_read), "cached_read_ms": _quantiles(cached_read),
         "read_after_regeneration_ms": _quantiles(after_read),
         "regeneration": {"users": len(returning), "regenerated": regenerated,
-                         "rows": on.store.rows_written - before,
+                         "rows": on_store.rows_written - before,
                          "ms_per_user": round(regen_s * 1000 / max(1, len(returning)), 3)},
         "same_pages_on_and_off": f"{same}/{len(returning) + len(staying)}",
         "equal_to_the_sql": f"{exact}/{len(checked)}",
         "settings": vars(args),
     }
     print(f"\n{len(dormant):,} of {len(users):,} users inactive at the end; timeline rows "
-          f"written: {off.store.rows_written:,} → {on_rows:,} "
+          f"written: {off_store.rows_written:,} → {on_rows:,} "
           f"(×{result['rows_ratio']})")
     f, c, a = result["first_read_ms"], result["cached_read_ms"], result["read_after_regeneration_ms"]
     print(f"first read of a returning user (read time): p50 {f['p50']} ms, p99 {f['p99']} ms; "

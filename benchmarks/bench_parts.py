@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline import ROOT, save, scratch
 
@@ -86,7 +87,7 @@ class _Recorder(Store):
     def close(self):
         pass
 
-    def _write(self, plan, batch_id):
+    def _write(self, *args: object, **kwargs: object) -> NoReturn:
         raise NotImplementedError
 
     cached = horizon = celebrities_followed = followees = author_tweets = _write

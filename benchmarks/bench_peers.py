@@ -106,6 +106,7 @@ def run_pipeline(evts: list, sample: int, max_records: int, buckets: int | None,
                 producer.send(event)
             producer.flush(300)
         start = time.perf_counter()
+        assert pipe.launch is not None
         pipe.query = pipe.launch()
         seconds = pipe.wait_caught_up(1800)
         result: dict[str, Any] = {}

@@ -137,9 +137,8 @@ def _run_retrying(args: argparse.Namespace, source: str | None, attempts: int = 
 
 
 def _run(args: argparse.Namespace, source: str | None) -> dict:
-    chosen = {} if source is None else {"kafka_source": source}
-    with pipeline(celebrity_threshold=args.celebrity_threshold,
-                  max_records=args.max_records, key_buckets=args.buckets, **chosen) as pipe:
+    with pipeline(celebrity_threshold=args.celebrity_threshold, max_records=args.max_records,
+                  key_buckets=args.buckets, kafka_source=source) as pipe:
         graph = _graph(args.edges, pipe.workdir)
         one = _phase(pipe, "graph+tweets", lambda: replay_process(
             pipe, [str(graph)], ["--generate-tweets", str(args.tweets)]))

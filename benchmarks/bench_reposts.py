@@ -24,6 +24,7 @@ import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 from bench_freshness import _lags, produce, record_commits
 from pipeline import ROOT, percentile, pipeline, save
@@ -49,7 +50,7 @@ def _graph(users: int, follows: int) -> tuple[list[Event], dict[int, list[int]]]
     return events, {u: sorted(f) for u, f in followees.items() if f}
 
 
-def _phase(pipe, name: str, rate: float, writes: list[Event]) -> dict:
+def _phase(pipe, name: str, rate: float, writes: Sequence[Event]) -> dict:
     previous = pipe.sink.on_batch
     commits = record_commits(pipe)
     first = len(pipe.batch_log)
@@ -85,11 +86,10 @@ def main() -> int:
     total = int(args.rate * args.seconds)
     now = int(time.time() * 1000)
     authors = [rng.randint(1, args.users) for _ in range(total)]
-    posts: list[Event] = [Post(POST_BASE + i, a, now + i, f"post {i}")
-                          for i, a in enumerate(authors)]
+    posts = [Post(POST_BASE + i, a, now + i, f"post {i}") for i, a in enumerate(authors)]
     by_author: dict[int, list[int]] = defaultdict(list)
-    for p in posts:
-        by_author[p.author_id].append(p.tweet_id)
+    for post in posts:
+        by_author[post.author_id].append(post.tweet_id)
     reposters = [u for u, fs in followees.items() if any(f in by_author for f in fs)]
     mixed: list[Event] = []
     for i in range(total):

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
@@ -156,13 +156,16 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
                               topic_prefix="b_")
         create_topics(kafka)
+        optional: dict[str, Any] = {}
+        if key_buckets:
+            optional["key_buckets"] = key_buckets
+        if kafka_source:
+            optional["kafka_source"] = kafka_source
         view = ViewSettings(store_url=f"sqlite:///{work / 'v.sqlite'}",
                             checkpoint_dir=work / "ck", timeline_cap=cap,
                             celebrity_threshold=celebrity_threshold,
                             max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
-                            shuffle_partitions=shuffle_partitions,
-                            **({"key_buckets": key_buckets} if key_buckets else {}),
-                            **({"kafka_source": kafka_source} if kafka_source else {}))
+                            shuffle_partitions=shuffle_partitions, **optional)
         spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
                               extra_conf=conf)
         store = SQLiteStore(work / "v.sqlite", cap=cap).open()
@@ -229,7 +232,7 @@ def timed_ms(call: Callable[[Any], object], args: list[Any], rounds: int | None 
     return samples
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
