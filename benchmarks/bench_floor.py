@@ -21,12 +21,15 @@ The whole pipeline is the ``join`` layer plus the SQLite sink: ``bench_peers.py`
 pure join (``views.local``, one core, 100k-event batches) runs first as the yardstick. A
 layer's ``running`` rate counts the micro-batches after its first (which plans the query and,
 for the first Python layer, starts the workers), from Spark's ``triggerExecution``. Results
-go to ``benchmarks/results/NAME.json``.
+go to ``benchmarks/results/NAME.json``, and a plot of the layers' wall time per event
+against the pure join's and the issue's 0.6× line to ``NAME.png``
+(``--plot NAME.json`` redraws it from a saved run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -143,7 +146,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
     ap.add_argument("--layers", default="", help="only these layers (comma-separated names)")
     ap.add_argument("--name", default="floor")
+    ap.add_argument("--plot", type=Path, help="only redraw the plot of this saved result")
     args = ap.parse_args()
+    if args.plot is not None:
+        print(f"plotted {plot(json.loads(args.plot.read_text()), args.plot.with_suffix('.png'))}")
+        return 0
     with scratch("fanout-floor-") as work:
         evts = parts_events(args.edges, args.tweets, work)
         print(f"{len(evts):,} events", file=sys.stderr, flush=True)
@@ -167,8 +174,37 @@ def main() -> int:
     out = {"events": len(evts), "pure_join_events_per_s": round(join_rate), "layers": results,
            "settings": vars(args), "load_average_end": os.getloadavg()}
     _print(out)
-    print(f"written to {save(args.name, out)}")
+    path = save(args.name, out)
+    print(f"written to {path}; plotted {plot(out, path.with_suffix('.png'))}")
     return 0
+
+
+def plot(out: dict[str, Any], path: Path) -> Path:
+    """Horizontal bars: each layer's wall µs per event (running), the join and 0.6× marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(out["layers"])
+    micros = [1e6 / max(1, out["layers"][n]["running_events_per_s"]) for n in names]
+    join = 1e6 / out["pure_join_events_per_s"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.barh(names[::-1], micros[::-1], color="#4c72b0")
+    ax.axvline(join, color="black", linestyle="-", label=f"pure join, one core ({join:.1f} µs)")
+    ax.axvline(join / 0.6, color="#c44e52", linestyle="--",
+               label=f"0.6× the pure join ({join / 0.6:.1f} µs)")
+    for y, value in enumerate(micros[::-1]):
+        ax.text(value, y, f" {value:.1f}", va="center", fontsize=8)
+    ax.set_xlabel("wall µs per event, micro-batches after the first (local[2])")
+    ax.set_title(f"Spark's floor under the job: {out['events']:,} events, "
+                 f"{out['settings']['max_records']:,}-record batches", fontsize=10)
+    ax.set_xlim(0, max(*micros, join / 0.6) * 1.12)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _print(out: dict[str, Any]) -> None:
