@@ -42,15 +42,14 @@ import pyarrow as pa
 from bench_parts import events as parts_events
 from pipeline import pipeline, save, scratch
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from ingest.producer import ChangelogProducer
-from views.connector import _kafka_rows, read_stream
+from views.connector import kafka_rows, key_bucket, read_stream
 from views.delta import PACKED_DELTA_DDL
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.packed import PACKED_DDL, bucket_of
+from views.packed import PACKED_DDL
 from views.processor import JoinProcessor
 from views.settings import ViewSettings
 
@@ -85,9 +84,8 @@ def layers(spark: SparkSession, view: ViewSettings, kafka: Any
     buckets = view.key_buckets
 
     def raw() -> DataFrame:
-        rows = _kafka_rows(spark, kafka, view.max_records_per_batch, view.broker_retry_s)
-        key = F.col("key").cast("string").try_cast("long")
-        return rows.withColumn("bucket", bucket_of(key, buckets))
+        rows = kafka_rows(spark, kafka, view.max_records_per_batch, view.broker_retry_s)
+        return rows.withColumn("bucket", key_bucket(buckets))
 
     def packed() -> DataFrame:
         return read_stream(spark, kafka, max_records_per_batch=view.max_records_per_batch,

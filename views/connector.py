@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ingest.settings import KafkaSettings
@@ -77,24 +77,31 @@ def read_stream(spark: SparkSession, kafka: KafkaSettings, *, max_records_per_ba
     to their backlog). ``broker_retry_s`` bounds each admin call to an unreachable
     broker, as the Python source's retry budget does.
     """
-    raw = _kafka_rows(spark, kafka, max_records_per_batch, broker_retry_s)
+    raw = kafka_rows(spark, kafka, max_records_per_batch, broker_retry_s)
     if buckets is None:
         return raw.mapInArrow(decode_batches(kafka.topic_prefix), SOURCE_SCHEMA)
-    # A valid record's key is its join key in decimal (ingest.events.encode_key), so
-    # this is the bucket of the decoded key; any other key is a dead letter anyway.
-    key = F.col("key").cast("string").try_cast("long")
     # One decode task per core, not one per topic partition: each task costs a
     # worker round trip and the daemon's gc.collect(), whatever its size.
     try:
         raw = raw.coalesce(spark.sparkContext.defaultParallelism)
     except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: keep Spark's split
         log.debug("no SparkContext: one decode task per topic partition")
-    return (raw.withColumn("bucket", bucket_of(key, buckets))
+    return (raw.withColumn("bucket", key_bucket(buckets))
             .mapInArrow(decode_packed(kafka.topic_prefix), PACKED_DDL))
 
 
-def _kafka_rows(spark: SparkSession, kafka: KafkaSettings, max_records_per_batch: int,
-                broker_retry_s: float) -> DataFrame:
+def key_bucket(buckets: int) -> Column:
+    """The bucket of a Kafka record's key, computed in the JVM.
+
+    A valid record's key is its join key in decimal (ingest.events.encode_key), so
+    this is the bucket of the decoded key; any other key is a dead letter anyway.
+    """
+    return bucket_of(F.col("key").cast("string").try_cast("long"), buckets)
+
+
+def kafka_rows(spark: SparkSession, kafka: KafkaSettings, max_records_per_batch: int,
+               broker_retry_s: float) -> DataFrame:
+    """The changelogs' Kafka records as Spark's Kafka source reads them (``_KAFKA_COLUMNS``)."""
     require_connector(spark)
     timeout_ms = str(max(30_000, int(broker_retry_s * 1000)))
     raw = (spark.readStream.format(FORMAT)
