@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import ROOT, percentile, save, scratch, timed_ms
+from pipeline import ROOT, built_store, percentile, save, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -114,10 +114,7 @@ def main() -> int:
     args = ap.parse_args()
     with scratch("fanout-celeb-") as work:
         path = work / "v.sqlite"
-        started = time.perf_counter()
-        readers = build(path)
-        print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-        store = SQLiteStore(path, cap=800).open()
+        store, readers = built_store(path, build)
         cache = CelebrityCache(store)
         cache.refresh()
         result: dict[str, dict] = {

@@ -33,14 +33,13 @@ import importlib.util
 import random
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline import ROOT, percentile, save, scratch, timed_ms
+from pipeline import ROOT, built_store, percentile, save, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
@@ -170,10 +169,7 @@ def main() -> int:
     args = ap.parse_args()
     with scratch("fanout-filter-") as work:
         path = work / "v.sqlite"
-        started = time.perf_counter()
-        readers = build(path)
-        print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-        store = SQLiteStore(path, cap=800).open()
+        store, readers = built_store(path, build)
         result: dict[str, Any] = {"rounds": args.rounds, "limit": 20, "groups": {}}
         for group, users in readers.items():
             counting = Counting(store)

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psutil
 
@@ -214,6 +214,17 @@ def replay_process(pipe: Pipeline, paths: list[str], extra: list[str]) -> dict[s
     if out.returncode != 0:
         raise RuntimeError(f"replay failed: {out.stdout}\n{out.stderr}")
     return {"seconds": time.perf_counter() - start, "output": out.stdout.strip()}
+
+
+T = TypeVar("T")
+
+
+def built_store(path: Path, build: Callable[[Path], T], cap: int = 800) -> tuple[SQLiteStore, T]:
+    """``build(path)`` (the benchmark's store, timed on stderr), then that store opened."""
+    started = time.perf_counter()
+    built = build(path)
+    print(f"built the store in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    return SQLiteStore(path, cap=cap).open(), built
 
 
 def timed_ms(call: Callable[[Any], object], args: list[Any], rounds: int | None = None,
