@@ -97,22 +97,47 @@ def busy_window(samples: list[Sample], gap: int = 3) -> tuple[int, int]:
     stages); a short burst apart from it (the session starting its data-source
     worker) is not the job.
     """
+    groups = _busy_groups(samples, gap)
+    if not groups:
+        return 0, len(samples) - 1
+    longest = max(groups, key=len)
+    return max(0, longest[0] - 1), longest[-1]
+
+
+def busy_stretches(samples: list[Sample], gap: int = 3) -> list[tuple[int, int]]:
+    """Every busy stretch of the Python workers, in order, as (first, last) sample indexes.
+
+    ``first`` is the sample before the stretch's first busy second, so that
+    ``samples[last] - samples[first]`` is what the stretch used. A benchmark with
+    phases apart in time (``bench_replay.py``'s graph and its burst) has one each.
+    """
+    return [(max(0, g[0] - 1), g[-1]) for g in _busy_groups(samples, gap)]
+
+
+def _busy_groups(samples: list[Sample], gap: int) -> list[list[int]]:
+    """The workers' busy seconds (sample indexes), grouped across up to ``gap`` quiet ones."""
     busy = [i for i in range(1, len(samples))
             if samples[i][1][WORKERS] - samples[i - 1][1][WORKERS] >= BUSY]
     if not busy:
-        return 0, len(samples) - 1
-    stretches = [[busy[0]]]
+        return []
+    groups = [[busy[0]]]
     for i in busy[1:]:
-        if i - stretches[-1][-1] > gap:
-            stretches.append([])
-        stretches[-1].append(i)
-    longest = max(stretches, key=len)
-    return max(0, longest[0] - 1), longest[-1]
+        if i - groups[-1][-1] > gap:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def _used(samples: list[Sample], first: int, last: int) -> dict[str, float]:
+    (_, k0, _), (_, k1, _) = samples[first], samples[last]
+    return {k: round(k1[k] - k0[k], 2) for k in k1}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", default="cpu")
+    ap.add_argument("--gap", type=int, default=3,
+                    help="quiet seconds a busy stretch spans (more: phases merge)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -131,10 +156,10 @@ def main() -> None:
         raise SystemExit(f"the command failed with exit code {child.returncode}")
     if len(samples) < 2:
         raise SystemExit("the command ended before two samples were taken")
-    first, last = busy_window(samples)
-    (t0, k0, _), (t1, k1, _) = samples[first], samples[last]
+    first, last = busy_window(samples, args.gap)
+    t0, t1 = samples[first][0], samples[last][0]
     seconds = t1 - t0
-    kinds = {k: round(k1[k] - k0[k], 2) for k in k1}
+    kinds = _used(samples, first, last)
     by_name = thread_cpu(samples, first, last)
     threads = {k: round(v, 2) for k, v in by_name.items() if v >= 0.05}
     threads["(between samples)"] = round(kinds.get("spark jvm", 0.0) - sum(by_name.values()), 2)
@@ -146,11 +171,24 @@ def main() -> None:
     print("Spark JVM threads:")
     for name, used in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {name:<32} {used:7.2f} CPU-s")
+    spans = busy_stretches(samples, args.gap)
+    spent = [_used(samples, a, b) for a, b in spans]
+    if len(spans) > 1:
+        print("busy stretches (the workers busy, quiet for at most --gap seconds):")
+        for (a, b), kinds_used in zip(spans, spent, strict=True):
+            line = ", ".join(f"{k} {v:.2f}"
+                             for k, v in sorted(kinds_used.items(), key=lambda kv: -kv[1]))
+            print(f"  {samples[a][0] - samples[0][0]:7.1f}–{samples[b][0] - samples[0][0]:7.1f} s: "
+                  f"{line}")
+    stretches = [{"window": [round(samples[a][0] - samples[0][0], 1),
+                             round(samples[b][0] - samples[0][0], 1)],
+                  "window_s": round(samples[b][0] - samples[a][0], 2), "cpu_s": cpu}
+                 for (a, b), cpu in zip(spans, spent, strict=True)]
     per_second = [{"t": round(t - samples[0][0], 1), **{k: round(v, 2) for k, v in kc.items()}}
                   for t, kc, _ in samples]
     result = {"command": command, "window_s": round(seconds, 2), "cpu_s": kinds,
               "window": [round(t0 - samples[0][0], 1), round(t1 - samples[0][0], 1)],
-              "cumulative_cpu_s": per_second,
+              "stretches": stretches, "cumulative_cpu_s": per_second,
               "spark_jvm_threads_cpu_s": threads, "cores": psutil.cpu_count()}
     print(f"written to {save(args.name, result)}", file=sys.stderr)
 

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from cpu_tree import WORKERS, busy_window, thread_cpu  # noqa: E402
+from cpu_tree import WORKERS, busy_stretches, busy_window, thread_cpu  # noqa: E402
 
 
 def _samples(per_second: list[float]) -> list[tuple[float, Counter[str], dict]]:
@@ -73,3 +73,17 @@ def test_a_gap_longer_than_allowed_splits_the_stretch():
 def test_without_busy_workers_the_window_is_the_whole_run():
     samples = _samples([0.1, 0, 0.1])
     assert busy_window(samples) == (0, len(samples) - 1)
+
+
+def test_each_busy_stretch_is_reported_in_order():
+    # Two phases (a replay, then a burst) 5 quiet seconds apart, and a stray tick.
+    used = [0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 0.1]
+    samples = _samples(used)
+    assert busy_stretches(samples, gap=3) == [(1, 5), (10, 12)]
+    # What each used is the difference of its two ends: 3 and 2 CPU-seconds.
+    assert [samples[b][1][WORKERS] - samples[a][1][WORKERS]
+            for a, b in busy_stretches(samples, gap=3)] == pytest.approx([3.0, 2.0])
+    # A gap that spans the lull merges them (busy seconds 5 and 11 are 6 apart).
+    assert busy_stretches(samples, gap=6) == [(1, 12)]
+    assert busy_window(samples, gap=3) == (1, 5)
+    assert busy_stretches(_samples([0.1, 0])) == []
