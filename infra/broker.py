@@ -94,10 +94,15 @@ class KafkaBroker:
     for a port (e.g. the one clients already use); by default the one of the last
     start, or a free one. The JVM runs in its own session, so it outlives the Python
     process that started it (``fanout up``); :meth:`stop` stops it.
+
+    ``heap_mb`` is the JVM's whole heap (``-Xms`` = ``-Xmx``). 256 MB serves one
+    machine's stack: with it the broker's RSS during the ego-twitter replay was
+    353–366 MB against 411–518 MB at 512, at the same replay speed
+    (benchmarks/RESULTS.md, issue 16, session 32). Kafka's own start script gives 1 GB.
     """
 
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,
-                 port: int | None = None, heap_mb: int = 512, start_timeout: float = 90.0,
+                 port: int | None = None, heap_mb: int = 256, start_timeout: float = 90.0,
                  stop_timeout: float = 30.0, jar_root: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path) if log_path else self.data_dir / "kafka.out"
