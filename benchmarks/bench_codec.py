@@ -9,7 +9,8 @@ author a batch touches, what ``JoinProcessor.handleInputRows`` runs per author i
 timed in three parts: :func:`views.codec.decode_state` of the stored bytes,
 :func:`views.join.apply_batch`, :func:`views.codec.encode_state` of the result.
 Times are split by the author's follower count after the batch (most touched
-authors have a handful). No Spark, no state server: this is the Python part of the
+authors have a handful). The size of the encoded state at the end (what the job's
+state store holds, bucket headers aside) is printed too. No Spark, no state server: this is the Python part of the
 join stage, measured without the cores it shares in the job. Results go to
 ``benchmarks/results/NAME.json``.
 """
@@ -83,9 +84,13 @@ def main() -> None:
     totals = {part: round(sum(spent.values()), 3) for part, spent in seconds.items()}
     print(f"total s: decode {totals['decode']:.2f}, join {totals['join']:.2f}, "
           f"encode {totals['encode']:.2f}; codec / join {(totals['decode'] + totals['encode']) / totals['join']:.2f}")
+    state_bytes = sum(map(len, stored.values()))
+    print(f"state at the end: {len(stored):,} keys, {state_bytes:,} bytes encoded, "
+          f"{state_bytes / max(1, len(stored)):.0f} bytes a key")
     result = {"args": vars(args), "events": len(evts), "authors": dict(touched),
               "seconds": {part: dict(spent) for part, spent in seconds.items()},
-              "total_seconds": totals}
+              "total_seconds": totals,
+              "state": {"keys": len(stored), "bytes": state_bytes}}
     print(f"written to {save(args.name, result)}")
 
 
