@@ -10,7 +10,10 @@ launch worker-#``). It prints the CPU each kind used over the *busy window*: fro
 sample before the Python workers first ran to the last sample in which they did,
 i.e. the job's micro-batches, not the broker's start or the producer (the
 workers' longest busy stretch, see :func:`busy_window`). On two cores
-the window offers twice its length in CPU-seconds. A second in which the workers
+the window offers twice its length in CPU-seconds. Every busy stretch is printed and
+saved too (``stretches``), so that a benchmark whose phases are apart in time
+(``bench_replay.py``'s graph phase and its burst) gets each phase's CPU; ``--gap``
+sets how many quiet seconds a stretch spans. A second in which the workers
 used under 0.2 CPU-seconds does not count as busy (idle workers still tick). Results go to
 ``benchmarks/results/NAME.json``.
 
