@@ -10,9 +10,9 @@ timed in three parts: :func:`views.codec.decode_state` of the stored bytes,
 :func:`views.join.apply_batch`, :func:`views.codec.encode_state` of the result.
 Times are split by the author's follower count after the batch (most touched
 authors have a handful). The size of the encoded state at the end (what the job's
-state store holds, bucket headers aside) is printed too. No Spark, no state server: this is the Python part of the
-join stage, measured without the cores it shares in the job. Results go to
-``benchmarks/results/NAME.json``.
+state store holds, bucket headers aside) is printed too. No Spark, no state server:
+this is the Python part of the join stage, measured without the cores it shares in
+the job. Results go to ``benchmarks/results/NAME.json``.
 """
 
 from __future__ import annotations
