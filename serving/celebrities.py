@@ -87,14 +87,14 @@ class CelebrityCache:
         self.refresh_s = refresh_s
         self.version, self.window, self.full_every_s = version, window, full_every_s
         self._seen: Hashable = None
-        self._full_at = 0.0
+        self._full_at: float | None = None  # never: the first refresh loads whole
         self.stats = {"full": 0, "incremental": 0, "skipped": 0}
         self._lists: dict[int, _Recent] = {}
         self._merged: _Merged = _Merged.of({})
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.refreshed_at = 0.0
+        self.refreshed_at: float | None = None
         #: Bumped whenever what a page may take from here changes (serving.pagecache).
         self.generation = 0
 
@@ -123,7 +123,8 @@ class CelebrityCache:
         """Bring the lists up to date: incrementally, or whole when due or asked."""
         now = time.monotonic()
         version = self.version() if self.version is not None else None
-        full = full or self.version is None or now - self._full_at >= self.full_every_s
+        full = (full or self.version is None or self._full_at is None
+                or now - self._full_at >= self.full_every_s)
         if not full and version == self._seen:
             self.stats["skipped"] += 1
             self.refreshed_at = now

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,9 @@ CELEB = 1
 OTHER = 9  # whose tweets the celebrity reposts
 FOLLOWERS = range(2, 6)
 CONFIG = JoinConfig(cap=50, promote_at=3, demote_below=2)
+
+# Every test here runs as on a machine booted a moment ago (time.monotonic near 0).
+pytestmark = pytest.mark.usefixtures("booted_just_now")
 
 
 def _celebrity() -> tuple[Harness, list[Event]]:
@@ -131,6 +135,23 @@ def test_unchanged_version_skips_the_refresh():
     cache.refresh()
     assert cache.generation == generation + 1 and _held(cache)[-1] == 300
     assert cache.stats["incremental"] == 1
+
+
+def test_the_first_refresh_is_a_full_load_whatever_the_uptime():
+    """A cache that never loaded loads whole, even when the monotonic clock is younger
+    than ``full_every_s`` (a host booted minutes ago); the next one is incremental."""
+    import time
+
+    assert time.monotonic() < 60  # the fixture's clock: a host just booted
+    harness, _ = _celebrity()
+    version = _Version()
+    cache = CelebrityCache(harness.store, version=version, full_every_s=3600)
+    cache.refresh()
+    assert cache.stats == {"full": 1, "incremental": 0, "skipped": 0}
+    assert _held(cache)[-1] == 105
+    version.value += 1
+    cache.refresh()
+    assert cache.stats == {"full": 1, "incremental": 1, "skipped": 0}
 
 
 def test_a_full_reload_comes_every_full_every_s():
