@@ -12,6 +12,10 @@ newest ``limit`` entries that DESIGN §4b serves. They are drawn from a stream o
    brought only an author's newest entries — the followees' ``author_tweets``,
    read at read time.
 
+What depends on the reader alone — the horizon, the celebrities followed, blocks and
+mutes, and the first batch's cached entries — is read together up front
+(:meth:`Store.home_start`), one round trip on a networked store.
+
 Each batch of candidates goes through :class:`serving.visibility.Viewer` (blocks,
 mutes, deleted accounts and originals, reply visibility, one entry per original).
 When filtering leaves the page short, the next batch starts below the last
@@ -31,7 +35,7 @@ from serving.celebrities import CelebrityCache
 from serving.errors import NotFound
 from serving.visibility import HomeEntry, Viewer
 from views.delta import TOP, Key
-from views.stores.base import Entry, Store, TweetRow, UserRow
+from views.stores.base import Entry, HomeStart, Store, TweetRow, UserRow
 
 __all__ = ("HomeEntry", "Page", "PageFn", "author_page", "home_page", "home_top",
            "read_time_page")
@@ -71,8 +75,10 @@ def home_page(store: Store, user: int, below: Key | None, limit: int,
     Raises :class:`AccountGone` for a deleted account.
     """
     with store.snapshot():
-        viewer = Viewer(store, user)
-        source = _Home(store, user, viewer, celebrities)
+        first = (below or TOP, _first_batch(limit))
+        start = store.home_start(user, *first)
+        viewer = Viewer(store, user, start.relations)
+        source = _Home(store, user, viewer, celebrities, start, first)
         return _page(viewer, source.batch, below, limit, viewer.home)
 
 
@@ -144,14 +150,19 @@ def _gone(user: int) -> AccountGone:
 
 
 class _Home:
-    """The fan-out side's candidate stream for one reader (see the module docstring)."""
+    """The fan-out side's candidate stream for one reader (see the module docstring).
 
-    def __init__(self, store: Store, user: int, viewer: Viewer,
-                 cache: CelebrityCache | None) -> None:
+    ``start`` holds the reader's rows read up front, its cached entries those of the
+    stream's first batch, ``first`` (position, size).
+    """
+
+    def __init__(self, store: Store, user: int, viewer: Viewer, cache: CelebrityCache | None,
+                 start: HomeStart, first: tuple[Key, int]) -> None:
         self.store, self.user, self.viewer, self.cache = store, user, viewer, cache
-        self.horizon = store.horizon(user)
+        self.horizon = start.horizon
         self.floor = self.horizon or (-1, -1)
-        self.celebs = store.celebrities_followed(user)
+        self.celebs = start.celebrities
+        self._first: tuple[tuple[Key, int], list[Entry]] | None = (first, start.cached)
 
     def batch(self, below: Key, n: int) -> tuple[list[Entry], bool]:
         """The newest ``n`` candidates strictly older than ``below``; more may follow.
@@ -160,7 +171,7 @@ class _Home:
         merge does not mean they are exhausted: only when neither may hold more above
         the horizon does the read go below it.
         """
-        cached = self.store.cached(self.user, below, n)
+        cached = self._cached(below, n)
         starred = self._starred(below, n)
         entries = _newest([e for e in cached if e.key > self.floor],
                           [e for e in starred if e.key > self.floor], n)
@@ -172,6 +183,13 @@ class _Home:
         rest = self.store.author_tweets(sorted(self.viewer.followees()), deeper,
                                         n - len(entries))
         return entries + rest, len(rest) == n - len(entries)
+
+    def _cached(self, below: Key, n: int) -> list[Entry]:
+        """The cached entries, the first batch's as read up front."""
+        first, self._first = self._first, None
+        if first is not None and first[0] == (below, n):
+            return first[1]
+        return self.store.cached(self.user, below, n)
 
     def _starred(self, below: Key, n: int) -> list[Entry]:
         if not self.celebs:

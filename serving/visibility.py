@@ -71,12 +71,14 @@ class Viewer:
     further reads (:mod:`serving.render`).
     """
 
-    def __init__(self, store: Store, user: int | None) -> None:
+    def __init__(self, store: Store, user: int | None,
+                 relations: Relations | None = None) -> None:
+        """``relations``: the reader's, when read already (else read on first use)."""
         self.store, self.user = store, user
         self.tweets: dict[int, TweetRow] = {}
         self.users: dict[int, UserRow] = {}
         self._asked: set[tuple[str, int]] = set()  # (table, id) read, found or not
-        self._relations: Relations | None = None
+        self._relations = relations
         self._followees: frozenset[int] | None = None
 
     # -- rows, read once -----------------------------------------------------------------

@@ -106,6 +106,16 @@ class Relations(NamedTuple):
     muted: frozenset[int] = frozenset()
 
 
+class HomeStart(NamedTuple):
+    """What a home page reads before it knows any entry (:meth:`Store.home_start`)."""
+
+    horizon: Key | None
+    celebrities: list[int]
+    relations: Relations
+    #: The first cached entries asked for, newest first.
+    cached: list[Entry]
+
+
 class RelationRow(NamedTuple):
     """A block or mute to write: ``user_id`` acts on ``other_id``; ``on`` sets, else clears."""
 
@@ -343,6 +353,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def celebrities(self) -> list[int]:
         """Every author on the celebrity path."""
+
+    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
+        """The reads a home page starts with, none of which needs another's answer.
+
+        :meth:`horizon`, :meth:`celebrities_followed` and :meth:`relations` of ``user``,
+        and :meth:`cached` ``(user, below, limit)``. A backend that pays a round trip
+        per read issues them at once; this default reads them in turn.
+        """
+        return HomeStart(self.horizon(user), self.celebrities_followed(user),
+                         self.relations(user), self.cached(user, below, limit))
 
     @abc.abstractmethod
     def applied_offsets(self) -> dict[tuple[str, int], int]:

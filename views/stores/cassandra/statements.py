@@ -95,8 +95,6 @@ STATEMENTS: Final[dict[str, str]] = {
                   "USING TIMESTAMP ?",
     "tweet_state": "SELECT created_at, deleted, author_id, original_id FROM tweets "
                    "WHERE tweet_id = ?",
-    "tweet_get": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
-                 "original_id, original_author FROM tweets WHERE tweet_id = ?",
     # -- reposts ---------------------------------------------------------------------------
     "repost_set": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
                   "original_id, original_author) VALUES (?, ?, ?, '', ?, ?, ?) "
@@ -105,8 +103,9 @@ STATEMENTS: Final[dict[str, str]] = {
                   "author_id) VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
     "repost_del": "DELETE FROM reposts_by_original USING TIMESTAMP ? "
                   "WHERE original_id = ? AND created_at = ? AND tweet_id = ?",
-    "reposts_of": "SELECT created_at, tweet_id, author_id FROM reposts_by_original "
-                  "WHERE original_id = ?",
+    # One partition, paged: an original whose reposts fill a reposts_of_in read's LIMIT.
+    "reposts_of": "SELECT original_id, created_at, tweet_id, author_id "
+                  "FROM reposts_by_original WHERE original_id = ?",
     # -- graph and profiles --------------------------------------------------------------
     "follow_on": "INSERT INTO follows (follower_id, followee_id, created_at) "
                  "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -128,7 +127,6 @@ STATEMENTS: Final[dict[str, str]] = {
     "user_gone": "UPDATE users USING TIMESTAMP ? SET deleted = true, handle = '', name = '' "
                  "WHERE user_id = ?",
     "user_time": "SELECT created_at, deleted FROM users WHERE user_id = ?",
-    "user_get": "SELECT user_id, handle, name, deleted FROM users WHERE user_id = ?",
     "relation_on": "INSERT INTO relations (user_id, relation, other_id, created_at) "
                    "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
     "relation_off": "DELETE FROM relations USING TIMESTAMP ? "
@@ -160,6 +158,17 @@ STATEMENTS: Final[dict[str, str]] = {
     "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
     "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id, original_id "
                       "FROM tweets WHERE tweet_id IN ?",
+    # -- the read path's hydration and merges, many partitions per request ------------
+    # (views.stores.cassandra.rows): the partition key comes first in each row, and the
+    # LIMIT bounds the rows of the request, so that the node reads its partitions at once.
+    "tweet_get_in": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
+                    "original_id, original_author FROM tweets WHERE tweet_id IN ? LIMIT ?",
+    "user_get_in": "SELECT user_id, handle, name, deleted FROM users WHERE user_id IN ? LIMIT ?",
+    "reposts_of_in": "SELECT original_id, created_at, tweet_id, author_id "
+                     "FROM reposts_by_original WHERE original_id IN ? LIMIT ?",
+    "author_page_in": "SELECT author_id, created_at, tweet_id FROM author_tweets "
+                      "WHERE author_id IN ? AND (created_at, tweet_id) < (?, ?) "
+                      "PER PARTITION LIMIT ? LIMIT ?",
     # -- full scans (operators and verify only) ----------------------------------------
     "followers_all": "SELECT DISTINCT follower_id FROM follows",
     "home_users_all": "SELECT DISTINCT user_id FROM home_timeline",

@@ -66,7 +66,10 @@ columns need Cassandra 3.0 or later.
 **Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
 while a batch lands may mix rows from before and after it — say a timeline entry
 whose tweet was deleted in that batch. The read path tolerates it: hydration drops
-deleted tweets, and the next read sees the batch whole. :meth:`counts` and
+deleted tweets, and the next read sees the batch whole. A page's requests do not grow
+with its length: the reader's own partitions in one concurrent run
+(:meth:`home_start`), then every table's keys by ``IN``, a request per 100 keys
+(:mod:`~views.stores.cassandra.rows`). :meth:`counts` and
 :meth:`home_users` scan whole tables: exact, but for operators and ``verify``, not
 for request paths. The read methods are safe from a threadpool (the driver's session
 is thread-safe).
@@ -94,6 +97,7 @@ from views.stores.base import (
     BatchInfo,
     DeadLetter,
     Entry,
+    HomeStart,
     Relations,
     Store,
     TweetRow,
@@ -378,6 +382,16 @@ class CassandraStore(Store):
             return []
         return reads.entries(self._rows(*reads.cached_query(user, below, limit)))
 
+    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
+        """The reader's four partitions in one concurrent run: one round trip, not four."""
+        ops = [("horizon_get", (user,)), ("celebs_followed", (user,)),
+               ("relations_get", (user,))]
+        if limit > 0:
+            ops.append(reads.cached_query(user, below, limit))
+        meta, celebs, relations, *page = self._run(ops, EXEC_PROFILE_DEFAULT)
+        return HomeStart(reads.horizon_key(meta), reads.column(celebs),
+                         reads.relation_set(relations), reads.entries(page[0]) if page else [])
+
     def horizon(self, user: int) -> Key | None:
         return reads.horizon_key(self._rows("horizon_get", (user,)))
 
@@ -389,25 +403,23 @@ class CassandraStore(Store):
 
     def author_tweets(self, authors: Sequence[int], below: Key | None,
                       limit: int) -> list[Entry]:
-        ops = reads.author_queries(authors, below, limit)
-        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
-        return reads.merge_authors([p[0] for _, p in ops], pages, limit)
+        """Each author's newest ``limit`` by ``IN`` reads (:func:`reads.author_pages`), merged."""
+        pages = self._run(reads.author_pages(authors, below, limit), EXEC_PROFILE_DEFAULT)
+        return reads.newest(reads.author_entries(pages), limit)
 
     def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
-        """Each author's newest ``n``: one concurrent run of single-partition reads."""
-        ops = reads.author_queries(authors, None, n)
-        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
-        out: dict[int, list[Entry]] = {a: [] for a in authors}
-        for (_, params), rows in zip(ops, pages, strict=True):
-            out[params[0]] = [Entry(c, t, params[0]) for c, t in rows]
-        return out
+        """Each author's newest ``n``, by ``IN`` reads (:func:`reads.author_pages`)."""
+        pages = self._run(reads.author_pages(authors, None, n), EXEC_PROFILE_DEFAULT)
+        return reads.by_author(authors, reads.author_entries(pages))
 
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        ops = reads.keyed_queries("tweet_get", ids)
+        """One ``IN`` read per :data:`reads.IN_MAX` ids, the reads run concurrently."""
+        ops = reads.keyed_queries("tweet_get_in", ids)
         return reads.tweet_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        ops = reads.keyed_queries("user_get", ids)
+        """One ``IN`` read per :data:`reads.IN_MAX` ids, the reads run concurrently."""
+        ops = reads.keyed_queries("user_get_in", ids)
         return reads.user_rows(self._run(ops, EXEC_PROFILE_DEFAULT))
 
     def relations(self, user: int) -> Relations:
@@ -415,10 +427,19 @@ class CassandraStore(Store):
         return reads.relation_set(self._rows("relations_get", (user,)))
 
     def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
-        """One partition per original, read concurrently (token-aware), newest first."""
-        ops = reads.keyed_queries("reposts_of", originals)
+        """One ``IN`` read per :data:`reads.IN_MAX` originals, run concurrently.
+
+        A read whose rows fill its LIMIT (a tweet reposted thousands of times) may be
+        cut short: its originals are read again one partition each, paged.
+        """
+        ops = reads.repost_queries(originals)
         pages = self._run(ops, EXEC_PROFILE_DEFAULT)
-        return reads.reposts_by_original([p[0] for _, p in ops], pages)
+        short = reads.cut_short(ops, pages)
+        if short:
+            again = [("reposts_of", (o,)) for i in short for o in ops[i][1][0]]
+            pages = [p for i, p in enumerate(pages) if i not in short] + self._run(
+                again, EXEC_PROFILE_DEFAULT)
+        return reads.reposts_by_original(pages)
 
     def celebrities(self) -> list[int]:
         return sorted(reads.column(self._rows("celebs")))
