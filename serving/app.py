@@ -46,7 +46,7 @@ from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from serving.middleware import BodyLimit, ContainErrors
-from serving.pagecache import PageCache, StoreVersion
+from serving.pagecache import PageCache
 from serving.protocol import ReadsProtocol
 from serving.query import only_query
 from serving.reads import FastPath, FastReads, Pages, Read
@@ -56,7 +56,7 @@ from serving.visibility import HomeEntry
 from serving.workers import run as run_workers
 from serving.writes import write_router
 from views.stores import store_from_url
-from views.stores.base import Store
+from views.stores.base import PageVersions, Store
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
@@ -243,15 +243,16 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
             app.state.store_label = _redact(settings.store_url)
             log.info("serving from %s (auth %s)", app.state.store_label,
                         "on" if settings.auth else "OFF")
-        app.state.version = StoreVersion(app.state.store)
-        app.state.celebrities = _celebrity_cache(settings, app.state.store, app.state.version)
+        app.state.versions = app.state.store.page_versions()
+        app.state.celebrities = _celebrity_cache(settings, app.state.store,
+                                                 app.state.versions)
         if freeze_heap:
             gc.collect()
             gc.freeze()
         try:
             yield
         finally:
-            app.state.version.close()
+            app.state.versions.close()
             if app.state.celebrities is not None:
                 app.state.celebrities.stop()
             log_ = activity()
@@ -265,11 +266,11 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
 
 
 def _celebrity_cache(settings: ServingSettings, store: Store,
-                     version: StoreVersion) -> CelebrityCache | None:
+                     versions: PageVersions) -> CelebrityCache | None:
     """The in-process cache of celebrities' tweets (none in fan-out-on-read mode)."""
     if settings.read_mode != "fanout" or settings.celebrity_refresh_s <= 0:
         return None
-    return CelebrityCache(store, depth=settings.timeline_cap, version=version,
+    return CelebrityCache(store, depth=settings.timeline_cap, version=versions.position,
                           refresh_s=settings.celebrity_refresh_s).start()
 
 

@@ -1,7 +1,7 @@
 """Timeline reads: page requests answered from the page cache or rendered, and the fast path.
 
 :class:`Pages` answers one parsed page request (:class:`Read`): from the page cache
-(:mod:`serving.pagecache`) while the store's version stands still, else assembled
+(:mod:`serving.pagecache`) while the page's token stands still, else assembled
 (:mod:`serving.timeline`), hydrated and serialized (:mod:`serving.render`), with an
 ETag and a 304 for a matching ``If-None-Match``. The FastAPI routes of
 :mod:`serving.app` call it, and so does :class:`FastReads`.
@@ -19,9 +19,9 @@ route would answer 200 (or 304) with the same body, so the contract has one owne
 in the ASGI stack, and :class:`serving.protocol.ReadsProtocol` gives it inside
 uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process.
 
-SQLite reads take microseconds in this process, so they run on the event loop (a
-worker thread would cost more than the read); a network store's reads and every
-``?after=`` wait run on worker threads.
+A store read in process (SQLite: microseconds, :attr:`Store.reads_in_process`) is read
+on the event loop (a worker thread would cost more than the read); a network store's
+reads and every ``?after=`` wait run on worker threads.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from starlette.concurrency import run_in_threadpool
@@ -40,12 +40,11 @@ from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor
 from serving.freshness import Freshness
 from serving.ids import parse_id
-from serving.pagecache import Cached, PageCache, StoreVersion, etag_of, matches
+from serving.pagecache import Cached, PageCache, etag_of, matches
 from serving.render import hydrated, page_body
-from serving.timeline import PageFn, author_page, home_page, read_time_page
+from serving.timeline import Page, PageFn, author_page, home_page, read_time_page
 from views.delta import Key
-from views.stores.base import Store
-from views.stores.sqlite import SQLiteStore
+from views.stores.base import PageVersions, Store
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +83,22 @@ class Read:
         self.below: Key | None = decode_cursor(cursor) if cursor is not None else None
 
     def body(self, page_fn: PageFn, freshness: Freshness | None) -> bytes:
-        """The page as JSON (waiting for ``after`` first, if given).
+        """The page as JSON (waiting for ``after`` first, if given)."""
+        return self.rendered(page_fn, freshness)[0]
 
-        The page carries the rows it was decided on, so rendering reads nothing: an
-        entry filtered out (a celebrity tweet deleted since the celebrity cache last
-        looked, say) was replaced by the next candidate, and the page is not short.
+    def rendered(self, page_fn: PageFn, freshness: Freshness | None) -> tuple[bytes, Page]:
+        """The page as JSON, and the page with the rows it was decided on.
+
+        The page carries those rows, so rendering reads nothing: an entry filtered
+        out (a celebrity tweet deleted since the celebrity cache last looked, say) was
+        replaced by the next candidate, and the page is not short.
         """
         consistent = None
         if self.after is not None and freshness is not None:
             consistent = freshness.wait(self.store, self.after)
         page = page_fn(self.store, self.user, self.below, self.limit)
         entries = hydrated(self.store, page.entries, page.tweets, page.users)
-        return page_body(self.user, entries, page.next_key, consistent)
+        return page_body(self.user, entries, page.next_key, consistent), page
 
 
 class Pages:
@@ -125,8 +128,8 @@ class Pages:
         if kind == "home" and self.activity is not None:
             self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
-        page = self._page(read, self._page_fn(state, read, kind),
-                          (kind, read.user, read.below, read.limit), state.version, celebrities)
+        page = self._page(read, self._page_fn(state, read, kind), kind, state.versions,
+                          celebrities)
         headers = [(b"etag", page.etag.encode()), (b"cache-control", _CACHE_CONTROL)]
         if matches(if_none_match, page.etag):
             return 304, headers, b""
@@ -137,24 +140,27 @@ class Pages:
             return author_page
         return home_fn(self.fan_out, getattr(state, "celebrities", None), read.after)
 
-    def _page(self, read: Read, page_fn: PageFn, key: Hashable,
-              version: StoreVersion, celebrities: CelebrityCache | None) -> Cached:
-        def now() -> Hashable:
-            return version(), celebrities.generation if celebrities is not None else 0
-
-        before = now()
-        page = self.cache.get(key, before)
+    def _page(self, read: Read, page_fn: PageFn, kind: str, versions: PageVersions,
+              celebrities: CelebrityCache | None) -> Cached:
+        generation = celebrities.generation if celebrities is not None else 0
+        position, token = versions.check(kind, read.user)
+        key, token = (kind, read.user, read.below, read.limit), (token, generation)
+        page = self.cache.get(key, token)
         if page is None:
-            body = read.body(page_fn, None)
-            page = Cached(body, etag_of(body), before)
-            if now() == before:  # nothing committed while rendering: the page is `before`'s
+            body, rendered = read.rendered(page_fn, None)
+            page = Cached(body, etag_of(body), token)
+            # Kept only if nothing was committed while rendering: the page is the token's.
+            unchanged = generation == (celebrities.generation if celebrities else 0)
+            tweets = [i for table, i in rendered.asked if table == "t"]
+            users = [i for table, i in rendered.asked if table == "u"]
+            if unchanged and versions.keep(position, kind, read.user, tweets, users):
                 self.cache.put(key, page)
         return page
 
 
 def in_process(store: Store) -> bool:
-    """Whether ``store`` is read in this process (SQLite: microseconds, no network)."""
-    return isinstance(store, SQLiteStore)
+    """Whether ``store`` is read in this process (microseconds, no network: run inline)."""
+    return store.reads_in_process
 
 
 class Answer(NamedTuple):

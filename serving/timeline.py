@@ -57,13 +57,16 @@ class Page:
     """Served entries, newest first, the position to continue from, and their rows.
 
     ``tweets`` and ``users`` hold every row the page was decided on (read in the same
-    snapshot), so rendering it reads nothing more.
+    snapshot), so rendering it reads nothing more; ``asked`` names every row the
+    decision read, found or not (``("t", tweet_id)``, ``("u", user_id)``): what a
+    cached copy of the page depends on besides its user's own rows.
     """
 
     entries: list[HomeEntry]
     next_key: Key | None
     tweets: Mapping[int, TweetRow] = field(default_factory=dict)
     users: Mapping[int, UserRow] = field(default_factory=dict)
+    asked: frozenset[tuple[str, int]] = frozenset()
 
 
 def home_page(store: Store, user: int, below: Key | None, limit: int,
@@ -132,7 +135,8 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
         raise _gone(viewer.user or 0)
     more = len(out) > limit or (len(out) == limit and not ended)
     out = out[:limit]
-    return Page(out, out[-1].key if more else None, viewer.tweets, viewer.users)
+    return Page(out, out[-1].key if more else None, viewer.tweets, viewer.users,
+                frozenset(viewer.asked))
 
 
 def _first_batch(limit: int) -> int:

@@ -94,6 +94,11 @@ class Viewer:
             self.users.update(self.store.users(missing))
             self._asked.update(("u", i) for i in missing)
 
+    @property
+    def asked(self) -> set[tuple[str, int]]:
+        """Every row read so far, found or not: ``("t", tweet_id)`` or ``("u", user_id)``."""
+        return self._asked
+
     def tweet(self, tweet_id: int) -> TweetRow:
         """A loaded tweet row; one the store does not have reads as deleted."""
         return self.tweets.get(tweet_id) or _ABSENT

@@ -537,7 +537,7 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         replication = config.replication.cql_map()
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               load_steps())] == [
-            "001_tables", "002_timeline_kinds", "003_inactive_users"]
+            "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]

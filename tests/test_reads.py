@@ -235,12 +235,13 @@ def test_the_celebrity_cache_proposes_but_the_store_decides(tmp_path: Path) -> N
 def test_only_what_a_page_shows_moves_the_page_version(tmp_path: Path):
     """Offsets, dead letters and the activity log's read times (what reads themselves
     cause) keep cached pages valid; a tweet, as anything a page shows, moves it."""
-    from serving.pagecache import StoreVersion
     from views.delta import Delta
 
     path = tmp_path / "v.sqlite"
     harness = Harness(JoinConfig(cap=50), SQLiteStore(path, cap=50).open())
-    version = StoreVersion(SQLiteStore(path, cap=50).open())
+    reader = SQLiteStore(path, cap=50).open()
+    versions = reader.page_versions()
+    version = versions.position
     try:
         harness.run([Follow(READER, AUTHOR, T0)])
         before = version()
@@ -251,7 +252,8 @@ def test_only_what_a_page_shows_moves_the_page_version(tmp_path: Path):
         harness.run([Post(900, AUTHOR, T0 + 9, "shown")])
         assert version() != before
     finally:
-        version.close()
+        versions.close()
+        reader.close()
         harness.store.close()
 
 

@@ -30,7 +30,7 @@ import abc
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Hashable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -246,8 +246,54 @@ class BatchStats:
     seconds: float
 
 
+#: A store's committed position, as :meth:`PageVersions.check` reports it.
+Position = Hashable
+
+
+class PageVersions:
+    """Tokens that say whether a cached page's inputs changed (``serving.pagecache``).
+
+    A page is a function of the store's committed rows. :meth:`check` asks the store
+    what is committed now (one cheap question) and gives that position and the page's
+    token; a page kept under a token is served again while :meth:`check` gives the
+    same token. :meth:`keep` says whether a page rendered after ``check`` returned
+    ``position`` may be kept: nothing was committed in between, so its contents are
+    the token's. ``tweets``/``users`` are the ids of every row the decision read, found
+    or not, for backends whose tokens follow them.
+
+    This default has one token for the whole store, the applied changelog offsets,
+    which every micro-batch moves; backends that know more override it (SQLite: a
+    version only page-visible writes move; Cassandra: per user, from the batches'
+    change feed).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def position(self) -> Position:
+        """What the store has committed now."""
+        return tuple(sorted(self.store.applied_offsets().items()))
+
+    def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
+        """The committed position, and the token of ``kind``'s page of ``user`` there."""
+        position = self.position()
+        return position, position
+
+    def keep(self, position: Position, kind: str, user: int, tweets: Iterable[int],
+             users: Iterable[int]) -> bool:
+        """Whether a page rendered from ``position`` may be kept under its token."""
+        return self.position() == position
+
+    def close(self) -> None:
+        """Release what the tokens hold (connections, indexes)."""
+
+
 class Store(abc.ABC):
     """A materialized-view store; see the module docstring."""
+
+    #: Whether reads are answered in this process in microseconds (no network), so a
+    #: server may run them inline rather than on a worker thread.
+    reads_in_process: bool = False
 
     def __init__(self, cap: int = 800, inactive_days: float = 0.0) -> None:
         self.cap = cap
@@ -306,6 +352,16 @@ class Store(abc.ABC):
     def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
         """Cached home entries of ``user`` with key < ``below``, newest first."""
 
+    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
+        """The reads a home page starts with, none of which needs another's answer.
+
+        :meth:`horizon`, :meth:`celebrities_followed` and :meth:`relations` of ``user``,
+        and :meth:`cached` ``(user, below, limit)``. A backend that pays a round trip
+        per read issues them at once; this default reads them in turn.
+        """
+        return HomeStart(self.horizon(user), self.celebrities_followed(user),
+                         self.relations(user), self.cached(user, below, limit))
+
     @abc.abstractmethod
     def horizon(self, user: int) -> Key | None:
         """The key below which ``user``'s cache may be incomplete (None: complete).
@@ -354,19 +410,16 @@ class Store(abc.ABC):
     def celebrities(self) -> list[int]:
         """Every author on the celebrity path."""
 
-    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
-        """The reads a home page starts with, none of which needs another's answer.
-
-        :meth:`horizon`, :meth:`celebrities_followed` and :meth:`relations` of ``user``,
-        and :meth:`cached` ``(user, below, limit)``. A backend that pays a round trip
-        per read issues them at once; this default reads them in turn.
-        """
-        return HomeStart(self.horizon(user), self.celebrities_followed(user),
-                         self.relations(user), self.cached(user, below, limit))
-
     @abc.abstractmethod
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         """Highest applied offset per (logical topic, partition)."""
+
+    def page_versions(self) -> PageVersions:
+        """The page caches' validity tokens for this store (see :class:`PageVersions`).
+
+        One per reading process, built after :meth:`open`; close it before the store.
+        """
+        return PageVersions(self)
 
     @abc.abstractmethod
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from itertools import chain, islice
 from pathlib import Path
 
@@ -26,6 +26,8 @@ from views.stores.base import (
     BatchInfo,
     DeadLetter,
     Entry,
+    PageVersions,
+    Position,
     RelationRow,
     Relations,
     Store,
@@ -232,6 +234,8 @@ class Checkpointer:
 
 class SQLiteStore(Store):
     """Store in one SQLite file; see the module docstring."""
+
+    reads_in_process = True
 
     def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None,
                  inactive_days: float = 0.0) -> None:
@@ -666,6 +670,12 @@ class SQLiteStore(Store):
         rows = self._conn().execute('SELECT topic, partition, "offset" FROM applied_offsets')
         return {(t, p): o for t, p, o in rows}
 
+    def page_versions(self) -> PageVersions:
+        """The page version, which only page-visible writes move (:class:`PageVersion`)."""
+        if str(self.path).startswith((":memory:", "file::memory:")):
+            return PageVersions(self)  # another connection to :memory: is another database
+        return PageVersion(self)
+
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         rows = self._conn().execute(
             'SELECT topic, partition, "offset", reason, raw, seen_at FROM dead_letters '
@@ -689,3 +699,34 @@ class SQLiteStore(Store):
     def dead_letter_count(self) -> int:
         # A scan of dead_letters only: bad records are few, unlike timeline rows.
         return int(self._conn().execute("SELECT count(*) FROM dead_letters").fetchone()[0])
+
+
+class PageVersion(PageVersions):
+    """One token for every page: the ``page_version`` row, read when a commit landed.
+
+    The sink bumps ``page_version`` in a batch's own transaction when anything a page
+    shows changed, not for a batch of only offsets and the activity log's read times,
+    which the reads themselves cause (:meth:`WritePlan.shows`). The row is read only
+    when ``PRAGMA data_version`` — on a connection of this object's own, a
+    microsecond — says another connection committed since the last look.
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        super().__init__(store)
+        self._db = sqlite3.connect(store.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._seen: int | None = None
+        self._version: Hashable = None
+
+    def position(self) -> Position:
+        with self._lock:
+            seen = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if seen != self._seen:
+                # A commit since the last look (or a first look): read the page version.
+                # One landing between the two reads is seen again by the next call.
+                self._seen = seen
+                self._version = self._db.execute(PAGE_VERSION_SQL).fetchone()[0]
+            return self._version
+
+    def close(self) -> None:
+        self._db.close()

@@ -150,6 +150,13 @@ STATEMENTS: Final[dict[str, str]] = {
     "batch_page": "SELECT batch_id, finished_at, row_count, seconds, max_event_time "
                   "FROM batches WHERE bucket = ? LIMIT ?",
     "clock_get": "SELECT write_ts, last_batch FROM writer_clock WHERE id = 0",
+    # -- the change feed (views.stores.cassandra.changes) ------------------------------
+    "changes_add": "INSERT INTO page_changes (bucket, ts, part, homes, authors, tweets, users, "
+                   "everything) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    "changes_get": "SELECT ts, homes, authors, tweets, users, everything FROM page_changes "
+                   "WHERE bucket = ? AND ts > ? AND ts <= ?",
+    "committed_set": "UPDATE writer_clock USING TIMESTAMP ? SET committed_ts = ? WHERE id = 0",
+    "committed_get": "SELECT committed_ts FROM writer_clock WHERE id = 0",
     "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",
     "last_batch_set": "UPDATE writer_clock USING TIMESTAMP ? SET last_batch = ? WHERE id = 0",
     # -- the writer's lookups, many partitions per request (see LOOKUP_IN) -------------

@@ -108,6 +108,7 @@ from views.stores.base import (
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
+from views.stores.cassandra.changes import Changes, FeedVersions, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
 
 log = logging.getLogger(__name__)
@@ -366,11 +367,14 @@ class CassandraStore(Store):
 
     def _finish(self, plan: WritePlan, batch_id: int, ts: int, seconds: float) -> None:
         now_ms = int(time.time() * 1000)
-        self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms))
+        changed = Changes.of(plan)
+        self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms)
+                  + ([changed.op(ts)] if changed else []))
         if batch_id >= 0:
             record = cql.BatchRecord(batch_id, ts, cql.offsets_digest(plan.offsets), now_ms,
                                      plan.rows(), seconds, plan.max_event_time)
             self._run(record.ops())
+        self._run([committed_op(ts)])  # last: the page caches may now take the batch in
 
     # -- read side --------------------------------------------------------------------------------
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
@@ -446,6 +450,10 @@ class CassandraStore(Store):
 
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         return {(t, p): o for t, p, o in self._rows("offsets", scan=True)}
+
+    def page_versions(self) -> FeedVersions:
+        """Per-page tokens from the batches' change feed (:mod:`.changes`)."""
+        return FeedVersions(self, self._rows)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest dead letters (a full scan: dead letters are few, or alarming)."""

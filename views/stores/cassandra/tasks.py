@@ -55,6 +55,7 @@ from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra import store as cs
+from views.stores.cassandra.changes import Changes, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig
 from views.stores.cassandra.store import CassandraStore
 
@@ -150,9 +151,11 @@ class TaskWriter(CassandraStore):
                                           ts + cql.REMOVE)
         plan.dead += stored_conflicts(plan, cql.claims(states))
         self._run(cql.repost_moves(plan.reposts, states, ts + cql.REMOVE))  # see there
+        changed = Changes.of(plan)
         self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
                   + cql.repost_ops(plan.reposts, states, ts + cql.REMOVE)
-                  + cql.dead_ops(plan.dead, int(time.time() * 1000)))
+                  + cql.dead_ops(plan.dead, int(time.time() * 1000))
+                  + ([changed.op(ts)] if changed else []))
         return removes, skipped
 
     # -- the user stage -----------------------------------------------------------------------
@@ -174,6 +177,9 @@ class TaskWriter(CassandraStore):
         meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
         adds, inserted = self._write_adds(plan, meta, ts, inactive_ms)
         self._write_trims(adds, meta, ts + cql.TRIM)
+        changed = Changes.of(plan)
+        if changed:
+            self._run([changed.op(ts)])
         return UserCounts(inserted, len(removes))
 
     # -- the driver: before and after the tasks --------------------------------------------------
@@ -198,9 +204,10 @@ class TaskWriter(CassandraStore):
         return ts
 
     def finish(self, record: cql.BatchRecord, offsets: dict[tuple[str, int], int]) -> None:
-        """After every task succeeded: the applied offsets, then the batch record."""
+        """After every task succeeded: the applied offsets, the batch record, committed."""
         self._run(cql.offset_ops(offsets))
         self._run(record.ops())
+        self._run([committed_op(record.write_ts)])
 
 
 _WRITERS: dict[tuple[CassandraConfig, int], TaskWriter] = {}

@@ -1,0 +1,201 @@
+"""The change feed of the Cassandra store: what each batch changed, for the page caches.
+
+A page cache that asks "did anything change?" of a store-wide version drops every
+page at every batch, and a batch lands every second or so under writes, so nearly
+every read is rendered anew. The writer knows better: a batch's write plan names the
+users whose home pages may read differently (timeline adds and removes, follows,
+blocks and mutes, celebrity edges), the authors whose own pages may, and the tweet
+and user rows that changed (deletes, shown or hidden reposts, profiles, deleted
+accounts). Each writer of a batch (the driver's :meth:`CassandraStore._write`, or
+every executor task of :mod:`views.stores.cassandra.tasks`) writes that as one
+``page_changes`` row at the batch's timestamp ``T`` before the batch is marked
+committed (``writer_clock.committed_ts``); a retried writer writes the same row (its
+``part`` is a hash of the contents).
+
+:class:`FeedVersions` reads it in an API process. Each page read asks one cheap
+question, the committed timestamp (one row); when it moved, the rows of the batches
+in between are read (one partition per hour of ``T``) and the pages they touch are
+forgotten: a home or own page by its user, any page by the tweet and user rows it was
+decided on (registered by :meth:`FeedVersions.keep`). A page's token is the
+timestamp of the last batch that touched it, within an *epoch*: everything of an
+earlier epoch is forgotten wholesale (at start, after a gap the feed cannot cover,
+when the keyspace went back in time, or when the indexes grow past their bound). Activity records and trims touch no page: a page is
+a function of the query, which neither changes. Concurrent reads share one question:
+a read that arrives while another is asking waits for the next answer, so the store
+sees at most one such request per process at a time, not one per read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from array import array
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from views.stores.base import PageVersions, Position, Store, WritePlan
+from views.stores.cassandra import statements as cql
+
+#: One ``page_changes`` partition per hour of batch timestamps (µs).
+BUCKET_US: Final = 3_600_000_000
+#: Ids per writer beyond which its row says ``everything`` instead of listing them.
+EVERYTHING: Final = 250_000
+#: Hours an API process may fall behind and still catch up from the feed (its TTL is a day).
+MAX_BUCKETS: Final = 20
+#: Pages (and dependent ids) an API process indexes before forgetting everything.
+MAX_INDEXED: Final = 500_000
+
+HOME: Final = "home"
+OWN: Final = "tweets"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one writer of one batch changed (see the module docstring)."""
+
+    homes: frozenset[int] = frozenset()
+    authors: frozenset[int] = frozenset()
+    tweets: frozenset[int] = frozenset()
+    users: frozenset[int] = frozenset()
+    everything: bool = False
+
+    @classmethod
+    def of(cls, plan: WritePlan) -> Changes:
+        """The pages and rows ``plan`` may change; timeline trims and reads change none."""
+        homes = {*plan.adds.users, *(r[0] for r in plan.removes), *(w[0] for w in plan.wipes),
+                 *plan.horizons, *(f for f, _ in plan.follows), *(u for u, _ in plan.celeb_edges),
+                 *plan.deleted_users}
+        homes.update(who for user, other, _ in plan.relations for who in (user, other))
+        rows = (*plan.tweets.values(), *plan.reposts.values(), *plan.foreign_deletes)
+        changes = cls(frozenset(homes), frozenset({r.author_id for r in rows}
+                                                  | set(plan.deleted_users)),
+                      frozenset(r.tweet_id for r in rows),
+                      frozenset(plan.users.keys() | plan.deleted_users.keys()))
+        if changes.size() > EVERYTHING:
+            return cls(everything=True)
+        return changes
+
+    def size(self) -> int:
+        return len(self.homes) + len(self.authors) + len(self.tweets) + len(self.users)
+
+    def __bool__(self) -> bool:
+        return self.everything or self.size() > 0
+
+    def op(self, ts: int) -> cql.Op:
+        """The ``page_changes`` row at batch timestamp ``ts``, keyed by its contents."""
+        blobs = [_pack(ids) for ids in (self.homes, self.authors, self.tweets, self.users)]
+        digest = hashlib.blake2b(b"|".join(blobs) + bytes([self.everything]), digest_size=8)
+        part = int.from_bytes(digest.digest(), "little") & (2 ** 63 - 1)
+        return ("changes_add", (ts // BUCKET_US, ts, part, *blobs, self.everything, ts))
+
+    @classmethod
+    def decode(cls, row: tuple[Any, ...]) -> Changes:
+        """A row of ``changes_get`` (``homes, authors, tweets, users, everything``)."""
+        homes, authors, tweets, users, everything = row
+        return cls(_unpack(homes), _unpack(authors), _unpack(tweets), _unpack(users),
+                   bool(everything))
+
+
+def committed_op(ts: int) -> cql.Op:
+    """Mark the batch at ``ts`` committed: its writes and its change rows are all in."""
+    return ("committed_set", (ts, ts))
+
+
+def _pack(ids: Iterable[int]) -> bytes:
+    return array("q", sorted(ids)).tobytes()
+
+
+def _unpack(blob: bytes | None) -> frozenset[int]:
+    out = array("q")
+    out.frombytes(blob or b"")
+    return frozenset(out)
+
+
+#: Runs one named statement and returns its rows (the store's ``_rows``).
+Run = Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
+
+
+class FeedVersions(PageVersions):
+    """Per-page tokens kept current from the change feed (see the module docstring)."""
+
+    def __init__(self, store: Store, run: Run, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        super().__init__(store)
+        self._run, self._clock = run, clock
+        self._lock = threading.Lock()
+        self._seen: int | None = None  # the committed ts the indexes are current to
+        self._asked: float | None = None  # when the newest answer's question was asked
+        self._epoch = 0
+        self._touched: dict[tuple[str, int], int] = {}
+        self._watchers: dict[tuple[str, int], set[tuple[str, int]]] = {}
+        self.questions = self.catch_ups = self.resets = 0
+
+    def position(self) -> Position:
+        """The committed batch timestamp, the indexes brought up to it first."""
+        arrived = self._clock()
+        with self._lock:
+            if self._asked is None or self._asked < arrived:
+                # No answer was asked for after this read arrived: ask (one row).
+                self._asked = self._clock()
+                self._advance(self._committed())
+            return self._seen
+
+    def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
+        position = self.position()
+        with self._lock:
+            return position, (self._epoch, self._touched.get((kind, user), 0))
+
+    def keep(self, position: Position, kind: str, user: int, tweets: Iterable[int],
+             users: Iterable[int]) -> bool:
+        """Keep (and watch its rows) only if no batch was taken in since ``position``."""
+        with self._lock:
+            if position != self._seen:
+                return False
+            page = (kind, user)
+            for row in (*(("t", t) for t in tweets), *(("u", u) for u in users)):
+                self._watchers.setdefault(row, set()).add(page)
+            if len(self._watchers) > MAX_INDEXED:
+                self._reset()
+            return True
+
+    def _committed(self) -> int:
+        self.questions += 1
+        rows = self._run("committed_get", ())
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    def _advance(self, committed: int) -> None:
+        """Take in every batch in (seen, committed]; forget everything if the feed can't."""
+        seen = self._seen
+        if seen is None or committed < seen or \
+                committed // BUCKET_US - seen // BUCKET_US > MAX_BUCKETS:
+            self._reset()  # a first look, a rebuilt keyspace, or too far behind
+            self._seen = committed
+            return
+        if committed == seen:
+            return
+        self.catch_ups += 1
+        for bucket in range(seen // BUCKET_US, committed // BUCKET_US + 1):
+            for row in self._run("changes_get", (bucket, seen, committed)):
+                self._take(int(row[0]), Changes.decode(row[1:]))
+        self._seen = committed
+
+    def _take(self, ts: int, changes: Changes) -> None:
+        if changes.everything:
+            self._reset()
+            return
+        pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
+        for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users)):
+            pages += self._watchers.pop(row, ())
+        for page in pages:
+            self._touched[page] = ts
+        if len(self._touched) > MAX_INDEXED:
+            self._reset()
+
+    def _reset(self) -> None:
+        """Every page kept so far is stale: a new epoch, and the indexes dropped."""
+        self.resets += 1
+        self._epoch += 1
+        self._touched.clear()
+        self._watchers.clear()
