@@ -98,7 +98,7 @@ class KafkaBroker:
     ``heap_mb`` is the JVM's whole heap (``-Xms`` = ``-Xmx``). 256 MB serves one
     machine's stack: with it the broker's RSS during the ego-twitter replay was
     353–366 MB against 411–518 MB at 512, at the same replay speed
-    (benchmarks/RESULTS.md, issue 16, session 32). Kafka's own start script gives 1 GB.
+    (benchmarks/RESULTS.md, "Bulk replay, burst and memory"). Kafka's own start script: 1 GB.
     """
 
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,

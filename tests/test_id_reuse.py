@@ -1,4 +1,4 @@
-"""One tweet id posted or reposted by two authors (a broken contract, found in session 28).
+"""One tweet id posted or reposted by two authors (a broken contract, found by hand).
 
 The contract has a duplicate be an exact copy, so one id has one author. Nothing at
 ingest can check that (the join is partitioned by author), so where it is broken the
