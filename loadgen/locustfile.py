@@ -20,6 +20,12 @@ runner or the master writes ``hdr.json`` (everything recorded) and, every second
 ``live.json`` (progress); at the end it logs a percentile table. The figures in
 Locust's own UI are Locust's rounded ones, timed from the actual send.
 
+An answer that a call lists as expected (a deleted account's timeline answers 404;
+see :mod:`loadgen.action`) is a success for Locust and the histograms, is counted
+apart (:class:`~loadgen.summary.Expected`, shipped and saved beside the histograms),
+and tells the user's planner, which stops acting as a deleted account. Each process
+learns of a deletion made by another from such an answer.
+
 Writes need the acting user's bearer token when the API has auth on: pass a tokens
 file (``fanout load`` writes one) or the API's secret; with auth off the acting user
 travels in ``X-User-Id``.
@@ -47,9 +53,10 @@ from loadgen.bearer import mint
 from loadgen.errors import LoadgenError
 from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
 from loadgen.recording import Recorder
-from loadgen.summary import summarize, table
+from loadgen.summary import Expected, summarize, table
 from loadgen.wire import Connection, WireError
 from loadgen.workload import (
+    DEFAULT_PROFILE,
     PROFILES,
     Mix,
     Workload,
@@ -74,9 +81,10 @@ def _arguments(parser: LocustArgumentParser) -> None:
     g.add_argument("--fanout-workload", default="", env_var="LOCUST_FANOUT_WORKLOAD",
                    help="workload JSON from `fanout load` (users ranked by activity); "
                         "overrides --fanout-users (LOCUST_FANOUT_WORKLOAD)")
-    g.add_argument("--fanout-profile", default="read-heavy", env_var="LOCUST_FANOUT_PROFILE",
+    g.add_argument("--fanout-profile", default=DEFAULT_PROFILE, env_var="LOCUST_FANOUT_PROFILE",
                    help=f"action mix: one of {', '.join(PROFILES)}, optionally with "
-                        "overrides, e.g. read-heavy:post=2,page=0.5 (LOCUST_FANOUT_PROFILE)")
+                        "overrides, e.g. social:repost=2,page=0.5 (LOCUST_FANOUT_PROFILE; "
+                        f"default {DEFAULT_PROFILE})")
     g.add_argument("--fanout-rate", type=float, default=0.0, env_var="LOCUST_FANOUT_RATE",
                    help="open loop: total actions/s over all processes, each timed from "
                         "its intended send time; 0 = closed loop (LOCUST_FANOUT_RATE)")
@@ -113,6 +121,7 @@ class _Run:
 
     def __init__(self) -> None:
         self.recorder: Recorder | None = None
+        self.expected = Expected()
         self.pacer: Pacer | None = None
         self.workload: Workload | None = None
         self.mix = Mix()
@@ -144,6 +153,7 @@ class _Run:
         """A fresh recorder, the results directory and the run's metadata."""
         measure_from = now + float(options.fanout_warmup)
         self.recorder = Recorder(measure_from, float(options.fanout_interval))
+        self.expected = Expected(measure_from)
         self.out = Path(options.fanout_out) if options.fanout_out else None
         self.meta = {"started_at": now, "measure_from": measure_from, "stopped_at": None,
                      "options": {k: v for k, v in vars(options).items()
@@ -170,7 +180,8 @@ class _Run:
         if self.out is None or self.recorder is None:
             return
         self.meta |= {"host": environment.host, "runner": type(environment.runner).__name__}
-        _write_json(self.out / RESULTS, {"meta": self.meta, "recording": self.recorder.to_dict()})
+        _write_json(self.out / RESULTS, {"meta": self.meta, "recording": self.recorder.to_dict(),
+                                         "expected": self.expected.to_dict()})
 
 
 RUN = _Run()
@@ -249,18 +260,22 @@ def _on_request(name: str, response_time: float, exception: BaseException | None
     RUN.recorder.record(name, due=due, done=sent + service,
                         latency=corrected(due, sent, service), service=service,
                         ok=exception is None)
+    if (status := (context or {}).get("fanout_expected")) is not None:
+        RUN.expected.add(name, status, due)
 
 
 @events.report_to_master.add_listener
 def _on_report_to_master(data: dict[str, Any], **_: Any) -> None:
     if RUN.recorder is not None:
         data["fanout"] = RUN.recorder.drain()
+        data["fanout_expected"] = RUN.expected.drain()
 
 
 @events.worker_report.add_listener
 def _on_worker_report(data: dict[str, Any], **_: Any) -> None:
     if RUN.recorder is not None and "fanout" in data:
         RUN.recorder.merge(data["fanout"])
+        RUN.expected.merge(data.get("fanout_expected", {}))
         if RUN.environment is not None:
             RUN.save(RUN.environment)  # the last reports arrive after `quitting`
 
@@ -269,6 +284,7 @@ def _on_worker_report(data: dict[str, Any], **_: Any) -> None:
 def _on_reset_stats(**_: Any) -> None:
     if RUN.recorder is not None:
         RUN.recorder.reset()
+        RUN.expected.drain()
 
 
 @events.test_stop.add_listener
@@ -289,7 +305,7 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     seconds = RUN.meta["stopped_at"] - RUN.meta["measure_from"]
     log.info("HdrHistogram latencies (ms, timed from the %s send time):\n%s",
              "intended" if _options(environment).fanout_rate else "actual",
-             table(summarize(RUN.recorder, max(seconds, 1e-9))))
+             table(summarize(RUN.recorder, max(seconds, 1e-9), RUN.expected.to_dict())))
 
 
 def _live(environment: Environment) -> None:
@@ -346,12 +362,20 @@ class TimelineUser(User):
         pages = 0
         while call is not None:
             pages += 1
-            body = self._send(call, due, self.planner.needs_body(call, pages))
+            status, body = self._send(call, due, self.planner.needs_body(call, pages))
+            if status in call.expected:
+                self.planner.refused(call, status)
+                return
             call, due = self.planner.answered(call, body, pages), None
 
-    def _send(self, call: Call, due: float | None, decode: bool) -> dict[str, Any] | None:
-        """Send ``call``; its decoded body (``decode``), else {} for any 2xx; None if failed."""
-        context = {"fanout_due": due} if due is not None else {}
+    def _send(self, call: Call, due: float | None,
+              decode: bool) -> tuple[int, dict[str, Any] | None]:
+        """Send ``call``; (status, body), status 0 when nothing answered.
+
+        The body is the decoded JSON (``decode``), else {} for any 2xx; None when the
+        request failed or was an expected refusal.
+        """
+        context: dict[str, Any] = {"fanout_due": due} if due is not None else {}
         payload = orjson.dumps(call.body) if call.body is not None else None
         start_time, start = time.time(), time.perf_counter()
         status, raw = 0, b""
@@ -362,20 +386,27 @@ class TimelineUser(User):
         except WireError as exc:
             failure = exc
         parsed: Any = None
-        if failure is None and not 200 <= status < 300:
-            failure = ResponseError(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
-        elif failure is None and decode:
-            try:
-                parsed = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                failure = ResponseError(f"HTTP {status}: the body is not JSON")
+        if failure is None and status in call.expected:
+            context["fanout_expected"] = status
         elif failure is None:
-            parsed = {}
+            parsed, failure = _parsed(status, raw, decode)
         self.environment.events.request.fire(
             request_type=call.method, name=call.name, start_time=start_time,
             response_time=(time.perf_counter() - start) * 1000, response_length=len(raw),
             response=None, context=context, exception=failure)
-        return parsed if isinstance(parsed, dict) else None
+        return status, parsed if isinstance(parsed, dict) else None
+
+
+def _parsed(status: int, raw: bytes, decode: bool) -> tuple[Any, Exception | None]:
+    """(body, failure) of an answer: the decoded JSON (``decode``) or {}, if 2xx."""
+    if not 200 <= status < 300:
+        return None, ResponseError(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
+    if not decode:
+        return {}, None
+    try:
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError:
+        return None, ResponseError(f"HTTP {status}: the body is not JSON")
 
 
 class ResponseError(Exception):

@@ -2,8 +2,8 @@
 
 Input is one :class:`ModeRun` per read mode measured (``fanout``: the materialized
 view; ``read``: the home query evaluated at read time): the Locust results file
-(``hdr.json``, see ``locustfile.py``), the fan-out probe's samples and the view
-job's lag per micro-batch. :func:`build` writes everything into one directory and
+(``hdr.json``, see ``locustfile.py``: histograms, and the expected non-2xx answers
+counted apart), the fan-out probe's samples and the view job's lag per micro-batch. :func:`build` writes everything into one directory and
 returns the summary; :func:`render_text` is the short table printed at the end.
 Every figure comes from HdrHistograms; percentiles are in milliseconds.
 """
@@ -57,6 +57,11 @@ class ModeRun:
     def meta(self) -> dict[str, Any]:
         return self.results["meta"]
 
+    @property
+    def expected(self) -> dict[str, dict[str, int]]:
+        """Expected non-2xx answers by endpoint and status (none in older results)."""
+        return self.results.get("expected") or {}
+
     def seconds(self) -> float:
         """Measured seconds: from the end of the warm-up to the stop."""
         stop = self.meta.get("stopped_at") or self.meta["measure_from"]
@@ -94,7 +99,7 @@ def build(runs: list[ModeRun], info: dict[str, Any], out: Path) -> dict[str, Any
 def mode_summary(run: ModeRun) -> dict[str, Any]:
     """Figures of one mode: endpoints, reads/writes/all, fan-out, view lag, checks."""
     seconds = run.seconds()
-    figures = summarize(run.recorder, seconds)
+    figures = summarize(run.recorder, seconds, run.expected)
     figures["meta"] = run.meta
     figures["fanout_latency"] = probe_summary(run.probe, seconds) if run.probe else None
     figures["view_lag"] = lag_summary(run.batches)
@@ -107,9 +112,14 @@ def mode_summary(run: ModeRun) -> dict[str, Any]:
 
 
 def probe_summary(result: ProbeResult, seconds: float) -> dict[str, Any]:
-    """Per author class: post → visible percentiles, timeouts and errors; all samples."""
+    """Per probe class: write → visible percentiles, timeouts and errors; all samples.
+
+    ``read_your_writes``: the ``?after=`` reads of the author's own write, their
+    percentiles and ``misses`` (answers that did not show the write).
+    """
     out: dict[str, Any] = {k: stats(result.hists[k], seconds, result.errors[k])
                            | {"timeouts": result.timeouts[k]} for k in CLASSES}
+    out["read_your_writes"] = stats(result.own, seconds) | {"misses": result.own_misses}
     out["skipped"] = result.skipped
     out["samples"] = [asdict(s) for s in result.samples]
     return out
@@ -199,12 +209,17 @@ def render_text(summary: dict[str, Any]) -> str:
 
 
 def _fanout_text(fan: dict[str, Any]) -> str:
-    lines = ["fan-out latency (post → visible in a follower's home timeline), ms"]
+    lines = ["fan-out latency (post or repost → visible in a follower's home timeline), ms"]
     for k in CLASSES:
         s = fan[k]
         lines.append(f"  {k:<10} n={s['count']:<5} p50={_ms(s.get('p50'))} "
                      f"p99={_ms(s.get('p99'))} max={_ms(s.get('max'))} "
                      f"timeouts={s['timeouts']} errors={s['errors']}")
+    own = fan.get("read_your_writes")
+    if own:
+        lines.append(f"read-your-writes (?after= read of the author's own post), ms: "
+                     f"n={own['count']} p50={_ms(own.get('p50'))} p99={_ms(own.get('p99'))} "
+                     f"misses={own['misses']}")
     return "\n".join(lines)
 
 
@@ -279,12 +294,15 @@ def _compare_html(summary: dict[str, Any]) -> str:
 
 
 def _mode_html(mode: str, figures: dict[str, Any]) -> str:
-    cols = ["endpoint", "count", "errors", "rps", *(label(p) for p in PERCENTILES), "max"]
+    cols = ["endpoint", "count", "errors", "expected", "rps",
+            *(label(p) for p in PERCENTILES), "max"]
     rows = [[name, *(s.get(c) for c in cols[1:])] for name, s in
             {**figures["endpoints"], **{g: figures[g] for g in ("reads", "writes", "all")}}.items()]
     open_loop = bool(figures["meta"]["options"].get("fanout_rate"))
     note = ("Timed from the intended send time (open loop, coordinated omission corrected)."
             if open_loop else "Timed from the actual send time (closed loop).")
+    note += (" expected: answers that are refusals by design, not errors (a deleted "
+             "account's timeline, a repost of a tweet deleted since it was read).")
     parts = [f"<h2>{_e(mode)} mode</h2>", _table_html(cols, rows, note)]
     if open_loop:
         service = [[n, s["count"], s.get("p50"), s.get("p99"), s.get("p99.9"), s.get("max")]
@@ -301,11 +319,16 @@ def _mode_html(mode: str, figures: dict[str, Any]) -> str:
 def _fanout_html(fan: dict[str, Any] | None, lag: dict[str, Any]) -> str:
     rows = [[k, fan[k]["count"], fan[k]["timeouts"], fan[k]["errors"], fan[k].get("p50"),
              fan[k].get("p99"), fan[k].get("max")] for k in CLASSES] if fan else []
+    if fan and "read_your_writes" in fan:
+        own = fan["read_your_writes"]
+        rows.append(["read-your-writes", own["count"], f"{own['misses']} missed", "",
+                     own.get("p50"), own.get("p99"), own.get("max")])
     rows.append(["view job, per batch", lag["batches"], "", "", lag.get("p50"), lag.get("p99"),
                  lag.get("max")])
     return _table_html(["fan-out", "count", "timeouts", "errors", "p50", "p99", "max"], rows,
-                       "Post → visible in a follower's home timeline (ms), and the view "
-                       "job's newest event time → applied per micro-batch.")
+                       "Post or repost → visible in a follower's home timeline (ms); an "
+                       "author's ?after= read of their own post (a miss: it did not show "
+                       "it); the view job's newest event time → applied per micro-batch.")
 
 
 def _table_html(cols: list[str], rows: list[list[Any]], caption: str) -> str:

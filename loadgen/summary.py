@@ -4,12 +4,18 @@ Turns a :class:`~loadgen.recording.Recorder` into plain numbers in milliseconds 
 what ``summary.json``, the plots, the HTML report and the end-of-run table show — and
 checks that they hang together (:func:`problems`): endpoint counts add up to the
 totals, percentiles never decrease, no error count exceeds its request count.
+
+Beside the histograms, :class:`Expected` counts the answers that are not 2xx but not
+failures either (a deleted account's timeline, a repost of a tweet deleted since it
+was read: ``loadgen.action`` says which); their requests are in the histograms as
+answered, and each endpoint's figures say how many of them there were.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from hdrh.histogram import HdrHistogram
@@ -47,8 +53,45 @@ def merged(hists: Iterable[HdrHistogram]) -> HdrHistogram:
     return total
 
 
-def summarize(recorder: Recorder, seconds: float) -> dict[str, Any]:
-    """Per endpoint, per kind (reads, writes) and overall figures over ``seconds``."""
+class Expected:
+    """Expected non-2xx answers per endpoint and status, from ``measure_from`` on.
+
+    Requests due before ``measure_from`` (the warm-up) are left out, as the
+    recorder leaves them out of the histograms. It travels as a plain dict
+    (``{name: {status: count}}``, string keys): worker to master, and into ``hdr.json``.
+    """
+
+    def __init__(self, measure_from: float = 0.0) -> None:
+        self.measure_from = measure_from
+        self.counts: dict[str, Counter[str]] = {}
+
+    def add(self, name: str, status: int, due: float) -> None:
+        """One expected answer ``status`` to a request ``name`` due at ``due`` (epoch s)."""
+        if due >= self.measure_from:
+            self.counts.setdefault(name, Counter())[str(status)] += 1
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {name: dict(c) for name, c in self.counts.items()}
+
+    def drain(self) -> dict[str, dict[str, int]]:
+        """What was counted since the last drain; then forget it (worker → master)."""
+        out = self.to_dict()
+        self.counts = {}
+        return out
+
+    def merge(self, data: Mapping[str, Mapping[str, int]]) -> None:
+        """Add a :meth:`to_dict` payload (another process's) to this one."""
+        for name, by_status in data.items():
+            self.counts.setdefault(name, Counter()).update(by_status)
+
+
+def summarize(recorder: Recorder, seconds: float,
+              expected: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+    """Per endpoint, per kind (reads, writes) and overall figures over ``seconds``.
+
+    ``expected`` (an :meth:`Expected.to_dict`) adds each endpoint's expected answers:
+    ``expected``, their total, and ``expected_status``, by status.
+    """
     names = sorted(recorder.latency)
     endpoints = {n: stats(recorder.latency[n], seconds, recorder.errors[n]) for n in names}
     service = {n: stats(recorder.service[n], seconds, recorder.errors[n]) for n in names}
@@ -57,6 +100,11 @@ def summarize(recorder: Recorder, seconds: float) -> dict[str, Any]:
     totals = {g: stats(merged(recorder.latency[n] for n in members), seconds,
                        sum(recorder.errors[n] for n in members))
               for g, members in groups.items()}
+    for name, s in endpoints.items():
+        by_status = dict((expected or {}).get(name, {}))
+        s |= {"expected": sum(by_status.values()), "expected_status": by_status}
+    for group, members in groups.items():
+        totals[group]["expected"] = sum(endpoints[n]["expected"] for n in members)
     return {"seconds": seconds, "endpoints": endpoints, "service": service, **totals,
             "warmup_requests": recorder.warmup, "clipped": recorder.clipped}
 
@@ -95,9 +143,9 @@ def problems(summary: dict[str, Any]) -> list[str]:
     for group, names in (("reads", [n for n in endpoints if kind(n) == "read"]),
                          ("writes", [n for n in endpoints if kind(n) == "write"]),
                          ("all", list(endpoints))):
-        for field in ("count", "errors"):
-            parts = sum(endpoints[n][field] for n in names)
-            if parts != summary[group][field]:
+        for field in ("count", "errors", "expected"):
+            parts = sum(endpoints[n].get(field, 0) for n in names)
+            if parts != summary[group].get(field, 0):
                 found.append(f"{group}.{field} = {summary[group][field]} but endpoints add "
                              f"up to {parts}")
     for name, s in {**endpoints, **{g: summary[g] for g in ("reads", "writes", "all")}}.items():
@@ -107,8 +155,9 @@ def problems(summary: dict[str, Any]) -> list[str]:
 
 def _row_problems(name: str, s: dict[str, Any]) -> list[str]:
     found = []
-    if s["errors"] > s["count"]:
-        found.append(f"{name}: {s['errors']} errors in {s['count']} requests")
+    if s["errors"] + s.get("expected", 0) > s["count"]:
+        found.append(f"{name}: {s['errors']} errors and {s.get('expected', 0)} expected "
+                     f"answers in {s['count']} requests")
     if not s["count"]:
         return found
     values = [s[label(p)] for p in PERCENTILES] + [s["max"]]
@@ -120,8 +169,12 @@ def _row_problems(name: str, s: dict[str, Any]) -> list[str]:
 
 
 def table(summary: dict[str, Any], title: str = "") -> str:
-    """A fixed-width text table: one row per endpoint plus reads, writes and all."""
-    head = f"{'endpoint':<24}{'count':>9}{'errors':>8}{'rps':>9}" + "".join(
+    """A fixed-width text table: one row per endpoint plus reads, writes and all.
+
+    ``expected`` counts the answers that were expected refusals (not errors); a line
+    under the table says which statuses they were.
+    """
+    head = f"{'endpoint':<24}{'count':>9}{'errors':>8}{'expected':>10}{'rps':>9}" + "".join(
         f"{c + ' ms':>11}" for c in TABLE_PERCENTILES)
     lines = [title, head, "-" * len(head)] if title else [head, "-" * len(head)]
     rows = {**summary["endpoints"], **{g: summary[g] for g in ("reads", "writes", "all")}}
@@ -129,8 +182,16 @@ def table(summary: dict[str, Any], title: str = "") -> str:
         if name == "reads":
             lines.append("-" * len(head))
         cells = "".join(f"{_ms(s.get(c)):>11}" for c in TABLE_PERCENTILES)
-        lines.append(f"{name:<24}{s['count']:>9}{s['errors']:>8}{s['rps']:>9.1f}{cells}")
-    return "\n".join(lines)
+        lines.append(f"{name:<24}{s['count']:>9}{s['errors']:>8}{s.get('expected', 0):>10}"
+                     f"{s['rps']:>9.1f}{cells}")
+    return "\n".join(lines + _expected_note(summary["endpoints"]))
+
+
+def _expected_note(endpoints: dict[str, Any]) -> list[str]:
+    """``expected answers (not errors): GET home 404 x3; POST repost 409 x1``, if any."""
+    parts = [f"{name} {status} x{n}" for name, s in endpoints.items()
+             for status, n in sorted(s.get("expected_status", {}).items())]
+    return ["expected answers (not errors): " + "; ".join(parts)] if parts else []
 
 
 def _ms(value: float | None) -> str:

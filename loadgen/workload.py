@@ -8,9 +8,12 @@ writes from the store (:func:`Workload.load`), or, for a plain ``locust`` run, f
 id range ranked by a seeded shuffle (:func:`Workload.from_range`).
 
 A :class:`Mix` weighs the actions. Named profiles cover the usual cases; the default,
-``read-heavy``, has about 65 timeline reads per write, Twitter's published ratio
-(300k read QPS against 4.6k write QPS in 2012). Nothing here touches the network or
-Locust, so it is tested as plain code.
+``social``, has about 65 timeline reads per write, Twitter's published ratio (300k
+read QPS against 4.6k write QPS in 2012), like ``read-heavy``; where ``read-heavy``
+posts, it splits the same weight into posts, replies and reposts and adds the undos,
+blocks, mutes and account deletions of DESIGN §4b, in the proportions of the
+synthetic histories (:data:`ingest.social.SOCIAL`, where their sources are given).
+Nothing here touches the network or Locust, so it is tested as plain code.
 """
 
 from __future__ import annotations
@@ -21,12 +24,19 @@ import json
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+from ingest.social import SOCIAL, RecordMix
 from loadgen.errors import WorkloadError
 
 WORKLOAD_VERSION: Final = 1
-DEFAULT_PROFILE: Final = "read-heavy"
+DEFAULT_PROFILE: Final = "social"
+#: The weight of tweet-like writes (posts, replies, reposts): ``read-heavy``'s posts.
+TWEET_WEIGHT: Final = 0.6
+#: Users per post in ``fanout generate``'s and the demo's default histories (10,000 users
+#: and 100,000 posts; 2,000 and 20,000): turns the share of users whose account is
+#: deleted over a history into a rate per post.
+USERS_PER_POST: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -34,17 +44,28 @@ class Mix:
     """Relative weights of the actions; ``page`` is the chance a home read pages on.
 
     Reads: ``home`` (a home timeline, first page) and ``tweets`` (an author's own
-    tweets). Writes: ``post``, ``delete`` (one of the tweets this run posted),
-    ``follow`` and ``unfollow`` (an edge this run created). A home read continues to
-    the next page with probability ``page``, up to ``max_pages`` pages.
+    tweets). Writes: ``post``; ``reply`` and ``repost`` (to or of a tweet the actor's
+    home timeline shows: the actor reads it first); ``unrepost`` (one of the reposts
+    this run made); ``delete`` (one of the tweets this run posted); ``follow``,
+    ``block`` and ``mute`` and their undos ``unfollow``, ``unblock`` and ``unmute`` (an
+    edge this run created); ``delete_account``. The defaults are ``read-heavy``. A home
+    read continues to the next page with probability ``page``, up to ``max_pages``.
     """
 
     home: float = 62.0
     tweets: float = 3.0
     post: float = 0.6
+    reply: float = 0.0
+    repost: float = 0.0
+    unrepost: float = 0.0
     delete: float = 0.1
     follow: float = 0.2
     unfollow: float = 0.1
+    block: float = 0.0
+    unblock: float = 0.0
+    mute: float = 0.0
+    unmute: float = 0.0
+    delete_account: float = 0.0
     page: float = 0.2
     max_pages: int = 3
 
@@ -72,10 +93,35 @@ class Mix:
         return ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self))
 
 
-ACTIONS: Final = ("home", "tweets", "post", "delete", "follow", "unfollow")
-WRITES: Final = ("post", "delete", "follow", "unfollow")
+ACTIONS: Final = ("home", "tweets", "post", "reply", "repost", "unrepost", "delete", "follow",
+                  "unfollow", "block", "unblock", "mute", "unmute", "delete_account")
+WRITES: Final = ACTIONS[2:]
+
+
+def social_mix(records: RecordMix = SOCIAL, tweets: float = TWEET_WEIGHT) -> Mix:
+    """The read-heavy mix with its ``tweets`` weight of writes split as ``records`` says.
+
+    ``records`` gives replies as a share of posts and reposts per post, so posts
+    (replies included) are ``tweets / (1 + reposts)``; blocks and mutes are per post,
+    their undos and unreposts a share of them, and account deletions a share of the
+    users (:data:`USERS_PER_POST` per post). Reads, deletes, follows and unfollows stay
+    as in ``read-heavy``. Weights keep four significant digits, so that
+    :meth:`Mix.describe` reads back as the same mix.
+    """
+    posts = tweets / (1 + records.reposts)
+    blocks, mutes = posts * records.blocks, posts * records.mutes
+    reposts = posts * records.reposts
+    weights = {"post": posts * (1 - records.replies), "reply": posts * records.replies,
+               "repost": reposts, "unrepost": reposts * records.unrepost_ratio,
+               "block": blocks, "unblock": blocks * records.unblock_ratio,
+               "mute": mutes, "unmute": mutes * records.unmute_ratio,
+               "delete_account": posts * USERS_PER_POST * records.account_deletes}
+    rounded: dict[str, Any] = {name: float(f"{w:.4g}") for name, w in weights.items()}
+    return Mix(**rounded)
+
 
 PROFILES: Final[dict[str, Mix]] = {
+    "social": social_mix(),
     "read-heavy": Mix(),
     "read-only": Mix(home=95, tweets=5, post=0, delete=0, follow=0, unfollow=0),
     "mixed": Mix(home=9, tweets=1, post=0.6, delete=0.1, follow=0.2, unfollow=0.1),
@@ -137,8 +183,10 @@ class Workload:
     """Users ranked by activity and by popularity, plus who may act and who is reserved.
 
     ``actors``: users the load may write as (those holding a token when auth is on);
-    empty means anyone in ``readers``. ``reserved``: users the fan-out probe watches;
-    the load never follows or unfollows as them, so it cannot break the probe's edges.
+    empty means anyone in ``readers``. ``reserved``: users the fan-out probe posts as
+    or watches; the load never follows, unfollows, blocks or mutes as them, never
+    blocks or mutes them and never deletes their accounts, so it cannot break the
+    probe's edges.
     """
 
     readers: list[int]

@@ -454,7 +454,7 @@ def test_probe_measures_until_visible_and_counts_timeouts():
     result = ProbeResult()
     result.add(sample)
     result.add(lost)
-    assert result.timeouts == {"normal": 0, "celebrity": 1}
+    assert result.timeouts == {"normal": 0, "celebrity": 1, "repost": 0}
     assert result.hists["normal"].get_total_count() == 1
 
 
@@ -494,10 +494,11 @@ def test_probe_run_alternates_classes_and_stops_on_time():
     api = FakeApi(delay_polls=0)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
     targets = [Target(1, 2, False), Target(3, 4, False), Target(5, 6, True)]
-    probe = FanoutProbe(client, targets, ProbeSettings(interval=0.02, deadline=1, poll=0.01))
+    probe = FanoutProbe(client, targets, ProbeSettings(interval=0.02, deadline=1, poll=0.01,
+                                                       reposts=False))
     result = probe.run(threading.Event(), until=time.time() + 0.5)
     kinds = [s.kind for s in sorted(result.samples, key=lambda s: s.posted_at)]
-    assert len(kinds) >= 6 and result.errors == {"normal": 0, "celebrity": 0}
+    assert len(kinds) >= 6 and result.errors == {"normal": 0, "celebrity": 0, "repost": 0}
     assert kinds[:4] == ["normal", "celebrity", "normal", "celebrity"]
     with pytest.raises(ProbeError):
         FanoutProbe(client, [])
