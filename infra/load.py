@@ -9,6 +9,12 @@ then reads the view job's lag per micro-batch from the store. Progress shows whi
 it runs. The results go to ``reports/<run>/``: ``summary.json``, ``report.html`` and
 the PNGs (:mod:`loadgen.report`); a short table is printed at the end.
 
+The default mix, ``social``, acts as DESIGN §4b's users do: replies, reposts and
+their undos, blocks, mutes and now and then an account deletion beside posts,
+follows and timeline reads (:mod:`loadgen.workload`). The probe's authors join its
+followers among the workload's reserved users, whom the load never blocks, mutes or
+deletes, so the probe's edges hold whatever the mix does.
+
 Every run is bounded: in time (``--duration`` plus warm-up, with a hard deadline on
 the subprocess), in requests (``--max-requests``) and in place (loopback targets
 only, unless ``--allow-remote``). Flags fall back to ``FANOUT_LOAD_*`` variables.
@@ -39,8 +45,8 @@ from infra import loadprep
 from infra.errors import LoadRunError
 from ingest.progress import progress as progress_bar
 from loadgen.errors import LoadgenError
-from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings
-from loadgen.workload import PROFILES, parse_mix, parse_user_range
+from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings, Target
+from loadgen.workload import DEFAULT_PROFILE, PROFILES, Workload, parse_mix, parse_user_range
 
 if TYPE_CHECKING:  # the report pulls in matplotlib: imported when a run needs it
     from loadgen.report import ModeRun
@@ -91,9 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start", action="store_true",
                    help="start a stack in <run-dir>/load, fill it with a synthetic history, "
                         "load it, stop it")
-    p.add_argument("--profile", default=env("FANOUT_LOAD_PROFILE", "read-heavy"),
+    p.add_argument("--profile", default=env("FANOUT_LOAD_PROFILE", DEFAULT_PROFILE),
                    help=f"action mix: {', '.join(PROFILES)}, or profile:key=value,... "
-                        "(env FANOUT_LOAD_PROFILE; default read-heavy, ~65 reads per write)")
+                        f"(env FANOUT_LOAD_PROFILE; default {DEFAULT_PROFILE}: ~65 reads per "
+                        "write, posts, replies, reposts, blocks, mutes and account deletions "
+                        "in the proportions of ingest/social.py)")
     p.add_argument("--duration", type=float, default=float(env("FANOUT_LOAD_DURATION", "60")),
                    help="measured seconds per mode (env FANOUT_LOAD_DURATION; default 60)")
     p.add_argument("--warmup", type=float, default=float(env("FANOUT_LOAD_WARMUP", "10")),
@@ -208,8 +216,19 @@ def execute(plan: LoadPlan, args: argparse.Namespace) -> dict[str, Any]:
                          keep=args.keep, store=args.store) as load, loadprep.private_dir() as private:
         prepared = loadprep.prepare(load, private, probe_authors=args.probe_authors,
                                     seed=plan.seed, user_range=parse_user_range(args.user_range))
+        reserve(prepared.workload, prepared.targets)
         runs = [_run_mode(plan, load, prepared, mode) for mode in plan.modes]
     return build(runs, _info(plan, load, prepared), plan.out)
+
+
+def reserve(workload: Path, targets: list[Target]) -> None:
+    """Add the probe's authors and followers to the workload file's reserved users."""
+    if not targets:
+        return
+    loaded = Workload.load(workload)
+    probed = {t.author for t in targets} | {t.follower for t in targets}
+    loaded.reserved = sorted(set(loaded.reserved) | probed)
+    loaded.dump(workload)
 
 
 def _run_mode(plan: LoadPlan, load: loadprep.LoadTarget, prepared: loadprep.Prepared,

@@ -3,6 +3,8 @@
 One stack (Kafka, Spark view job, API with auth off) is started for the
 module in a temporary run directory and filled with a tiny synthetic history; both
 load runs are subprocesses, as a user would run them, bounded in time, loopback only.
+The runs that drive every action of the social mix (account deletions included) come
+last, since they change the data the others read.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from infra.launch import up
 from infra.load import api_processes
 from infra.loadprep import STARTED, History, api_for, seed, target
 from infra.stack import Stack, down
+from loadgen.action import ACTION_NAMES, HOME, HOME_NEXT, REPLY, REPOST, TWEETS
 from loadgen.recording import Recorder
 from loadgen.summary import PERCENTILES, label
 
@@ -28,6 +31,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.broker, pytest.mar
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE, DURATION, WARMUP = 40, 8, 2
+#: Every action of the social mix, often enough to show in a short run (its real
+#: weights give a block or an account deletion every few thousand actions).
+EVERY_ACTION = ("social:home=6,tweets=2,post=2,reply=3,repost=3,unrepost=2,delete=1,follow=1,"
+                "unfollow=1,block=1,unblock=1,mute=1,unmute=1,delete_account=1")
+#: The non-2xx answers each request may get by design (loadgen.action): a deleted
+#: account's timeline, a reply to or repost of a tweet deleted meanwhile, a repost of
+#: one reposted already from the other process.
+EXPECTED = {HOME: {"404"}, HOME_NEXT: {"404"}, TWEETS: {"404"}, REPLY: {"404"},
+            REPOST: {"404", "409"}}
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +131,28 @@ def _check_mode(mode: str, figures: dict, out: Path) -> None:
     assert fan["normal"]["count"] >= 3 and fan["normal"]["timeouts"] == 0
     assert fan["celebrity"]["count"] >= 3, "the tiny history should have celebrities"
     assert 0 < fan["normal"]["p50"] <= fan["normal"]["p99"] <= fan["normal"]["max"] < 30_000
+    _check_repost_probe(fan)
     assert figures["view_lag"]["batches"] > 0
     server = figures["server"]
     assert server["processes"] == (os.cpu_count() or 1) and server["cpu_s"] > 0, server
+
+
+def _check_repost_probe(fan: dict) -> None:
+    """Reposts reached a follower, and every author read their own post back at once."""
+    repost, own = fan["repost"], fan["read_your_writes"]
+    assert repost["count"] >= 2 and repost["timeouts"] == repost["errors"] == 0, repost
+    assert 0 < repost["p50"] <= repost["max"] < 30_000
+    assert own["count"] >= repost["count"] and own["misses"] == 0, own
+
+
+def _check_actions(endpoints: dict) -> None:
+    """Every action of the mix was made; the only non-2xx answers are the expected ones."""
+    for action, name in ACTION_NAMES.items():
+        assert endpoints.get(name, {}).get("count", 0) > 0, (action, name, sorted(endpoints))
+    for name, s in endpoints.items():
+        assert s["errors"] == 0, (name, s)
+        assert set(s["expected_status"]) <= EXPECTED.get(name, set()), (name, s)
+        assert s["expected"] < s["count"], (name, s)  # some answered 2xx
 
 
 def test_plain_locust_headless_run_exits_zero(stack: Stack, tmp_path: Path):
@@ -135,3 +166,43 @@ def test_plain_locust_headless_run_exits_zero(stack: Stack, tmp_path: Path):
     recorder = Recorder.from_dict(results["recording"])
     assert recorder.count() > 50 and not recorder.errors
     assert "HdrHistogram latencies" in done.stderr
+
+
+def test_fanout_load_drives_every_action_of_the_social_mix_in_two_processes(
+        stack: Stack, tmp_path: Path):
+    cmd = [sys.executable, "-m", "infra.cli", "--run-dir", stack.run_dir, "load",
+           "--profile", EVERY_ACTION, "--rate", str(RATE), "--duration", str(DURATION),
+           "--warmup", str(WARMUP), "--users", "8", "--processes", "2",
+           "--probe-interval", "0.5", "--probe-authors", "3", "--reports", str(tmp_path),
+           "--name", "every"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "every" / "summary.json").read_text())
+    assert summary["run"]["processes"] == 2
+    figures = summary["modes"]["fanout"]
+    assert figures["problems"] == [], figures["problems"]
+    assert figures["all"]["errors"] == 0
+    _check_actions(figures["endpoints"])
+    # Each process deleted accounts; the other learnt of them from a 404 (expected).
+    assert figures["endpoints"]["DELETE account"]["count"] >= 2
+    _check_repost_probe(figures["fanout_latency"])
+    assert "expected" in done.stdout and "read-your-writes" in done.stdout
+
+
+def test_plain_locust_drives_every_action_in_two_processes(stack: Stack, tmp_path: Path):
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"),
+           "--headless", "-u", "6", "-r", "6", "-t", "12s", "--host", stack.api_url,
+           "--processes", "2", "--fanout-users", "1-300", "--fanout-profile", EVERY_ACTION,
+           "--fanout-rate", str(RATE), "--fanout-out", str(tmp_path), "--only-summary"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "hdr.json").read_text())
+    recorder = Recorder.from_dict(results["recording"])
+    assert not recorder.errors, recorder.errors
+    endpoints = {n: {"count": h.get_total_count(), "errors": 0,
+                     "expected_status": results["expected"].get(n, {}),
+                     "expected": sum(results["expected"].get(n, {}).values())}
+                 for n, h in recorder.latency.items()}
+    _check_actions(endpoints)
