@@ -1,9 +1,12 @@
 """``fanout demo`` (``make demo``): the whole pipeline end to end, then stopped.
 
-Starts the stack in a fresh run directory, generates a small synthetic history,
+Starts the stack in a fresh run directory, generates a small synthetic history with
+the social mix (:data:`ingest.social.SOCIAL`: replies, reposts and their undos,
+blocks, mutes and a few account deletions beside posts, deletes and follows),
 replays it into the changelogs as fast as possible, waits (with progress) until the
-view job has applied every record, prints a few home timelines fetched over HTTP and
-the result of ``verify``, and stops everything — also when a step fails.
+view job has applied every record, prints the busiest user's home timeline and one
+entry of each kind (post, reply, repost) fetched over HTTP, the result of
+``verify``, and stops everything — also when a step fails.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Final
 
 import httpx
 
@@ -25,10 +30,16 @@ from ingest.producer import ChangelogProducer
 from ingest.progress import progress as progress_bar
 from ingest.replay import replay
 from ingest.settings import KafkaSettings
+from ingest.social import SOCIAL
 from serving.settings import AUTH_ENV
 from views.settings import CELEBRITY_THRESHOLD_ENV
 from views.stores import store_from_url
 from views.stores.base import Store
+
+#: The kinds of timeline entry the demo shows one of (DESIGN §4b).
+KINDS: Final = ("post", "reply", "repost")
+#: Users whose first home page is searched for an entry of each kind, busiest first.
+SEARCHED: Final = 50
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -51,9 +62,13 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
     kafka = KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
                           topic_prefix=stack.topic_prefix)
     history = run_dir / "history"
-    clock.step(f"generate {args.users:,} users, {args.follows:,} follows, {args.tweets:,} tweets",
-               lambda: write(generate(args.users, args.follows, args.tweets, seed=args.seed),
-                             history))
+    made = clock.step(f"generate {args.users:,} users, {args.follows:,} follows and "
+                      f"{args.tweets:,} posts, with replies, reposts, blocks, mutes and "
+                      "account deletions",
+                      lambda: generate(args.users, args.follows, args.tweets, seed=args.seed,
+                                       mix=SOCIAL))
+    write(made, history)
+    print("history: " + ", ".join(f"{k} {n:,}" for k, n in made.counts().items() if n))
     with ChangelogProducer(kafka) as producer:
         summary = clock.step("replay into Kafka", lambda: replay(iter_events(history), producer))
     print(summary.render())
@@ -103,19 +118,58 @@ def end_offsets(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
     return {(kafka.logical(t), p): end for (t, p), end in offsets.ends(tps).items()}
 
 
-def _show_timelines(stack: Stack, store: Store, users: int = 3, entries: int = 5) -> None:
-    busiest = sorted(store.home_users(), key=lambda u: -len(store.followees(u)))[:users]
+def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:
+    """The busiest reader's newest entries, then one entry of each kind over HTTP."""
+    busiest = sorted(store.home_users(), key=lambda u: (-len(store.followees(u)), u))
     with httpx.Client(base_url=stack.api_url, timeout=10) as client:
         for user in busiest:
-            body = client.get(f"/v1/users/{user}/home", params={"limit": entries}).json()
-            print(f"\nGET /v1/users/{user}/home?limit={entries}  (follows "
-                  f"{len(store.followees(user))}, next_cursor {body.get('next_cursor')})")
-            for e in body["entries"]:
-                tweet = e["tweet"]
-                author = tweet["author"].get("handle") or tweet["author"]["id"]
-                actor = e["actor"].get("handle") or e["actor"]["id"]
-                how = f"@{actor} reposted @{author}" if e["kind"] == "repost" else f"@{author}"
-                print(f"  {e['created_at_iso']}  {how}: {tweet['text'][:70]}")
+            answer = client.get(f"/v1/users/{user}/home", params={"limit": entries})
+            if answer.status_code == 200:  # else a deleted account: the next one
+                body = answer.json()
+                print(f"\nGET /v1/users/{user}/home?limit={entries}  (follows "
+                      f"{len(store.followees(user))}, next_cursor {body.get('next_cursor')})")
+                print("\n".join("  " + describe(e, store) for e in body["entries"]))
+                break
+        found = one_of_each(client, busiest[:SEARCHED])
+    print("\none entry of each kind, from the served home timelines:")
+    for kind in KINDS:
+        if kind in found:
+            reader, e = found[kind]
+            print(f"  {kind:<7} in user {reader}'s home: {describe(e, store)}")
+        else:
+            print(f"  {kind:<7} none in the first page of the {SEARCHED} busiest readers")
+
+
+def one_of_each(client: httpx.Client, users: Iterable[int],
+                limit: int = 50) -> dict[str, tuple[int, dict[str, Any]]]:
+    """The first entry of each of :data:`KINDS` in the users' first home pages.
+
+    A deleted account's home answers 404 and is passed over.
+    """
+    found: dict[str, tuple[int, dict[str, Any]]] = {}
+    for user in users:
+        answer = client.get(f"/v1/users/{user}/home", params={"limit": limit})
+        if answer.status_code == 200:
+            for entry in answer.json()["entries"]:
+                found.setdefault(entry["kind"], (user, entry))
+        if all(kind in found for kind in KINDS):
+            break
+    return found
+
+
+def describe(entry: dict[str, Any], store: Store) -> str:
+    """One entry as a line: when, who (reposted whom, or replied to whom), the text."""
+    tweet = entry["tweet"]
+    author = tweet["author"].get("handle") or tweet["author"]["id"]
+    actor = entry["actor"].get("handle") or entry["actor"]["id"]
+    how = f"@{author}"
+    if entry["kind"] == "repost":
+        how = f"@{actor} reposted @{author}"
+    elif entry["kind"] == "reply" and tweet.get("in_reply_to_user_id"):
+        to = int(tweet["in_reply_to_user_id"])
+        profile = store.users([to]).get(to)
+        how = f"@{author} replying to @{profile.handle if profile else to}"
+    return f"{entry['created_at_iso']}  {how}: {tweet['text'][:70]}"
 
 
 class _Clock:
