@@ -151,9 +151,7 @@ class Pages:
             page = Cached(body, etag_of(body), token)
             # Kept only if nothing was committed while rendering: the page is the token's.
             unchanged = generation == (celebrities.generation if celebrities else 0)
-            tweets = [i for table, i in rendered.asked if table == "t"]
-            users = [i for table, i in rendered.asked if table == "u"]
-            if unchanged and versions.keep(position, kind, read.user, tweets, users):
+            if unchanged and versions.keep(position, kind, read.user, rendered.asked):
                 self.cache.put(key, page)
         return page
 

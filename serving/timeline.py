@@ -58,8 +58,9 @@ class Page:
 
     ``tweets`` and ``users`` hold every row the page was decided on (read in the same
     snapshot), so rendering it reads nothing more; ``asked`` names every row the
-    decision read, found or not (``("t", tweet_id)``, ``("u", user_id)``): what a
-    cached copy of the page depends on besides its user's own rows.
+    decision read, found or not (``("t", tweet_id)``, ``("u", user_id)``, and
+    ``("a", author_id)`` for an author's list of tweets): what a cached copy of the
+    page depends on besides its user's own rows.
     """
 
     entries: list[HomeEntry]
@@ -95,7 +96,7 @@ def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Pa
         viewer = Viewer(store, user)
 
         def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
-            entries = store.author_tweets(sorted(viewer.followees()), below, n)
+            entries = viewer.author_tweets(sorted(viewer.followees()), below, n)
             return entries, len(entries) == n
 
         return _page(viewer, batch, below, limit, viewer.home)
@@ -114,7 +115,7 @@ def author_page(store: Store, author: int, below: Key | None, limit: int) -> Pag
             raise _gone(author)
 
         def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
-            entries = store.author_tweets([author], below, n)
+            entries = viewer.author_tweets([author], below, n)
             return entries, len(entries) == n
 
         return _page(viewer, batch, below, limit, viewer.own)
@@ -184,7 +185,7 @@ class _Home:
             return entries, len(entries) == n or above
         # Keys ≤ horizon: evaluate the query here (tweet ids are ≥ 1).
         deeper = min(below, (self.horizon[0], self.horizon[1] + 1))
-        rest = self.store.author_tweets(sorted(self.viewer.followees()), deeper,
+        rest = self.viewer.author_tweets(sorted(self.viewer.followees()), deeper,
                                         n - len(entries))
         return entries + rest, len(rest) == n - len(entries)
 
@@ -199,7 +200,7 @@ class _Home:
         if not self.celebs:
             return []
         cached = self.cache.page(self.celebs, below, n) if self.cache is not None else None
-        return cached if cached is not None else self.store.author_tweets(self.celebs, below, n)
+        return cached if cached is not None else self.viewer.author_tweets(self.celebs, below, n)
 
 
 def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:

@@ -96,8 +96,17 @@ class Viewer:
 
     @property
     def asked(self) -> set[tuple[str, int]]:
-        """Every row read so far, found or not: ``("t", tweet_id)`` or ``("u", user_id)``."""
+        """Every row read so far, found or not.
+
+        ``("t", tweet_id)``, ``("u", user_id)``, or ``("a", author_id)`` for an author's
+        list of tweets (:meth:`author_tweets`).
+        """
         return self._asked
+
+    def author_tweets(self, authors: Sequence[int], below: Key, n: int) -> list[Entry]:
+        """The store's :meth:`~Store.author_tweets`, the authors noted as read."""
+        self._asked.update(("a", a) for a in authors)
+        return self.store.author_tweets(authors, below, n)
 
     def tweet(self, tweet_id: int) -> TweetRow:
         """A loaded tweet row; one the store does not have reads as deleted."""

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from ingest.events import Activity, Delete, Follow, Post, Repost, UserUpsert
+from serving.celebrities import CelebrityCache
 from serving.pagecache import PageCache
 from serving.reads import Pages, Read
 from serving.timeline import AccountGone
@@ -44,8 +45,12 @@ def store(cassandra_hosts: str) -> Iterator:
             opened.close()
 
 
-def _pages(store) -> tuple[Pages, types.SimpleNamespace]:
-    state = types.SimpleNamespace(store=store, versions=store.page_versions(), celebrities=None)
+def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespace]:
+    """The API's page answers over ``store``; with or without a celebrity cache."""
+    versions = store.page_versions()
+    cache = CelebrityCache(store, depth=store.cap, version=versions.position) \
+        if celebrities else None
+    state = types.SimpleNamespace(store=store, versions=versions, celebrities=cache)
     return Pages(PageCache(1 << 24), freshness=None, fan_out=True), state
 
 
@@ -110,9 +115,12 @@ def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=histories(max_size=40), seed=st.integers(0, 2**32),
-       cuts=st.lists(st.integers(0, 200), min_size=2, max_size=6), cap=st.integers(1, 6))
+       cuts=st.lists(st.integers(0, 200), min_size=2, max_size=6), cap=st.integers(1, 6),
+       celebrities=st.booleans())
 def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
-        cassandra_hosts: str, history, seed, cuts, cap) -> None:
+        cassandra_hosts: str, history, seed, cuts, cap, celebrities) -> None:
+    """With a celebrity cache (refreshed after each batch, as its thread would) or
+    without one (celebrities' tweets read from the store)."""
     rng = random.Random(seed)
     arrivals = history + rng.sample(history, k=len(history) // 3)
     rng.shuffle(arrivals)
@@ -122,9 +130,11 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
         store = store_from_url(url, cap=cap).open()
         try:
             join = LocalJoin(JoinConfig(cap, 3, 2), store)
-            pages, state = _pages(store)
+            pages, state = _pages(store, celebrities)
             for batch in batches:
                 join.run(batch)
+                if state.celebrities is not None:
+                    state.celebrities.refresh()
                 for user in USERS:
                     for kind, limit in ((HOME, 2), (HOME, 20), (OWN, 20)):
                         cached = _read(pages, state, user, kind, limit)

@@ -258,8 +258,9 @@ class PageVersions:
     token; a page kept under a token is served again while :meth:`check` gives the
     same token. :meth:`keep` says whether a page rendered after ``check`` returned
     ``position`` may be kept: nothing was committed in between, so its contents are
-    the token's. ``tweets``/``users`` are the ids of every row the decision read, found
-    or not, for backends whose tokens follow them.
+    the token's. ``rows`` names every row the decision read, found or not (``("t",
+    tweet_id)``, ``("u", user_id)``, ``("a", author_id)`` for an author's list of
+    tweets), for backends whose tokens follow them.
 
     This default has one token for the whole store, the applied changelog offsets,
     which every micro-batch moves; backends that know more override it (SQLite: a
@@ -279,8 +280,8 @@ class PageVersions:
         position = self.position()
         return position, position
 
-    def keep(self, position: Position, kind: str, user: int, tweets: Iterable[int],
-             users: Iterable[int]) -> bool:
+    def keep(self, position: Position, kind: str, user: int,
+             rows: Iterable[tuple[str, int]]) -> bool:
         """Whether a page rendered from ``position`` may be kept under its token."""
         return self.position() == position
 

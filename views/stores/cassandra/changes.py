@@ -15,12 +15,14 @@ committed (``writer_clock.committed_ts``); a retried writer writes the same row 
 :class:`FeedVersions` reads it in an API process. Each page read asks one cheap
 question, the committed timestamp (one row); when it moved, the rows of the batches
 in between are read (one partition per hour of ``T``) and the pages they touch are
-forgotten: a home or own page by its user, any page by the tweet and user rows it was
-decided on (registered by :meth:`FeedVersions.keep`). A page's token is the
-timestamp of the last batch that touched it, within an *epoch*: everything of an
-earlier epoch is forgotten wholesale (at start, after a gap the feed cannot cover,
-when the keyspace went back in time, or when the indexes grow past their bound). Activity records and trims touch no page: a page is
-a function of the query, which neither changes. Concurrent reads share one question:
+forgotten: a home or own page by its user, any page by the tweet and user rows and
+the authors' lists of tweets it was decided on (registered by :meth:`FeedVersions.keep`:
+a celebrity's new post reaches no follower's home by the fan-out, only the pages that
+read the celebrity's list). A page's token is the timestamp of the last batch that
+touched it, within an *epoch*: everything of an earlier epoch is forgotten wholesale
+(at start, after a gap the feed cannot cover, when the keyspace went back in time, or
+when the indexes grow past their bound). Activity records and trims touch no page: a
+page is a function of the query, which neither changes. Concurrent reads share one question:
 a read that arrives while another is asking waits for the next answer, so the store
 sees at most one such request per process at a time, not one per read.
 """
@@ -147,14 +149,14 @@ class FeedVersions(PageVersions):
         with self._lock:
             return position, (self._epoch, self._touched.get((kind, user), 0))
 
-    def keep(self, position: Position, kind: str, user: int, tweets: Iterable[int],
-             users: Iterable[int]) -> bool:
+    def keep(self, position: Position, kind: str, user: int,
+             rows: Iterable[tuple[str, int]]) -> bool:
         """Keep (and watch its rows) only if no batch was taken in since ``position``."""
         with self._lock:
             if position != self._seen:
                 return False
             page = (kind, user)
-            for row in (*(("t", t) for t in tweets), *(("u", u) for u in users)):
+            for row in rows:
                 self._watchers.setdefault(row, set()).add(page)
             if len(self._watchers) > MAX_INDEXED:
                 self._reset()
@@ -186,7 +188,8 @@ class FeedVersions(PageVersions):
             self._reset()
             return
         pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
-        for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users)):
+        for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users),
+                    *(("a", a) for a in changes.authors)):
             pages += self._watchers.pop(row, ())
         for page in pages:
             self._touched[page] = ts
