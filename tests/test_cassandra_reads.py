@@ -47,9 +47,10 @@ T = TypeVar("T")
 
 CAP = 300
 #: A 20-entry page with no repost and no reply to a third user on it: the reader's
-#: four partitions (horizon, celebrity edges, relations, the first cached entries) in
-#: one concurrent run, then one IN read each of tweets, profiles and reposts.
-PLAIN_20 = 7
+#: three partitions (horizon; relations, which hold the celebrity edges too; the first
+#: cached entries) in one concurrent run, then one IN read each of tweets, profiles
+#: and reposts.
+PLAIN_20 = 6
 #: With reposts: their originals' rows are a second read of tweets, and the followee
 #: list is read (replies to third users, older appearances of a reposted tweet).
 MIXED_20 = PLAIN_20 + 2

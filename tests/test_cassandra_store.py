@@ -300,7 +300,8 @@ def test_graph_and_profile_ops() -> None:
     ops = cql.graph_ops(plan, 8) + cql.user_ops(plan.users, {4: 5, 5: 3}, 8)
     _check_markers(ops)
     assert ops == [("follow_on", (2, 1, 5, 8)), ("follow_off", (8, 3, 1)),
-                   ("celeb_edge_on", (2, 9, 8)), ("celeb_off", (8, 9)),
+                   ("celeb_edge_on", (2, 9, 8)),
+                   ("relation_on", (2, cql.CELEBRITY_ROW, 9, 0, 8)), ("celeb_off", (8, 9)),
                    ("user_set", (4, "h", "n", 5, 8))]
 
 
@@ -772,3 +773,25 @@ def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
             CassandraStore.from_url(url).open().close()
         finally:
             cluster.shutdown()
+
+
+def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_hosts: str) -> None:
+    """A keyspace of steps 1-3 with celebrity edges: after step 4, home_start finds them."""
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        config = parse_url(url)
+        cluster, session = connect(config, wait=60)
+        try:
+            replication = config.replication.cql_map()
+            apply_schema(session, config.keyspace, replication, load_steps()[:3])
+            for user, celeb in ((1, 7), (1, 8), (2, 7)):
+                session.execute("INSERT INTO celebrity_follows (user_id, celebrity_id) "
+                                "VALUES (%s, %s)", (user, celeb))
+            assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
+                "004_page_changes"]
+        finally:
+            cluster.shutdown()
+        with CassandraStore.from_url(url).open() as store:
+            assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
+            assert store.home_start(2, None, 5).celebrities == [7]
+            assert store.home_start(3, None, 5).celebrities == []
+            assert store.relations(1) == Relations()

@@ -157,6 +157,11 @@ def user_rows(pages: list[Rows]) -> dict[int, UserRow]:
     return {u: UserRow(u, h or "", n or "", bool(d)) for rows in pages for u, h, n, d in rows}
 
 
+def celebrity_rows(rows: Rows) -> list[int]:
+    """The celebrities a user follows, from the user's ``relations`` partition."""
+    return [other for relation, other in rows if relation == cql.CELEBRITY_ROW]
+
+
 def relation_set(rows: Rows) -> Relations:
     """One user's ``relations`` partition: blocks either way, and mutes."""
     blocks, muted = set(cql.RELATION_ROWS[BLOCK]), {cql.RELATION_ROWS[MUTE][0]}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
@@ -134,9 +135,36 @@ def apply_schema(session: Any, keyspace: str, replication_map: str,
     for step in todo:
         for statement in step.statements:
             _ddl(session, statement)
+        if step.version in DATA_STEPS:  # before recording: an interrupted copy runs again
+            DATA_STEPS[step.version](session)
         session.execute(record, (step.version, step.name, int(time.time() * 1000)))
         log.info("schema step %s applied to keyspace %s", step.label, keyspace)
     return todo
+
+
+def copy_celebrity_edges(session: Any) -> None:
+    """Step 4's data: every celebrity edge as a row of its user's ``relations`` partition.
+
+    Written at the newest batch timestamp the writer used, so that any later batch's
+    write of the same edge (on or off) outranks the copy.
+    """
+    from cassandra.concurrent import execute_concurrent_with_args
+    from cassandra.query import SimpleStatement
+
+    clock = list(session.execute("SELECT write_ts FROM writer_clock WHERE id = 0"))
+    ts = int(clock[0][0]) if clock and clock[0][0] else 1
+    insert = session.prepare("INSERT INTO relations (user_id, relation, other_id, created_at) "
+                             "VALUES (?, 'celebrity', ?, 0) USING TIMESTAMP ?")
+    edges = session.execute(SimpleStatement(
+        "SELECT user_id, celebrity_id FROM celebrity_follows", fetch_size=5000),
+        timeout=DDL_TIMEOUT)
+    copied = execute_concurrent_with_args(session, insert, ((u, c, ts) for u, c in edges),
+                                          concurrency=32, raise_on_first_error=True)
+    log.info("schema step 4: %d celebrity edges copied into relations", len(copied))
+
+
+#: Steps that move data as well as define tables: run after the step's statements.
+DATA_STEPS: Final[dict[int, Callable[[Any], None]]] = {4: copy_celebrity_edges}
 
 
 def require_current(session: Any, keyspace: str) -> None:

@@ -502,6 +502,10 @@ def repost_ops(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState]
 #: A block filters both users' timelines, so each of them reads it in one partition.
 RELATION_ROWS: Final[dict[str, tuple[str, str | None]]] = {
     BLOCK: (BLOCK, "blocked_by"), MUTE: (MUTE, None)}
+#: A celebrity the user follows, as a row of the user's ``relations`` partition too
+#: (beside ``celebrity_follows``): a home page reads everything of its reader that
+#: filters or merges — blocks, mutes, celebrities — in that one partition.
+CELEBRITY_ROW: Final = "celebrity"
 
 
 def relation_ops(relations: Iterable[RelationRow], ts: int) -> list[Op]:
@@ -529,8 +533,10 @@ def graph_ops(plan: WritePlan, ts: int) -> list[Op]:
         ops.append(("follow_on", (follower, followee, edge.created_at, ts)) if edge.active
                    else ("follow_off", (ts, follower, followee)))
     for (user, celeb), on in sorted(plan.celeb_edges.items()):
-        ops.append(("celeb_edge_on", (user, celeb, ts)) if on
-                   else ("celeb_edge_off", (ts, user, celeb)))
+        ops += ([("celeb_edge_on", (user, celeb, ts)),
+                 ("relation_on", (user, CELEBRITY_ROW, celeb, 0, ts))] if on
+                else [("celeb_edge_off", (ts, user, celeb)),
+                      ("relation_off", (ts, user, CELEBRITY_ROW, celeb))])
     for author, on in sorted(plan.celebs.items()):
         ops.append(("celeb_on", (author, ts)) if on else ("celeb_off", (ts, author)))
     return ops

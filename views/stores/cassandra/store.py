@@ -387,13 +387,16 @@ class CassandraStore(Store):
         return reads.entries(self._rows(*reads.cached_query(user, below, limit)))
 
     def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
-        """The reader's four partitions in one concurrent run: one round trip, not four."""
-        ops = [("horizon_get", (user,)), ("celebs_followed", (user,)),
-               ("relations_get", (user,))]
+        """The reader's three partitions in one concurrent run: one round trip.
+
+        The celebrities followed come from the reader's ``relations`` partition, where
+        the writer keeps them beside the blocks and mutes.
+        """
+        ops = [("horizon_get", (user,)), ("relations_get", (user,))]
         if limit > 0:
             ops.append(reads.cached_query(user, below, limit))
-        meta, celebs, relations, *page = self._run(ops, EXEC_PROFILE_DEFAULT)
-        return HomeStart(reads.horizon_key(meta), reads.column(celebs),
+        meta, relations, *page = self._run(ops, EXEC_PROFILE_DEFAULT)
+        return HomeStart(reads.horizon_key(meta), reads.celebrity_rows(relations),
                          reads.relation_set(relations), reads.entries(page[0]) if page else [])
 
     def horizon(self, user: int) -> Key | None:
