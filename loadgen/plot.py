@@ -35,6 +35,12 @@ _TOP_PERCENTILE: Final = 99.999
 _DPI: Final = 110
 
 
+def _log_if_drawn(ax: Any) -> None:
+    """A log y axis, unless nothing was drawn (matplotlib cannot log-scale no data)."""
+    if ax.has_data():
+        ax.set_yscale("log")
+
+
 def percentiles(curves: dict[str, HdrHistogram], out: Path, title: str) -> Path:
     """One line per named histogram: latency (ms, log) against percentile."""
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -43,12 +49,13 @@ def percentiles(curves: dict[str, HdrHistogram], out: Path, title: str) -> Path:
         if points:
             ax.plot([_x(p) for p, _ in points], [max(v, 1e-3) for _, v in points],
                     label=name, linewidth=1.4)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.xaxis.set_major_locator(FixedLocator([_x(p) for p in _TICKS]))
-    ax.xaxis.set_major_formatter(FixedFormatter([f"{p:g}%" for p in _TICKS]))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    if ax.has_data():  # matplotlib cannot log-scale an empty plot
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([_x(p) for p in _TICKS]))
+        ax.xaxis.set_major_formatter(FixedFormatter([f"{p:g}%" for p in _TICKS]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("percentile")
     ax.set_ylabel("latency (ms)")
     ax.set_title(title)
@@ -68,7 +75,7 @@ def over_time(rows: Sequence[dict[str, Any]], start: float, measure_from: float,
         if any(v is not None for v in values):
             top.plot(t, [v if v is not None else float("nan") for v in values], style,
                      label=key.replace("_", " "))
-    top.set_yscale("log")
+    _log_if_drawn(top)
     top.set_ylabel("latency (ms)")
     top.set_title(title)
     names = sorted({n for r in rows for n in r["rps"]})
@@ -88,18 +95,20 @@ def fanout_lag(samples: Sequence[dict[str, Any]], batches: Sequence[tuple[float,
                start: float, deadline: float, out: Path, title: str) -> Path:
     """Probe lags (dots; x at the deadline for timeouts) and view lag per batch (line)."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for kind, color in (("normal", "tab:blue"), ("celebrity", "tab:orange")):
+    for kind, color in (("normal", "tab:blue"), ("celebrity", "tab:orange"),
+                        ("repost", "tab:purple")):
         seen = [s for s in samples if s["kind"] == kind and s["lag"] is not None]
         lost = [s for s in samples if s["kind"] == kind and s["lag"] is None]
-        ax.scatter([s["posted_at"] - start for s in seen], [s["lag"] * 1000 for s in seen],
-                   s=14, color=color, label=f"post → visible, {kind} author")
+        if seen:
+            ax.scatter([s["posted_at"] - start for s in seen], [s["lag"] * 1000 for s in seen],
+                       s=14, color=color, label=f"post → visible, {kind} author")
         if lost:
             ax.scatter([s["posted_at"] - start for s in lost], [deadline * 1000] * len(lost),
                        marker="x", color=color, label=f"not visible by deadline, {kind}")
     if batches:
         ax.plot([b[0] - start for b in batches], [max(b[1], 0.001) * 1000 for b in batches],
                 "g-", linewidth=1, label="view job: newest event time → applied, per batch")
-    ax.set_yscale("log")
+    _log_if_drawn(ax)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("lag (ms)")
     ax.set_title(title)

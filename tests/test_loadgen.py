@@ -550,3 +550,15 @@ def test_an_api_that_does_not_answer_gets_a_message_that_says_what_to_do():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(LoadRunError, match=r"does not answer.*`fanout status`.*`fanout up`"):
         auth_on(url, 1)
+
+
+def test_plots_of_a_run_with_nothing_to_plot_are_drawn_empty(tmp_path: Path):
+    """A short run may have no probe sample of some kind, or none at all: the plots are
+    drawn (empty) rather than failing the report on a log scale with no data."""
+    from loadgen import plot
+
+    repost_only = [{"kind": "repost", "posted_at": 1.0, "lag": 0.5}]
+    for samples in ([], repost_only):
+        assert plot.fanout_lag(samples, [], 0.0, 30.0, tmp_path / "lag.png", "t").exists()
+    assert plot.percentiles({}, tmp_path / "p.png", "t").exists()
+    assert plot.over_time([], 0.0, 0.0, tmp_path / "o.png", "t").exists()
