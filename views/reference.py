@@ -1,8 +1,8 @@
 """What the view must equal: the SQL of DESIGN §4b recomputed from the changelogs.
 
 :class:`Reference` folds events (any order, any duplication) into the tables the
-query reads, by brute force and with the pinned semantics of issue 13, then runs the
-literal §4b query in an in-memory SQLite database:
+query reads, by brute force and with these pinned semantics, then runs the literal
+§4b query in an in-memory SQLite database:
 
 - a follow edge, a block and a mute are each their newest event by ``created_at``,
   the un-op (unfollow, unblock, unmute) winning a tie, whatever the arrival order;
@@ -242,11 +242,12 @@ class Reference:
         """:meth:`home`'s rows, evaluated newest first and stopping at ``n`` (for verify).
 
         The literal query filters and ranks every candidate of ``user`` before it can
-        cut at ``n``: on a generated 20,000-user history (300,000 posts) that is 120 ms
-        a user, against 8 ms for §4's query. Here each followee's entries, with what
-        does not depend on the reader already checked, are merged newest first; the
-        first visible appearance of an original is its newest (``ranked``'s rn = 1),
-        so the walk stops after ``n`` of them. Property-tested equal to :meth:`home`.
+        cut at ``n``: 27 ms of CPU a user on a generated 20,000-user social history
+        (800,000 events), against 1.9 ms here. Each followee's entries, with what does
+        not depend on the reader already checked, are merged newest first; the first
+        visible appearance of an original is its newest (``ranked``'s rn = 1), so the
+        walk stops after ``n`` of them, having read about 1.6 entries per entry kept
+        on that history. Property-tested equal to :meth:`home`.
         """
         if self._index is None:
             self._index = _Index(self)
@@ -351,7 +352,9 @@ class _Index:
         hidden = blocked | muted
         seen: set[int] = set()
         out: list[HomeRow] = []
-        lists = [self.entries.get(x, []) for x in f]
+        # A muted followee stays in F(u), so replies addressed to them are shown, but
+        # none of their own entries is: their list is not walked at all.
+        lists = [self.entries.get(x, []) for x in f - muted]
         for at, entry, actor, original, author, reply_to in heapq.merge(*lists, reverse=True):
             if actor in hidden or author in hidden or original in seen:
                 continue
