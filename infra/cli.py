@@ -12,6 +12,7 @@ commands point at that stack unless told otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -252,6 +253,9 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for the view to catch up")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--entries", type=int, default=None, metavar="N",
+                   help="check only the first N entries of each timeline (its first pages; "
+                        "default: the whole cached timeline)")
     p.set_defaults(func=_cmd_verify)
 
 
@@ -263,9 +267,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not kafka.bootstrap:
         log.error("%s is not set and no stack is up: run 'fanout up' first", BOOTSTRAP_ENV)
         return 2
+    # Reader processes reopen the store (one per core) when it is read in process.
+    opener = functools.partial(store_from_url, view.store_url, cap=view.timeline_cap)
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
-                        seed=args.seed, progress=True)
+                        seed=args.seed, progress=True, entries=args.entries, opener=opener)
     print(result.render())
     return 0 if result.ok else 1
 
