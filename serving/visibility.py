@@ -205,7 +205,12 @@ class Viewer:
 
     def _newest_per_original(self, entries: list[HomeEntry]) -> list[HomeEntry]:
         """Entries with no newer visible appearance of their original (``ranked``, rn = 1)."""
-        reposts = self.store.reposts_of(list({e.original_id for e in entries}))
+        # Only reposts newer than an entry can hide it: each original's oldest entry
+        # here bounds what is read (a viral tweet's older reposts are not).
+        oldest: dict[int, Key] = {}
+        for e in entries:
+            oldest[e.original_id] = min(e.key, oldest.get(e.original_id, e.key))
+        reposts = self.store.reposts_of(list(oldest), oldest)
         newer: dict[int, list[Entry]] = {}
         for e in entries:
             later = [r for r in reposts.get(e.original_id, ())

@@ -478,6 +478,10 @@ def test_reposts_of_lists_shown_reposts_newest_first(backend: Backend, space: Sp
         o2: [Entry(4, r[4], d)], o3: [Entry(9, r[5], a)]}
     assert store.reposts_of([o2, o2]) == {o2: [Entry(4, r[4], d)]}
     assert store.reposts_of([]) == {}
+    # Above a key per original: only newer reposts (ties broken by id), none left: out.
+    assert store.reposts_of([o1, o2, o3], {o1: (7, min(r[1], r[2])), o3: (9, r[5])}) == {
+        o1: [Entry(7, max(r[1], r[2]), d if r[2] > r[1] else c)], o2: [Entry(4, r[4], d)]}
+    assert store.reposts_of([o1], {o1: (4, 0)}) == store.reposts_of([o1])
     # A repost is an entry of its reposter, beside their posts.
     assert ids(store.author_tweets([a, d], None, 10)) == [r[5], r[2], r[4], o2, o1]
     assert store.recent_by_author([c], 5) == {c: [Entry(7, r[1], c)]}

@@ -400,11 +400,14 @@ class Store(abc.ABC):
         """The blocks (both ways) and mutes that filter ``user``'s home timeline."""
 
     @abc.abstractmethod
-    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int],
+                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
         """Shown reposts of each original tweet, newest first (``author_id``: the reposter).
 
         Originals with none are left out. What the read path needs to keep one entry
-        per original tweet (the newest appearance) across pages.
+        per original tweet (the newest appearance) across pages. ``above``: only the
+        reposts whose key is above the original's key there (a page asks only for those
+        newer than its own entry: a viral tweet's older reposts are not read).
         """
 
     @abc.abstractmethod

@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from pathlib import Path
 
@@ -644,14 +644,33 @@ class SQLiteStore(Store):
         return Relations(blocked=frozenset(o for o, r in rows if r in (BLOCK, BLOCKED_BY)),
                          muted=frozenset(o for o, r in rows if r == MUTE))
 
-    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int],
+                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
         out: dict[int, list[Entry]] = {}
         # `original_id != 0` spelled out: it lets SQLite use the partial index.
-        for original, created_at, tweet_id, author in self._many(
-                "SELECT original_id, created_at, tweet_id, author_id FROM tweets "
-                "WHERE original_id IN ({}) AND original_id != 0 AND deleted = 0 "
-                "ORDER BY original_id, created_at DESC, tweet_id DESC", originals):
+        rows = self._many(
+            "SELECT original_id, created_at, tweet_id, author_id FROM tweets "
+            "WHERE original_id IN ({}) AND original_id != 0 AND deleted = 0 "
+            "ORDER BY original_id, created_at DESC, tweet_id DESC", originals) \
+            if not above else self._reposts_above(originals, above)
+        for original, created_at, tweet_id, author in rows:
             out.setdefault(original, []).append(Entry(created_at, tweet_id, author))
+        return out
+
+    def _reposts_above(self, originals: Sequence[int], above: Mapping[int, Key]) -> list[tuple]:
+        """Each original's reposts above its own bound: a range of the partial index each."""
+        bounds = [(o, *above.get(o, (-1, -1))) for o in dict.fromkeys(originals)]
+        out: list[tuple] = []
+        for i in range(0, len(bounds), 160):  # 3 parameters an original, under 500
+            chunk = bounds[i:i + 160]
+            out.extend(self._conn().execute(
+                "WITH b(o, c, t) AS (VALUES " + ",".join(["(?, ?, ?)"] * len(chunk)) + ") "
+                "SELECT r.original_id, r.created_at, r.tweet_id, r.author_id "
+                "FROM b JOIN tweets r ON r.original_id = b.o "
+                "WHERE r.original_id != 0 AND r.deleted = 0 "
+                "AND (r.created_at, r.tweet_id) > (b.c, b.t) "
+                "ORDER BY r.original_id, r.created_at DESC, r.tweet_id DESC",
+                [v for row in chunk for v in row]))
         return out
 
     def _many(self, sql: str, ids: Sequence[int]) -> list[tuple]:

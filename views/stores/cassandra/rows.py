@@ -21,7 +21,7 @@ regeneration reads single-partition pages (:func:`author_queries`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ingest.events import BLOCK, MUTE
@@ -40,6 +40,8 @@ IN_MAX: Final = cql.IN_MAX
 #: Rows one ``IN`` request asks for at most: the driver's page (its default
 #: ``fetch_size``), so that the node reads the request's partitions at once.
 ROWS_MAX: Final = 5000
+#: Below every timeline key (times are ≥ 0, ids ≥ 1): a read bounded by it reads all.
+FLOOR: Final[Key] = (-1, -1)
 
 
 # -- queries -------------------------------------------------------------------------------------
@@ -61,9 +63,31 @@ def keyed_queries(name: str, ids: Iterable[int]) -> list[cql.Op]:
     return [(name, (chunk, len(chunk))) for chunk in chunks(ids)]
 
 
-def repost_queries(originals: Iterable[int]) -> list[cql.Op]:
-    """``IN`` reads of ``reposts_by_original``, at most :data:`ROWS_MAX` rows each."""
-    return [("reposts_of_in", (chunk, ROWS_MAX)) for chunk in chunks(originals)]
+def repost_queries(originals: Iterable[int], above: Mapping[int, Key]) -> list[cql.Op]:
+    """``IN`` reads of ``reposts_by_original``, at most :data:`ROWS_MAX` rows each.
+
+    Each reads above the lowest of its originals' bounds (``above``; none: every
+    repost); :func:`above_bounds` then keeps each original's own.
+    """
+    return [("reposts_of_in", (chunk, *min(above.get(o, FLOOR) for o in chunk), ROWS_MAX))
+            for chunk in chunks(originals)]
+
+
+def repost_query(original: int, above: Mapping[int, Key]) -> cql.Op:
+    """One original's reposts above its bound, paged (a chunk that was cut short)."""
+    return ("reposts_of", (original, *above.get(original, FLOOR)))
+
+
+def above_bounds(found: dict[int, list[Entry]], above: Mapping[int, Key]
+                 ) -> dict[int, list[Entry]]:
+    """Each original's reposts strictly above its own bound; originals left with none out."""
+    out = {}
+    for original, entries in found.items():
+        bound = above.get(original, FLOOR)
+        kept = [e for e in entries if e.key > bound]
+        if kept:
+            out[original] = kept
+    return out
 
 
 def author_pages(authors: Iterable[int], below: Key | None, per_author: int) -> list[cql.Op]:

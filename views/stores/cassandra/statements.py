@@ -105,7 +105,8 @@ STATEMENTS: Final[dict[str, str]] = {
                   "WHERE original_id = ? AND created_at = ? AND tweet_id = ?",
     # One partition, paged: an original whose reposts fill a reposts_of_in read's LIMIT.
     "reposts_of": "SELECT original_id, created_at, tweet_id, author_id "
-                  "FROM reposts_by_original WHERE original_id = ?",
+                  "FROM reposts_by_original WHERE original_id = ? "
+                  "AND (created_at, tweet_id) > (?, ?)",
     # -- graph and profiles --------------------------------------------------------------
     "follow_on": "INSERT INTO follows (follower_id, followee_id, created_at) "
                  "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -172,7 +173,8 @@ STATEMENTS: Final[dict[str, str]] = {
                     "original_id, original_author FROM tweets WHERE tweet_id IN ? LIMIT ?",
     "user_get_in": "SELECT user_id, handle, name, deleted FROM users WHERE user_id IN ? LIMIT ?",
     "reposts_of_in": "SELECT original_id, created_at, tweet_id, author_id "
-                     "FROM reposts_by_original WHERE original_id IN ? LIMIT ?",
+                     "FROM reposts_by_original WHERE original_id IN ? "
+                     "AND (created_at, tweet_id) > (?, ?) LIMIT ?",
     "author_page_in": "SELECT author_id, created_at, tweet_id FROM author_tweets "
                       "WHERE author_id IN ? AND (created_at, tweet_id) < (?, ?) "
                       "PER PARTITION LIMIT ? LIMIT ?",

@@ -83,7 +83,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Final
 
 from cassandra import DriverException
@@ -433,20 +433,22 @@ class CassandraStore(Store):
         """One partition: the user's own blocks and mutes, and the blocks of the user."""
         return reads.relation_set(self._rows("relations_get", (user,)))
 
-    def reposts_of(self, originals: Sequence[int]) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int],
+                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
         """One ``IN`` read per :data:`reads.IN_MAX` originals, run concurrently.
 
         A read whose rows fill its LIMIT (a tweet reposted thousands of times) may be
         cut short: its originals are read again one partition each, paged.
         """
-        ops = reads.repost_queries(originals)
+        above = above or {}
+        ops = reads.repost_queries(originals, above)
         pages = self._run(ops, EXEC_PROFILE_DEFAULT)
         short = reads.cut_short(ops, pages)
         if short:
-            again = [("reposts_of", (o,)) for i in short for o in ops[i][1][0]]
+            again = [reads.repost_query(o, above) for i in short for o in ops[i][1][0]]
             pages = [p for i, p in enumerate(pages) if i not in short] + self._run(
                 again, EXEC_PROFILE_DEFAULT)
-        return reads.reposts_by_original(pages)
+        return reads.above_bounds(reads.reposts_by_original(pages), above)
 
     def celebrities(self) -> list[int]:
         return sorted(reads.column(self._rows("celebs")))
