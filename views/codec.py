@@ -1,9 +1,7 @@
-"""Binary encoding of :class:`~views.join.AuthorState` for Spark's state store.
+"""Binary encoding of the join's state for Spark's state store, and its layout there.
 
-The whole per-author state is one value (one state read and one write per key and
-batch) because each state call crosses from the Python worker to the JVM and costs
-~120–260 µs (DESIGN §10), far more than decoding a few arrays. Layout, little
-endian, versioned by the first byte (bump :data:`VERSION` and the checkpoint path
+**An author's state** (:class:`~views.join.AuthorState`) is one value. Layout, little
+endian, versioned by the first byte (bump :data:`VERSION` and :data:`LAYOUT`
 together when it changes):
 
 ``B version | B celebrity | B deleted | q profile_at | q evicted_at | q evicted_id |
@@ -12,17 +10,39 @@ arrays: follower ids, follower edge times, follower active flags (bytes), kept t
 ids, their times, tombstones; repost ids, their times, originals, original authors,
 undone ids; relation users, their kinds (bytes: 0 block, 1 mute), times, on flags
 (bytes). The shown repost per original is derived from the reposts on decode.
+
+**Pages.** Spark calls the processor once per key bucket of authors (its fixed cost
+per call dominated a call per author, DESIGN §10), and each state call crosses from
+the Python worker to the JVM (~120–260 µs), far more than decoding a few arrays. So
+authors' states are not one state entry each: a bucket keeps them in *pages*
+(:func:`encode_page`), entries of a map state, and a :class:`Layout` that says which
+page holds an author. A batch reads and writes only the pages of the authors it
+touches, and pages split as the bucket grows, so they stay about
+:data:`DEFAULT_PAGE_BYTES` whatever the total state: a batch's cost follows what it
+touches, not what the job holds (DESIGN §5).
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
 from operator import itemgetter
+from typing import Final
 
 from views.join import AuthorState, live_reposts
 
-VERSION = 2
+VERSION: Final = 2
+#: How the state sits in Spark's state store (the state variables, :class:`Layout`,
+#: the page and author formats); the checkpoint path carries it.
+LAYOUT: Final = 3
+#: Bytes a page holds on average before the bucket splits one more page. Each page a
+#: batch touches costs two state calls (~0.25–0.5 ms) and its bytes read and written
+#: (~35 ns a byte, docs/capacity.md V9): at 16 KiB a steady batch spends about as much
+#: on either, and a bulk batch, which writes nearly every page, one call a page more
+#: than it would with fewer, larger pages (``benchmarks/bench_codec.py --state-users``).
+DEFAULT_PAGE_BYTES: Final = 16_384
 _HEAD = struct.Struct("<BBBqqqIIIIII")
 _RELATION_CODES = {"block": 0, "mute": 1}
 _RELATION_NAMES = ("block", "mute")
@@ -132,29 +152,30 @@ def _longs(blob: bytes, pos: int, count: int) -> tuple[array, int]:
     return out, end
 
 
-_BUCKET_HEAD = struct.Struct("<BI")
+_PAGE_HEAD = struct.Struct("<BI")
+_MASK = (1 << 64) - 1
 
 
-def encode_bucket(states: dict[int, bytes]) -> bytes:
-    """Encoded author states of one key bucket: ``B version | I n | q keys | I sizes | blobs``.
-
-    The job groups authors into hash buckets so that Spark calls the processor once
-    per bucket rather than once per author (that per-call cost dominated, DESIGN §10);
-    only the authors a batch touches are decoded and re-encoded.
-    """
+def encode_page(states: dict[int, bytes]) -> bytes:
+    """Encoded author states of one page: ``B version | I n | q authors | I sizes | states``."""
     keys = array("q", states.keys())
     sizes = array("I", map(len, states.values()))
-    return b"".join((_BUCKET_HEAD.pack(VERSION, len(keys)), keys.tobytes(), sizes.tobytes(),
+    return b"".join((_PAGE_HEAD.pack(VERSION, len(keys)), keys.tobytes(), sizes.tobytes(),
                      *states.values()))
 
 
-def decode_bucket(blob: bytes) -> dict[int, bytes]:
-    """Inverse of :func:`encode_bucket` (author states stay encoded)."""
-    version, count = _BUCKET_HEAD.unpack_from(blob)
+def page_size(states: dict[int, bytes]) -> int:
+    """``len(encode_page(states))``, without encoding."""
+    return _PAGE_HEAD.size + 12 * len(states) + sum(map(len, states.values()))
+
+
+def decode_page(blob: bytes) -> dict[int, bytes]:
+    """Inverse of :func:`encode_page` (author states stay encoded)."""
+    version, count = _PAGE_HEAD.unpack_from(blob)
     if version != VERSION:
         msg = f"state version {version} is not {VERSION}: use a fresh checkpoint"
         raise ValueError(msg)
-    keys, pos = _longs(blob, _BUCKET_HEAD.size, count)
+    keys, pos = _longs(blob, _PAGE_HEAD.size, count)
     sizes = array("I")
     sizes.frombytes(blob[pos:pos + 4 * count])
     pos += 4 * count
@@ -164,3 +185,67 @@ def decode_bucket(blob: bytes) -> dict[int, bytes]:
         out[key] = bytes(view[pos:pos + size])
         pos += size
     return out
+
+
+def page_hash(author: int) -> int:
+    """64 well-mixed bits of an author id (splitmix64's finalizer).
+
+    Not Spark's ``xxhash64``, which picked the author's bucket: every author of a
+    bucket shares that hash modulo the bucket count, so its low bits cannot tell the
+    bucket's pages apart.
+    """
+    z = (author + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Which page of its key bucket holds an author: linear hashing (Litwin, 1980).
+
+    A bucket has ``2**level + split`` pages. Page ``p`` holds the authors whose
+    :func:`page_hash` is ``p`` modulo ``2**level``, or modulo ``2**(level + 1)`` when
+    ``p < split`` (the pages split already in this round). One page splits, in
+    order, whenever the bucket's ``size`` (the bytes of all its pages) passes
+    ``page_bytes`` a page on average, so pages stay near that size however much the
+    bucket holds, and the whole directory is these three numbers. Pages never merge:
+    state shrinks only by a little (tombstones, evicted tweets).
+    """
+
+    level: int = 0
+    split: int = 0
+    size: int = 0
+
+    @property
+    def pages(self) -> int:
+        return (1 << self.level) + self.split
+
+    def page_of(self, author: int) -> int:
+        hashed = page_hash(author)
+        page = hashed & ((1 << self.level) - 1)
+        return page if page >= self.split else hashed & ((2 << self.level) - 1)
+
+    def by_page(self, authors: Iterable[int]) -> dict[int, list[int]]:
+        """``authors`` grouped by the page that holds them."""
+        out: dict[int, list[int]] = {}
+        for author in authors:
+            out.setdefault(self.page_of(author), []).append(author)
+        return out
+
+    def full(self, page_bytes: int) -> bool:
+        """Whether the pages hold more than ``page_bytes`` each on average."""
+        return self.size > page_bytes * self.pages
+
+    def grown(self, by: int) -> Layout:
+        return Layout(self.level, self.split, self.size + by)
+
+    def split_next(self) -> tuple[int, int, Layout]:
+        """The page to split, the new page it gives authors to, and the layout after.
+
+        The new page is always the next page number; it adds one page header.
+        """
+        page, new = self.split, self.pages
+        last = page + 1 == 1 << self.level
+        return page, new, Layout(self.level + last, 0 if last else page + 1,
+                                 self.size + _PAGE_HEAD.size)

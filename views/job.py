@@ -5,6 +5,8 @@ entry point used by ``fanout job`` / ``fanout up``: it opens the store, starts t
 query, logs progress, and stops cleanly on SIGTERM/SIGINT. The checkpoint path is
 versioned with the state layout, the shuffle partition count and the number of key
 buckets, because changing any of them makes an old checkpoint unreadable (DESIGN §10).
+A checkpoint of another state layout beside it is refused, not silently left behind:
+its views must be rebuilt (:func:`other_layout`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ingest.settings import KafkaSettings
 from views import connector
-from views.codec import VERSION as STATE_VERSION
+from views.codec import LAYOUT
 from views.delta import PACKED_DELTA_DDL
-from views.errors import BrokerUnreachable, OffsetsPastEnd
+from views.errors import BrokerUnreachable, OffsetsPastEnd, ViewError
 from views.packed import PACKED_DDL, bucket_of, pack_source_batches
 from views.processor import JoinProcessor
-from views.settings import ViewSettings
+from views.settings import CHECKPOINT_DIR_ENV, STORE_ENV, ViewSettings
 from views.sink import Sink, SpoolingSink
 from views.source import FORMAT as PYTHON_FORMAT
 from views.stores.base import Store
@@ -39,8 +41,38 @@ QUERY_NAME = "fanout_views"
 
 def checkpoint_path(view: ViewSettings) -> Path:
     """Where this state layout and partitioning keep their checkpoint."""
-    return view.checkpoint_dir / (f"state-v{STATE_VERSION}-p{view.shuffle_partitions}"
+    return view.checkpoint_dir / (f"state-v{LAYOUT}-p{view.shuffle_partitions}"
                                   f"-b{view.key_buckets}")
+
+
+_LAYOUT_DIR = re.compile(r"state-v(\d+)(?:-|$)")
+
+
+def other_layout(view: ViewSettings) -> str | None:
+    """Why the job must not start: its checkpoint directory holds views of another layout.
+
+    A job of this layout would start afresh beside such a checkpoint and apply the
+    whole log again onto the store the old one kept; the state cannot be carried over
+    (:data:`views.codec.LAYOUT`), so the views are rebuilt from the topics instead.
+    None when this layout's checkpoint has started, or no other one has.
+    """
+    if _started(checkpoint_path(view)):
+        return None
+    for old in sorted(view.checkpoint_dir.glob("state-v*")):
+        found = _LAYOUT_DIR.match(old.name)
+        if found and int(found.group(1)) != LAYOUT and _started(old):
+            return (f"the checkpoint {old} keeps the join's state in layout "
+                    f"v{found.group(1)}; this job keeps layout v{LAYOUT} and cannot read it. "
+                    "Rebuild the views from the topics: run `fanout rebuild` (it sets the "
+                    "checkpoint and the SQLite store aside), start the job again, and "
+                    "replay the history (`fanout replay DIR`) if the topics no longer hold "
+                    "all of it; or build them beside the live views with a new "
+                    f"{CHECKPOINT_DIR_ENV} and {STORE_ENV} (DESIGN §5)")
+    return None
+
+
+def _started(checkpoint: Path) -> bool:
+    return any(checkpoint.glob("offsets/*"))
 
 
 def spooling_sink(view: ViewSettings, store: Store) -> SpoolingSink:
@@ -75,10 +107,15 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, s
 
     Without a ``sink`` it writes synchronously (:func:`job_sink` without spooling),
     so a drained query has applied everything; :func:`run` spools SQLite's batches.
+    Raises :class:`~views.errors.ViewError` beside a checkpoint of another state
+    layout (:func:`other_layout`).
     """
+    refused = other_layout(view)
+    if refused is not None:
+        raise ViewError(refused)
     packed = read_source(spark, kafka, view)
     deltas = packed.groupBy("bucket").transformWithStateInPandas(
-        statefulProcessor=JoinProcessor(view.join_config()),
+        statefulProcessor=JoinProcessor(view.join_config(), view.state_page_bytes),
         outputStructType=PACKED_DELTA_DDL, outputMode="Append", timeMode="None")
     writer = (deltas.writeStream.queryName(QUERY_NAME)
               .foreachBatch(sink or job_sink(view, store, spool=False))
@@ -118,6 +155,10 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
         stop: threading.Event,
         on_started: Callable[[], object] | None = None) -> int:
     """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
+    refused = other_layout(view)
+    if refused is not None:
+        log.error("view job not started: %s", refused)
+        return EXIT_LAYOUT
     store = view.store().open()
     sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
@@ -141,6 +182,8 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
 EXIT_PAST_END = 3
 #: Exit code of a job that gave up on an unreachable broker.
 EXIT_BROKER = 4
+#: Exit code of a job that found a checkpoint of another state layout (:func:`other_layout`).
+EXIT_LAYOUT = 5
 
 
 def _failed(error: str) -> int:

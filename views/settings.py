@@ -13,6 +13,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from ingest.settings import FanoutSettings, env_alias
+from views.codec import DEFAULT_PAGE_BYTES
 from views.join import JoinConfig
 from views.stores import store_from_url
 from views.stores.base import Store
@@ -75,6 +76,13 @@ class ViewSettings(FanoutSettings):
     key_buckets: int = Field(
         64, ge=1, le=1 << 20, validation_alias=env_alias("FANOUT_KEY_BUCKETS", "key_buckets"),
         description="Hash buckets of authors: the processor's unit of work and of state.")
+    state_page_bytes: int = Field(
+        DEFAULT_PAGE_BYTES, ge=1024,
+        validation_alias=env_alias("FANOUT_STATE_PAGE_BYTES", "state_page_bytes"),
+        description="Average bytes of a page of authors' join state before a bucket "
+                    "splits one (views.codec.Layout): a batch reads and writes the pages "
+                    "it touches, two state calls and these bytes each. A running job "
+                    "may change it: pages split further, or stop splitting.")
     shuffle_partitions: int = Field(2, ge=1,
                                     validation_alias=env_alias("FANOUT_SHUFFLE_PARTITIONS",
                                                                "shuffle_partitions"))
