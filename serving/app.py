@@ -19,12 +19,14 @@ secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 # No ``from __future__ import annotations``: FastAPI must resolve the parameter types
 # that _timeline_routes builds at run time (they carry the configured max_page).
 
+import functools
 import gc
 import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,7 +46,7 @@ from serving.errors import ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
 from serving.handlers import ErrorBody, install_error_handlers, on_unexpected
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
-from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics
+from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics, shared_dir, worker_exited
 from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
 from serving.protocol import ReadsProtocol
@@ -141,7 +143,8 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 
 # -- the app -------------------------------------------------------------------------
 def create_app(settings: ServingSettings, store: Store | None = None, *,
-               kafka: KafkaSettings | None = None, freeze_heap: bool = False) -> FastAPI:
+               kafka: KafkaSettings | None = None, freeze_heap: bool = False,
+               metrics_dir: FilePath | None = None, metrics_leader: bool = True) -> FastAPI:
     """The API; ``store`` if given is the caller's (already open, not closed here).
 
     Writes produce to ``kafka`` (default: the environment's ``KafkaSettings``).
@@ -150,12 +153,15 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     serving walks only what came after — the 60-120 ms pauses of walking the whole
     app in the middle of reads were most of the open-loop tail (issue 14). For a
     process that serves one app (:func:`serve`); a test process making many would
-    keep each one's cycles forever.
+    keep each one's cycles forever. ``metrics_dir``: the multiprocess directory of a
+    worker of several; ``metrics_leader``: whether this app feeds the series read
+    from the store's batch log (one worker of several does; :mod:`serving.metrics`).
     """
     auth = Auth(settings)
     writer = _writer(settings, kafka or KafkaSettings())
     app = FastAPI(title="fanout API", version="1",
-                  lifespan=_lifespan(settings, store, writer, lambda: activity, freeze_heap),
+                  lifespan=_lifespan(settings, store, writer, lambda: activity, freeze_heap,
+                                     lambda: metrics),
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
     activity = _activity_log(settings, writer)
@@ -165,7 +171,8 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     pages = Pages(cache, freshness, fan_out=settings.read_mode == "fanout", activity=activity)
     metrics = Metrics(lambda: getattr(app.state, "store", None), lambda: writer.stats,
                       lambda: (activity.sent, activity.failed) if activity else None,
-                      lambda: (cache.hits, cache.misses))
+                      lambda: (cache.hits, cache.misses), shared=metrics_dir,
+                      leader=metrics_leader)
     app.include_router(_timeline_routes(settings, auth, pages))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
@@ -220,20 +227,25 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
         return
     first_id = settings.worker_id if settings.worker_id is not None else secrets.randbelow(1024)
 
-    def config(index: int) -> uvicorn.Config:
-        # Each process mints tweet ids with its own Snowflake worker id.
-        own = settings.model_copy(update={"worker_id": (first_id + index) % 1024})
-        return uvicorn.Config(create_app(own, kafka=kafka, freeze_heap=True), log_level="info",
-                              access_log=settings.access_log, http=ReadsProtocol)
+    with shared_dir() as metrics_dir:
 
-    status = run_workers(config, settings.host, settings.port, workers)
+        def config(index: int) -> uvicorn.Config:
+            # Each process mints tweet ids with its own Snowflake worker id.
+            own = settings.model_copy(update={"worker_id": (first_id + index) % 1024})
+            app = create_app(own, kafka=kafka, freeze_heap=True, metrics_dir=metrics_dir,
+                             metrics_leader=index == 0)
+            return uvicorn.Config(app, log_level="info", access_log=settings.access_log,
+                                  http=ReadsProtocol)
+
+        status = run_workers(config, settings.host, settings.port, workers,
+                             on_exit=functools.partial(worker_exited, metrics_dir))
     if status:
         raise SystemExit(status)
 
 
 def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedProducer,
-              activity: Callable[[], ActivityLog | None],
-              freeze_heap: bool = False) -> Callable[[FastAPI], Any]:
+              activity: Callable[[], ActivityLog | None], freeze_heap: bool,
+              metrics: Callable[[], Metrics]) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if injected is not None:
@@ -249,9 +261,11 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
         if freeze_heap:
             gc.collect()
             gc.freeze()
+        metrics().start()
         try:
             yield
         finally:
+            metrics().stop()
             app.state.versions.close()
             if app.state.celebrities is not None:
                 app.state.celebrities.stop()

@@ -12,6 +12,9 @@ and exits (uvicorn's graceful shutdown); the parent exits when all have. A worke
 that dies on its own takes the others down and the parent exits 1, so whoever
 supervises the API (``fanout up``) sees one failed service, not a half-sized one.
 Workers also get SIGTERM if the parent is killed outright (``PR_SET_PDEATHSIG``).
+The parent reports each worker that exited, however it did, to ``on_exit``: the
+workers' metrics are summed from files, and what a dead worker's live gauges said
+goes with it (:func:`serving.metrics.worker_exited`).
 """
 
 from __future__ import annotations
@@ -45,11 +48,13 @@ def reuseport_socket(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
-def run(config: Callable[[int], uvicorn.Config], host: str, port: int, workers: int) -> int:
+def run(config: Callable[[int], uvicorn.Config], host: str, port: int, workers: int,
+        on_exit: Callable[[int], object] | None = None) -> int:
     """Serve ``config(i)``'s app from ``workers`` processes (i = 0..workers-1) on ``host:port``.
 
     Returns the exit status once every worker has stopped: 0 when asked to stop, 1
-    when a worker died on its own.
+    when a worker died on its own. ``on_exit(pid)`` runs in this process as each
+    worker is reaped.
     """
     reserved = reuseport_socket(host, port, listen=False)
     port = reserved.getsockname()[1]
@@ -63,7 +68,7 @@ def run(config: Callable[[int], uvicorn.Config], host: str, port: int, workers: 
     reserved.close()
     log.info("API: %d worker processes on %s:%d (pids %s)", workers, host, port,
              ", ".join(map(str, children)))
-    return _supervise(children)
+    return _supervise(children, on_exit)
 
 
 def _worker(config: Callable[[], uvicorn.Config], host: str, port: int) -> None:
@@ -88,7 +93,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _supervise(children: dict[int, int]) -> int:
+def _supervise(children: dict[int, int],
+               on_exit: Callable[[int], object] | None = None) -> int:
     stopping = False
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -106,6 +112,8 @@ def _supervise(children: dict[int, int]) -> int:
         except ChildProcessError:
             break
         children.pop(pid, None)
+        if on_exit is not None:
+            on_exit(pid)
         code = os.waitstatus_to_exitcode(raw)
         if not stopping:
             log.error("API worker %d exited (%d): stopping the others", pid, code)
