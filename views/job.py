@@ -28,6 +28,7 @@ from views import connector
 from views.codec import LAYOUT
 from views.delta import PACKED_DELTA_DDL
 from views.errors import BrokerUnreachable, OffsetsPastEnd, ViewError
+from views.exporter import JobMetricsSettings, export
 from views.packed import PACKED_DDL, bucket_of, pack_source_batches
 from views.processor import JoinProcessor
 from views.settings import CHECKPOINT_DIR_ENV, STORE_ENV, ViewSettings
@@ -153,7 +154,8 @@ def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings) -
 
 def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
         stop: threading.Event,
-        on_started: Callable[[], object] | None = None) -> int:
+        on_started: Callable[[], object] | None = None,
+        metrics: JobMetricsSettings | None = None) -> int:
     """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
     refused = other_layout(view)
     if refused is not None:
@@ -162,6 +164,7 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     store = view.store().open()
     sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
+    export(spark, query, store, kafka, metrics)
     log.info("view job started: store %s, checkpoint %s", view.store_url, checkpoint_path(view))
     if on_started is not None:
         on_started()
