@@ -17,9 +17,12 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from infra import cassandra as cassandra_cli
 from infra import jars as jars_cli
@@ -32,6 +35,7 @@ from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
 from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
 from serving.settings import API_PORT_ENV, ServingSettings
+from views.metrics import JobMetricsSettings, summary
 from views.settings import DEFAULT_RUN_DIR, STORE_ENV, ViewSettings
 
 log = logging.getLogger("fanout")
@@ -124,7 +128,9 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_up)
     p = sub.add_parser("down", help="stop the stack's services; its data stays for 'up'")
     p.set_defaults(func=_cmd_down)
-    p = sub.add_parser("status", help="what is running in the run directory")
+    p = sub.add_parser("status", help="what is running in the run directory, and how far "
+                                      "behind the view job is (offsets behind, post -> "
+                                      "visible, its last batch)")
     p.set_defaults(func=_cmd_status)
 
 
@@ -181,13 +187,29 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"nothing is up in {args.run_dir}")
         return 1
     state = running.state()
-    print(json.dumps({"api": running.api_url, "kafka": running.bootstrap,
-                      "store": running.store_url, "services": state}, indent=2))
+    shown: dict[str, Any] = {"api": running.api_url, "kafka": running.bootstrap,
+                             "store": running.store_url, "services": state}
+    if state.get("job") == "running":
+        shown["view_job"] = _job_at_a_glance(running.job_metrics_url())
+    print(json.dumps(shown, indent=2))
     if any(s != "running" for s in state.values()):
         print(f"start what is stopped with: fanout --run-dir {running.run_dir} up",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _job_at_a_glance(url: str | None) -> dict[str, Any]:
+    """Offsets behind, post -> visible p99 and the last batch, from the job's endpoint."""
+    if url is None:
+        return {"metrics": None, "error": "no metrics endpoint recorded: restart the job "
+                                          "with `fanout down` and `fanout up`"}
+    try:
+        response = httpx.get(url, timeout=3.0)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return {"metrics": url, "error": f"no answer: {exc}"}
+    return {"metrics": url, **summary(response.text, time.time())}
 
 
 # -- services in the foreground ----------------------------------------------------------
@@ -234,7 +256,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
                               master=args.environ.get(SPARK_MASTER_ENV))
         ready = args.ready_file
         return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
-                   on_started=(lambda: ready.write_text("started")) if ready else None)
+                   on_started=(lambda: ready.write_text("started")) if ready else None,
+                   metrics=JobMetricsSettings.from_env(args.environ))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ Like ``docker compose up``: it starts whichever of the Kafka node, the view job 
 API is not running, and leaves the running ones alone. The first ``up`` in a run
 directory decides the stack's settings — the ``FANOUT_*`` environment and flags, plus
 what ``up`` picks itself (the Kafka log in ``<run>/kafka``, the SQLite store, the
-checkpoint directory and the API port) — and records them in ``stack.json``; every
-later ``up`` starts its services with those same settings, so a restarted job resumes
-from its checkpoint on the same topics and store, and nothing is rebuilt or replayed.
+checkpoint directory, the API port and the job's metrics port) — and records them
+in ``stack.json``; every later ``up`` starts its services with those same settings,
+so a restarted job resumes from its checkpoint on the same topics and store, and
+nothing is rebuilt or replayed.
 
 A service that must move (Kafka's or the API's port taken by something else) moves,
 and the services that point at it are restarted with the new address. When ``up``
@@ -46,6 +47,7 @@ from serving.settings import (
     AUTH_SECRET_ENV,
     ServingSettings,
 )
+from views.metrics import JOB_METRICS_PORT_ENV, JobMetricsSettings
 from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ CASSANDRA_KEYSPACE: Final = "fanout"
 #: ``up``); these are where its pieces are, or secrets, and are decided by the stack.
 _NOT_SETTINGS: Final = frozenset({
     RUN_DIR_ENV, AUTH_SECRET_ENV, API_URL_ENV, API_HOST_ENV, API_PORT_ENV, STORE_ENV,
-    CHECKPOINT_DIR_ENV, TOPIC_PREFIX_ENV, PARTITIONS_ENV})
+    CHECKPOINT_DIR_ENV, TOPIC_PREFIX_ENV, PARTITIONS_ENV, JOB_METRICS_PORT_ENV})
 
 
 def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None,
@@ -120,7 +122,9 @@ def _new_stack(run_dir: Path, port: int | None, environ: Mapping[str, str],
                  topic_prefix=kafka.topic_prefix, partitions=kafka.partitions,
                  settings=settings, local_kafka=local_kafka, local_cassandra=local_cassandra,
                  local_spark=cluster,
-                 spark_master="" if cluster else environ.get(SPARK_MASTER_ENV, ""))
+                 spark_master="" if cluster else environ.get(SPARK_MASTER_ENV, ""),
+                 job_metrics_port=JobMetricsSettings.from_env(environ).port
+                 if environ.get(JOB_METRICS_PORT_ENV) else 0)
 
 
 def _api_port(api: ServingSettings, environ: Mapping[str, str]) -> int:
@@ -224,12 +228,28 @@ def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: flo
     run_dir = Path(stack.run_dir)
     ready = run_dir / "job.ready"
     ready.unlink(missing_ok=True)
+    _place_job_metrics(stack)
     process = spawn(run_dir, "job", ["--ready-file", str(ready)], stack.env())
     stack.pids["job"], stack.markers["job"] = process.pid, MARKER
     started.append("job")
     wait_for_file(ready, process, "the view job", timeout=timeout,
                   watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
                   or _died(stack, "spark-master") or _died(stack, "spark-worker"))
+
+
+def _place_job_metrics(stack: Stack) -> None:
+    """The port the job serves its metrics on: the recorded one while free, else a free one.
+
+    Recorded in ``stack.json`` for ``fanout status``; the job is told it through
+    :meth:`Stack.env` like every other setting.
+    """
+    port = stack.job_metrics_port
+    if port and port_free(port):
+        return
+    stack.job_metrics_port = free_port()
+    if port:
+        log.warning("the view job's metrics port %d is taken: it moves to %d", port,
+                    stack.job_metrics_port)
 
 
 def _ensure_api(stack: Stack, started: list[str], *, restart: bool,

@@ -3,11 +3,12 @@
 The stack is detached services, each with its own log in ``<run>/logs``: the Kafka
 node (unless ``KAFKA_BOOTSTRAP`` names a cluster), the view job and the API (each a
 ``fanout <service>`` process). ``<run>/stack.json`` records the stack: the settings
-its services run with, where Kafka, the store and the API are, and the pid of each
-service with a *marker* — a string its command line must contain — so that a
-recycled pid is never taken for ours nor killed. ``down`` stops the services, API
-first and broker last, and keeps ``stack.json`` with its settings, so that ``up``
-brings the same stack back (see :mod:`infra.launch`).
+its services run with, where Kafka, the store, the API and the job's metrics
+endpoint are, and the pid of each service with a *marker* — a string its command
+line must contain — so that a recycled pid is never taken for ours nor killed.
+``down`` stops the services, API first and broker last, and keeps ``stack.json``
+with its settings, so that ``up`` brings the same stack back (see
+:mod:`infra.launch`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from infra.errors import InfraError
 from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
 from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV
 from serving.settings import API_HOST_ENV, API_PORT_ENV, API_WORKERS_ENV, AUTH_SECRET_ENV
+from views.metrics import JOB_METRICS_PORT_ENV
 from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class Stack:
     local_spark: bool = False
     #: Where the job runs: ``spark://host:port``, or "" for local mode.
     spark_master: str = ""
+    #: Loopback port of the view job's metrics endpoint (0: none chosen yet).
+    job_metrics_port: int = 0
     started_at: float = field(default_factory=time.time)
 
     def running(self, name: str) -> bool:
@@ -86,6 +90,11 @@ class Stack:
                  "spark-master": self.local_spark, "spark-worker": self.local_spark}
         names = [n for n in SERVICES if local.get(n, True)]
         return {n: "running" if self.running(n) else "stopped" for n in names}
+
+    def job_metrics_url(self) -> str | None:
+        """Where the view job answers Prometheus scrapes (its driver binds loopback)."""
+        port = self.job_metrics_port
+        return f"http://127.0.0.1:{port}/metrics" if port else None
 
     def save(self) -> None:
         Path(self.run_dir, STACK_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -107,6 +116,8 @@ class Stack:
                CHECKPOINT_DIR_ENV: str(Path(self.run_dir) / CHECKPOINTS)}
         if self.spark_master:
             env[SPARK_MASTER_ENV] = self.spark_master
+        if self.job_metrics_port:
+            env[JOB_METRICS_PORT_ENV] = str(self.job_metrics_port)
         secret = Path(self.run_dir, AUTH_SECRET_FILE)
         if secret.exists():
             env[AUTH_SECRET_ENV] = secret.read_text().strip()
