@@ -69,7 +69,8 @@ BIG = 2**63 - 1
 def test_a_full_url_parses() -> None:
     config = parse_url("cassandra://ann:s%40cret@c1,c2,c3:9142/fanout?dc=eu-1:3,us_2:2"
                        "&local_dc=eu-1&read_cl=local_one&write_cl=EACH_QUORUM&concurrency=32"
-                       "&timeout=2.5&scan_timeout=60&trim_slack=0&schema=auto&ssl=1")
+                       "&timeout=2.5&scan_timeout=60&trim_slack=0&schema=auto&ssl=1"
+                       "&page_fresh_ms=50")
     assert config.hosts == ("c1", "c2", "c3") and config.port == 9142
     assert (config.keyspace, config.username, config.password) == ("fanout", "ann", "s@cret")
     assert config.replication == Replication("NetworkTopologyStrategy",
@@ -79,6 +80,7 @@ def test_a_full_url_parses() -> None:
                                                  ConsistencyLevel.EACH_QUORUM)
     assert (config.concurrency, config.timeout, config.scan_timeout) == (32, 2.5, 60.0)
     assert (config.trim_slack, config.auto_schema, config.ssl) == (0, True, True)
+    assert config.page_fresh_s == 0.05
     assert "s@cret" not in repr(config)
 
 

@@ -12,6 +12,7 @@ rendered anew from the store.
 from __future__ import annotations
 
 import random
+import time
 import types
 from collections.abc import Iterator
 
@@ -35,9 +36,13 @@ from views.stores.cassandra.changes import HOME, OWN, Changes
 T0 = 1_700_000_000_000
 
 
+#: Every read asks the store what is committed: pages read right after a batch see it.
+EXACT = "page_fresh_ms=0"
+
+
 @pytest.fixture
 def store(cassandra_hosts: str) -> Iterator:
-    with fresh_keyspace(cassandra_hosts) as url:
+    with fresh_keyspace(cassandra_hosts, EXACT) as url:
         opened = store_from_url(url, cap=50).open()
         try:
             yield opened
@@ -126,7 +131,7 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
     rng.shuffle(arrivals)
     batches = split(arrivals, cuts)
     note(f"batches: {batches}")
-    with fresh_keyspace(cassandra_hosts) as url:
+    with fresh_keyspace(cassandra_hosts, EXACT) as url:
         store = store_from_url(url, cap=cap).open()
         try:
             join = LocalJoin(JoinConfig(cap, 3, 2), store)
@@ -144,6 +149,29 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
                         except AccountGone:
                             anew = "gone"
                         assert cached == anew, f"user {user}, {kind}, limit {limit}"
+        finally:
+            state.versions.close()
+            store.close()
+
+
+def test_reads_within_the_window_share_one_question(cassandra_hosts: str) -> None:
+    """With page_fresh_ms, reads in one window ask the store once; a read that arrives
+    a window after a commit sees it."""
+    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=300") as url:
+        store = store_from_url(url, cap=50).open()
+        try:
+            join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+            join.run([Follow(1, 10, T0), Post(100, 10, T0 + 1, "a")])
+            pages, state = _pages(store)
+            time.sleep(0.35)
+            first = _read(pages, state, 1)
+            asked = state.versions.questions
+            assert all(_read(pages, state, 1) == first for _ in range(20))
+            assert state.versions.questions == asked  # one window: no new question
+            join.run([Post(101, 10, T0 + 2, "b")])
+            time.sleep(0.35)
+            assert b'"101"' in _read(pages, state, 1)
+            assert state.versions.questions == asked + 1
         finally:
             state.versions.close()
             store.close()

@@ -22,9 +22,15 @@ read the celebrity's list). A page's token is the timestamp of the last batch th
 touched it, within an *epoch*: everything of an earlier epoch is forgotten wholesale
 (at start, after a gap the feed cannot cover, when the keyspace went back in time, or
 when the indexes grow past their bound). Activity records and trims touch no page: a
-page is a function of the query, which neither changes. Concurrent reads share one question:
-a read that arrives while another is asking waits for the next answer, so the store
-sees at most one such request per process at a time, not one per read.
+page is a function of the query, which neither changes.
+
+Reads share questions: a read takes the last answer if it was asked for at most
+``fresh_s`` before the read arrived (the store URL's ``page_fresh_ms``, 20 ms by
+default; 0: only an answer asked for after it arrived), else waits for the next. The
+store sees at most about one such request per process and window, not one per read,
+and a cached page lags a commit by at most the window — on top of the second or so
+a post takes to reach the store, and never for ``?after=`` reads, which bypass the
+cache.
 """
 
 from __future__ import annotations
@@ -122,10 +128,10 @@ Run = Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
 class FeedVersions(PageVersions):
     """Per-page tokens kept current from the change feed (see the module docstring)."""
 
-    def __init__(self, store: Store, run: Run, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, store: Store, run: Run, fresh_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(store)
-        self._run, self._clock = run, clock
+        self._run, self._clock, self.fresh_s = run, clock, fresh_s
         self._lock = threading.Lock()
         self._seen: int | None = None  # the committed ts the indexes are current to
         self._asked: float | None = None  # when the newest answer's question was asked
@@ -135,11 +141,14 @@ class FeedVersions(PageVersions):
         self.questions = self.catch_ups = self.resets = 0
 
     def position(self) -> Position:
-        """The committed batch timestamp, the indexes brought up to it first."""
+        """The committed batch timestamp, the indexes brought up to it first.
+
+        An answer asked for less than ``fresh_s`` before this call arrived is taken as
+        current; otherwise the store is asked (one row).
+        """
         arrived = self._clock()
         with self._lock:
-            if self._asked is None or self._asked < arrived:
-                # No answer was asked for after this read arrived: ask (one row).
+            if self._asked is None or self._asked < arrived - self.fresh_s:
                 self._asked = self._clock()
                 self._advance(self._committed())
             return self._seen

@@ -23,6 +23,10 @@ discovers), so it may follow the last host or every host, but there is one. Opti
                (a node restarting), with backoff, before the job stops (default 120)
 ``schema``     ``check`` (default: require ``fanout schema apply``) or ``auto``
 ``ssl``        ``1`` to connect with TLS, verified against the system CAs
+``page_fresh_ms``  how long an API process's page caches take the store's last
+               answer to "what is committed?" as current (default 20; 0: ask on
+               every read). Reads within it share one question; a page may then
+               lag a commit by at most this long (``?after=`` reads never do)
 =============  =====================================================================
 
 The write level must see the writer's own earlier writes (it reads before it
@@ -109,6 +113,7 @@ class CassandraConfig:
     retry_s: float = 120.0
     auto_schema: bool = False
     ssl: bool = False
+    page_fresh_s: float = 0.02
 
 
 def parse_url(url: str) -> CassandraConfig:
@@ -243,6 +248,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
     "retry": lambda t: ("retry_s", _number("retry", t, -1, 86400)),
     "schema": lambda t: ("auto_schema", _schema_mode(t)),
     "ssl": lambda t: ("ssl", _flag("ssl", t)),
+    "page_fresh_ms": lambda t: ("page_fresh_s", _count("page_fresh_ms", t) / 1000),
 }
 
 

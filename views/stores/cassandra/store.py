@@ -458,7 +458,7 @@ class CassandraStore(Store):
 
     def page_versions(self) -> FeedVersions:
         """Per-page tokens from the batches' change feed (:mod:`.changes`)."""
-        return FeedVersions(self, self._rows)
+        return FeedVersions(self, self._rows, self.config.page_fresh_s)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest dead letters (a full scan: dead letters are few, or alarming)."""
