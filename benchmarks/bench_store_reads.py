@@ -22,6 +22,8 @@ started in turn on the same store, and each is measured:
 - open loop at half the closed loop's rate (``openloop.c``: each request timed from
   its intended send time), p50/p99.
 
+Then this tree's API again with its page cache off (every read assembled, hydrated
+and serialized: what a read costs while writes invalidate pages), closed loop.
 Last, with writes: ``fanout load --rate R`` (the load mix, writes included) against
 one API process of this tree, and its page cache's hit rate from ``/metrics``. The
 results go to ``benchmarks/results/store_reads.json`` (``--name``).
@@ -117,6 +119,20 @@ def measure_api(server: Server, node: psutil.Process | None, args: argparse.Name
     return {"closed": closed, "page_200": deep, "open_half": half}
 
 
+def uncached(url: str, node: psutil.Process | None, args: argparse.Namespace,
+             work: Path) -> dict[str, Any]:
+    """Closed loop with the page cache off: every read assembled, hydrated, serialized."""
+    with api(url, args.workers, work, cache_mb=0) as server:
+        wrk(server, args.connections, args.warmup, args, work)
+        node_cpu = cpu_of([node]) if node else 0.0
+        closed = wrk(server, args.connections, args.seconds, args, work, seed=args.seed + 3)
+    if node is not None:
+        spent = cpu_of([node]) - node_cpu
+        closed["cassandra_cpu_s"] = round(spent, 2)
+        closed["requests_per_cassandra_cpu_s"] = round(closed["requests"] / max(spent, 1e-9))
+    return closed
+
+
 def hit_rate(run: Path, url: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """``fanout load`` with writes against one API process; its page cache's hit rate."""
     with api(url, 1, work) as server:
@@ -159,9 +175,11 @@ def one_store(store: str, history: Path, before: Path | None, args: argparse.Nam
     try:
         fanout(run, "replay", "--no-progress", str(history))
         caught_up(run)
-        out: dict[str, Any] = {"verify": verify_rate(run)}
-        print(f"[{store}] verify: {out['verify']}", flush=True)
-        if before is not None:
+        out: dict[str, Any] = {}
+        if not args.no_verify:
+            out["verify"] = verify_rate(run)
+            print(f"[{store}] verify: {out['verify']}", flush=True)
+        if before is not None and not args.no_verify:
             out["verify_before"] = verify_rate(run, before, args.verify_before_sample)
             print(f"[{store}] verify before: {out['verify_before']}", flush=True)
         stack = Stack.load(run)
@@ -174,6 +192,8 @@ def one_store(store: str, history: Path, before: Path | None, args: argparse.Nam
             with api(url, args.workers, work, root) as server:
                 out[label] = measure_api(server, node, args, work)
             print(f"[{store}] {label}: {json.dumps(out[label])}", flush=True)
+        out["uncached"] = uncached(url, node, args, work)
+        print(f"[{store}] page cache off: {json.dumps(out['uncached'])}", flush=True)
         out["with_writes"] = hit_rate(run, url, args, work)
         print(f"[{store}] with writes: {out['with_writes']['hit_rate']}", flush=True)
         return out
@@ -201,6 +221,7 @@ def main() -> int:
     ap.add_argument("--verify-before-sample", type=int, default=60,
                     help="users the before's verify checks (it is slow on Cassandra)")
     ap.add_argument("--before", default="", metavar="REV")
+    ap.add_argument("--no-verify", action="store_true", help="skip the verify rates")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--name", default="store_reads")
     args = ap.parse_args()
