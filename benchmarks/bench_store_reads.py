@@ -107,12 +107,7 @@ def measure_api(server: Server, node: psutil.Process | None, args: argparse.Name
                 work: Path) -> dict[str, Any]:
     """Warm-up rounds, closed loop with CPU split, the deep pages, open loop at half."""
     warm_up(server, args.connections, args, work, seconds=args.warmup, rounds=15, least=3)
-    node_cpu = cpu_of([node]) if node else 0.0
-    closed = wrk(server, args.connections, args.seconds, args, work, seed=args.seed + 1)
-    if node is not None:
-        spent = cpu_of([node]) - node_cpu
-        closed["cassandra_cpu_s"] = round(spent, 2)
-        closed["requests_per_cassandra_cpu_s"] = round(closed["requests"] / max(spent, 1e-9))
+    closed = closed_loop(server, node, args, work, args.seed + 1)
     assert server.process is not None
     deep = deep_pages(server.port, args.users, args.deep, args.seed + 2)
     half = open_loop(server, max(1.0, closed["requests_per_s"] / 2), args)
@@ -124,8 +119,14 @@ def uncached(url: str, node: psutil.Process | None, args: argparse.Namespace,
     """Closed loop with the page cache off: every read assembled, hydrated, serialized."""
     with api(url, args.workers, work, cache_mb=0) as server:
         wrk(server, args.connections, args.warmup, args, work)
-        node_cpu = cpu_of([node]) if node else 0.0
-        closed = wrk(server, args.connections, args.seconds, args, work, seed=args.seed + 3)
+        return closed_loop(server, node, args, work, args.seed + 3)
+
+
+def closed_loop(server: Server, node: psutil.Process | None, args: argparse.Namespace,
+                work: Path, seed: int) -> dict[str, Any]:
+    """One measured wrk run, the Cassandra node's CPU beside the API's."""
+    node_cpu = cpu_of([node]) if node else 0.0
+    closed = wrk(server, args.connections, args.seconds, args, work, seed=seed)
     if node is not None:
         spent = cpu_of([node]) - node_cpu
         closed["cassandra_cpu_s"] = round(spent, 2)
