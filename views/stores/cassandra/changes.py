@@ -72,6 +72,8 @@ class Changes:
     @classmethod
     def of(cls, plan: WritePlan) -> Changes:
         """The pages and rows ``plan`` may change; timeline trims and reads change none."""
+        if len(plan.adds) + len(plan.removes) > EVERYTHING:  # a bulk batch: no set built
+            return cls(everything=True)
         homes = {*plan.adds.users, *(r[0] for r in plan.removes), *(w[0] for w in plan.wipes),
                  *plan.horizons, *(f for f, _ in plan.follows), *(u for u, _ in plan.celeb_edges),
                  *plan.deleted_users}

@@ -117,7 +117,6 @@ STATEMENTS: Final[dict[str, str]] = {
                      "VALUES (?, ?) USING TIMESTAMP ?",
     "celeb_edge_off": "DELETE FROM celebrity_follows USING TIMESTAMP ? "
                       "WHERE user_id = ? AND celebrity_id = ?",
-    "celebs_followed": "SELECT celebrity_id FROM celebrity_follows WHERE user_id = ?",
     "celeb_on": "INSERT INTO celebrities (bucket, author_id) VALUES (0, ?) USING TIMESTAMP ?",
     "celeb_off": "DELETE FROM celebrities USING TIMESTAMP ? WHERE bucket = 0 AND author_id = ?",
     "celebs": "SELECT author_id FROM celebrities WHERE bucket = 0",

@@ -334,10 +334,10 @@ class CassandraStore(Store):
         if not users:
             return []
         graph = self._run([(name, (u,)) for u in users
-                           for name in ("followees", "celebs_followed")])
+                           for name in ("followees", "relations_get")])
         authors: dict[int, list[int]] = {}
         for i, user in enumerate(users):
-            celebs = set(reads.column(graph[2 * i + 1]))
+            celebs = set(reads.celebrity_rows(graph[2 * i + 1]))
             authors[user] = [a for a in reads.column(graph[2 * i]) if a not in celebs]
         every = sorted({a for found in authors.values() for a in found})
         pages = dict(zip(every, self._run(reads.author_queries(every, None, self.cap + 1)),
@@ -403,7 +403,8 @@ class CassandraStore(Store):
         return reads.horizon_key(self._rows("horizon_get", (user,)))
 
     def celebrities_followed(self, user: int) -> list[int]:
-        return reads.column(self._rows("celebs_followed", (user,)))
+        """From the user's ``relations`` partition, as :meth:`home_start` reads them."""
+        return reads.celebrity_rows(self._rows("relations_get", (user,)))
 
     def followees(self, user: int) -> list[int]:
         return reads.column(self._rows("followees", (user,)))
