@@ -1,4 +1,4 @@
-"""What the API's celebrity cache costs on the whole ego-twitter graph, under writes (issue 14).
+"""What the API's celebrity cache costs on the whole ego-twitter graph, under writes.
 
     .venv/bin/python benchmarks/bench_replay.py          # leaves /tmp/fanout-bench-*/v.sqlite
     .venv/bin/python benchmarks/bench_celebrity_cost.py [--store PATH] [--rate 500]

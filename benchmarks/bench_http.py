@@ -1,4 +1,4 @@
-"""Home reads over HTTP keep-alive against the nginx ceiling, closed and open loop (issue 14).
+"""Home reads over HTTP keep-alive against the nginx ceiling, closed and open loop.
 
     apt-get install -y nginx wrk        # Debian packages this benchmark drives
     .venv/bin/python benchmarks/bench_http.py --store /tmp/fanout-api/v.sqlite [--before REV]

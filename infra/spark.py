@@ -39,13 +39,13 @@ DEFAULT_MASTER: Final = "local[2]"
 #: The driver's heap unless FANOUT_SPARK_DRIVER_MEMORY says (see session_conf): Spark's
 #: own default. State lives in RocksDB, off the heap, so the heap is bounded by a
 #: micro-batch, not by the history; 2g replayed ego-twitter ~6% faster but took the
-#: stack past 3 GB (benchmarks/RESULTS.md, issue 16).
+#: stack past 3 GB (benchmarks/RESULTS.md).
 DRIVER_MEMORY: Final = "1g"
 #: glibc's malloc arenas in the Spark JVMs (and the Python workers they start). Native
 #: allocations from many JVM threads (RocksDB, Arrow, Netty) otherwise spread over up
 #: to 8 arenas a core that are rarely given back: with a 1 GB heap the local JVM peaked
 #: at 2,065 MB in one ego-twitter replay and at 1,307 MB with 2 arenas
-#: (benchmarks/RESULTS.md, issue 16). Hadoop's launch scripts cap them at 4 likewise.
+#: (benchmarks/RESULTS.md). Hadoop's launch scripts cap them at 4 likewise.
 MALLOC_ARENAS_ENV: Final = "MALLOC_ARENA_MAX"
 MALLOC_ARENAS: Final = "2"
 LOOPBACK: Final = "127.0.0.1"
@@ -109,7 +109,7 @@ def build_session(app_name: str, *, shuffle_partitions: int,
 #: workers, Kafka and RocksDB (native), so C2's optimised code buys little, while C2
 #: compiling Spark's code base cost ~25 CPU-seconds of the first minute on this
 #: 2-core box; without it the whole pipeline ran a 396k-event backlog in 43 s
-#: against 49 s (benchmarks/RESULTS.md, issue 16).
+#: against 49 s (benchmarks/RESULTS.md).
 JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
 
 
@@ -117,7 +117,7 @@ JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
 #: are written. Spark's default for a local path goes through Hadoop's FileContext,
 #: whose rename asks for the file's link status by forking `readlink` (no native
 #: Hadoop library here): ~50 ms of each micro-batch's offset-log write and again of
-#: its commit, on the critical path of every batch (issue 16). The FileSystem-based
+#: its commit, on the critical path of every batch. The FileSystem-based
 #: manager renames with rename(2), atomic on the local filesystems fanout
 #: checkpoints to; it still forks `chmod` once per file Hadoop creates.
 CHECKPOINT_FILE_MANAGER: Final = (
@@ -151,7 +151,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Spark keys its pools of Python workers by their environment, and only the
         # decode's mapInArrow sets SPARK_SIMPLIFIED_TRACEBACK: with it on, the decode
-        # and the join each kept a daemon and two ~175 MB workers (issue 16).
+        # and the join each kept a daemon and two ~175 MB workers.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
         "spark.sql.streaming.stateStore.providerClass":
@@ -160,7 +160,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # Python workers, and transformWithState's calls to the state server, over Unix
         # sockets instead of loopback TCP. Two state calls per key bucket were most of
-        # a small micro-batch's join (issue 16): at 500 tweets/s, batch p50 0.34 → 0.28 s.
+        # a small micro-batch's join: at 500 tweets/s, batch p50 0.34 → 0.28 s.
         "spark.python.unix.domain.socket.enabled": "true",
     } | kafka_jars_conf()
 

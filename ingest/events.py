@@ -267,7 +267,7 @@ def load_object(raw: bytes | str) -> dict[str, Any]:
     What ``json.loads(raw)`` returns, by a shorter road for the usual record: UTF-8
     bytes holding exactly one object. ``json.loads`` would guess the encoding and
     match whitespace with a regular expression before and after the object, a third
-    of a record's decode (issue 16); anything else takes that road as before.
+    of a record's decode; anything else takes that road as before.
     """
     if type(raw) is bytes and raw[:1] == b"{" and raw[1:2] != b"\x00":
         try:

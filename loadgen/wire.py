@@ -2,7 +2,7 @@
 
 Locust's ``FastHttpUser`` (geventhttpclient) spends ~0.6 ms of a core per request on
 this box, so two Locust processes could not drive more than ~2,500 reads/s at an API
-that answers ~9,000 (issue 14's profile: the user agent, its response objects and
+that answers ~9,000 (profiled: the user agent, its response objects and
 ``json`` decoding of an 11 KB page). A load generator that is slower than what it
 measures measures itself, so :class:`Connection` does only what the API's requests
 need: it writes one request, reads the status line and headers, and reads the body

@@ -151,7 +151,7 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     ``freeze_heap``: once started, move every object alive into the garbage
     collector's permanent generation (``gc.freeze``), so a full collection while
     serving walks only what came after — the 60-120 ms pauses of walking the whole
-    app in the middle of reads were most of the open-loop tail (issue 14). For a
+    app in the middle of reads were most of the open-loop tail. For a
     process that serves one app (:func:`serve`); a test process making many would
     keep each one's cycles forever. ``metrics_dir``: the multiprocess directory of a
     worker of several; ``metrics_leader``: whether this app feeds the series read

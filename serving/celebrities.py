@@ -223,7 +223,7 @@ class _Merged:
         list. Many changes (a full reload after a busy minute) sort again instead.
         Either way the result equals :meth:`of` on ``new``. Re-sorting every held
         entry on each refresh cost ~13 ms on 48 celebrities and 32k entries, held
-        the GIL against the reads and fed the collector (issue 14).
+        the GIL against the reads and fed the collector.
         """
         old, gone, came = self.lists, list[Entry](), list[Entry]()
         for author in old.keys() | new.keys():
@@ -294,7 +294,7 @@ def _downward(entries: list[Entry], end: int) -> Iterator[Entry]:
     """``entries[end - 1]``, ``entries[end - 2]``, ... read as the merge asks for them.
 
     A page takes ``limit`` of them; copying each list up to ``end`` first made a home
-    render ~30 % slower (issue 14).
+    render ~30 % slower.
     """
     return map(entries.__getitem__, range(end - 1, -1, -1))
 

@@ -2,8 +2,8 @@
 
 A cached home page is a dict lookup and one ``PRAGMA data_version``; what a read
 cost before this was mostly the machinery around it — uvicorn's per-request task and
-``RequestResponseCycle``, the ASGI messages, and eight middleware layers (issue 14's
-profile: ~230 µs of a core per cached read, of which the page ~30 µs).
+``RequestResponseCycle``, the ASGI messages, and eight middleware layers (profiled:
+~230 µs of a core per cached read, of which the page ~30 µs).
 :class:`ReadsProtocol` asks :class:`serving.reads.FastPath` as soon as a request's
 headers are parsed; when the store is read in process (SQLite) and the request is a
 plainly valid page read, the answer is written to the socket right there, from the

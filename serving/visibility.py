@@ -7,7 +7,7 @@ mutes, deleted accounts, deleted originals and reply visibility are filtered her
 rather than materialized: none of them rewrites a timeline row on write, so a block
 or an account delete costs one store row, however many timelines it touches.
 
-For an entry of user ``u`` to be served (the pinned semantics of issue 13):
+For an entry of user ``u`` to be served (the pinned semantics of DESIGN §4b):
 
 - its row is live (a post not deleted, a repost shown), and a repost's original is a
   live post — not a repost — by the repost's ``original_author``;

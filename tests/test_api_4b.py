@@ -1,4 +1,4 @@
-"""DESIGN §4b over HTTP: the cases issue 13 lists, step by step, as a client sees them.
+"""DESIGN §4b over HTTP: the cases DESIGN §4b lists, step by step, as a client sees them.
 
 Each test builds a small world through the pure join (``views.local.LocalJoin``, no
 Spark) into a SQLite file that the API serves, then changes it one record at a time.

@@ -1,12 +1,12 @@
 """The rows the job carries keep their schemas: checkpoints of existing users store them.
 
 The literals below are the schemas as they were written out by hand before they were
-derived from one declaration per row (issue 15, point 2); they must never change
+derived from one declaration per row; they must never change
 without a migration note.
 
 Migration notes:
 
-- **State v2 (issue 13, DESIGN §4b).** The source row gained ``ref_id`` (a repost's
+- **State v2 (DESIGN §4b).** The source row gained ``ref_id`` (a repost's
   original tweet) and the delta row ``reply_to``, ``original_id`` and
   ``original_author``. The join state's layout changed with them (``views.codec``
   VERSION 2), and the checkpoint path carries that version, so a job of this version

@@ -1,4 +1,4 @@
-"""Schemathesis against the running API's own ``/openapi.json`` (issue 5, bad HTTP input).
+"""Schemathesis against the running API's own ``/openapi.json`` (bad HTTP input).
 
 Every operation of the schema is driven with generated requests — valid ones
 (positive) and, where an operation takes input, ones that break the schema

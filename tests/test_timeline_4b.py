@@ -10,7 +10,7 @@ horizons and both author paths are exercised) and read page by page, small pages
 cursors are crossed, by every read path: the cache (``home_page``), the cache with
 the celebrity cache, and fan-out on read (``read_time_page``). Every served entry
 must equal :class:`views.reference.Reference` — the literal §4b SQL — field by
-field. The focused examples below are the cases issue 13 lists, each checked against
+field. The focused examples below are the cases DESIGN §4b lists, each checked against
 both a hand-written expectation and the reference, on the fan-out and celebrity
 paths. Two kinds of input the join path once got wrong — a repost id duplicated
 with other fields, a delete under another author's id in its post's batch — are
@@ -432,7 +432,7 @@ def test_reference_account_delete_is_sticky():
     assert gone.users() == [8] and 9 in Reference().add(history).users()
 
 
-# -- focused examples: issue 13, item 2 --------------------------------------------------------
+# -- focused examples: DESIGN §4b --------------------------------------------------------
 
 NORMAL = JoinConfig(cap=3, promote_at=100, demote_below=80)
 CELEBRITY = JoinConfig(cap=3, promote_at=1, demote_below=1)  # every author on the read path

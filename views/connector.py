@@ -56,7 +56,7 @@ _KAFKA_COLUMNS: Final = ("topic", "partition", "offset", "key", "value")
 #: the connection whose prefetch past the log's end the broker is holding; the broker
 #: answers one request per connection at a time, so each partition read waited out the
 #: hold. At a few writes a second a micro-batch took 1-2 s, nearly all of it there
-#: (benchmarks/RESULTS.md, issue 16).
+#: (benchmarks/RESULTS.md).
 FETCH_MAX_WAIT_MS: Final = 10
 
 #: The Kafka client's own timeout: the broker did not answer within the API timeout.

@@ -241,8 +241,8 @@ DELTA_DDL = ddl(DELTA_COLUMNS)
 
 #: What the join's Spark step emits: one row per processor call, its deltas packed
 #: (:func:`pack_deltas`). A row costs the same to cross the JVM whatever it holds, and
-#: one row per bucket instead of one per delta is what made the crossing cheap
-#: (issue 16). :func:`views.sink.deltas_from_arrow` reads both forms.
+#: one row per bucket instead of one per delta is what made the crossing cheap.
+#: :func:`views.sink.deltas_from_arrow` reads both forms.
 PACKED_DELTA_COLUMNS = (Column("deltas", BINARY),)
 PACKED_DELTA_DDL = ddl(PACKED_DELTA_COLUMNS)
 

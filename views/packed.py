@@ -4,7 +4,7 @@ Spark hands ``transformWithStateInPandas`` its input one row at a time: its seri
 turns every Arrow batch into pandas, walks it with ``itertuples`` and builds a new
 frame per group, and the JVM serializes, shuffles and deserializes every row on the
 way. Per changelog record that cost more than the join itself (``benchmarks/
-RESULTS.md``, issue 16). So the decode packs instead: each ``mapInArrow`` batch of
+RESULTS.md``). So the decode packs instead: each ``mapInArrow`` batch of
 source rows becomes one row per key bucket, ``(bucket, rows)``, where ``rows`` is a
 :mod:`marshal` blob of that bucket's records already in the join's form
 (:class:`~views.join.Change` tuples by key), its dead letters and the highest offset

@@ -4,7 +4,7 @@ A tweet burst's micro-batch carries ~2M timeline adds. As ``(user, created_at,
 tweet, author)`` tuples they took ~200 bytes each in the sink's process (a tuple
 and three large ints), ~400 MB at the batch's peak, and the store spent more time
 building, filtering, sorting and counting them than SQLite spent inserting them
-(``benchmarks/RESULTS.md``, issue 16). :class:`Adds` keeps them as four
+(``benchmarks/RESULTS.md``). :class:`Adds` keeps them as four
 ``array('q')`` columns (32 bytes an add), filled straight from the packed deltas,
 and :class:`SortedAdds` filters and orders them with numpy.
 
