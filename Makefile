@@ -8,13 +8,18 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test install jars java clean
+.PHONY: demo test lint install jars java clean
 
 demo: jars
 	$(VENV)/bin/fanout demo
 
 test: jars
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The static checks (STYLE §12), a step of their own before the suite in CI.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 install: jars
 
