@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 import psutil
-from pipeline import ROOT, percentile, save, scratch
+from harness import ROOT, save
+from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 

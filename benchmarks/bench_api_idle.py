@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from bench_http import _tree_cpu, api, checkout
-from pipeline import save, scratch
+from harness import save
+from pipeline import scratch
 
 
 def main() -> int:

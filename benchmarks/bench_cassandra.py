@@ -44,7 +44,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pipeline import ROOT, percentile, save, scratch
+from harness import ROOT, save
+from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 import psutil
-from pipeline import ROOT, save, scratch
+from harness import ROOT, save
+from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
 

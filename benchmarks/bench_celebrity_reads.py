@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import ROOT, built_store, percentile, save, scratch, timed_ms
+from harness import ROOT, save
+from pipeline import built_store, percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 

@@ -27,7 +27,8 @@ import threading
 import time
 
 from bench_replay import _graph, _phase
-from pipeline import ROOT, pipeline, replay_process, save, scratch
+from harness import ROOT, save
+from pipeline import pipeline, replay_process, scratch
 
 sys.path.insert(0, str(ROOT))
 

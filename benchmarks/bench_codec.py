@@ -37,9 +37,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import marshal
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bench_parts import events
-from pipeline import ROOT, save
+from harness import ROOT, save
 from pyspark.sql.streaming.stateful_processor import (
     MapState,
     StatefulProcessor,
@@ -354,13 +351,6 @@ def _print_batch(name: str, r: dict[str, Any]) -> None:
           f"{lo * 1e3:7.0f}–{hi * 1e3:.0f} ms")
 
 
-def _stamp() -> dict[str, Any]:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True, check=False).stdout.strip()
-    return {"commit": commit, "machine": platform.node(), "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average": os.getloadavg()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--edges", type=int, default=1_000_000)
@@ -382,7 +372,7 @@ def main() -> None:
         result = {"states": [bench_state(n, args) for n in args.state_users]}
     else:
         result = bench_authors(args)
-    result |= {"args": vars(args), "stamp": _stamp()}
+    result |= {"args": vars(args)}
     print(f"written to {save(args.name, result)}")
 
 

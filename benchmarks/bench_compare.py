@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import RESULTS, ROOT, save
+from harness import RESULTS, ROOT, save
 
 sys.path.insert(0, str(ROOT))
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench_parts import events
-from pipeline import ROOT, save
+from harness import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 

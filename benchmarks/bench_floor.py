@@ -40,7 +40,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 from bench_parts import events as parts_events
-from pipeline import pipeline, save, scratch
+from harness import save
+from pipeline import pipeline, scratch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 

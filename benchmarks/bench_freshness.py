@@ -20,7 +20,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from pipeline import ROOT, percentile, pipeline, save
+from harness import ROOT, save
+from pipeline import percentile, pipeline
 
 sys.path.insert(0, str(ROOT))
 

@@ -49,7 +49,8 @@ from typing import Any
 
 import psutil
 from bench_api import HOST, _get_once, _read_response, _request, build
-from pipeline import ROOT, percentile, save, scratch
+from harness import ROOT, save
+from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -312,7 +313,7 @@ async def _open_loop(port: int, rate: float, seconds: float, connections: int, u
             "wall_s": time.perf_counter() - start}
 
 
-OPENLOOP_C = Path(__file__).with_name("openloop.c")
+OPENLOOP_C = Path(__file__).parent / "tools" / "openloop.c"
 
 
 def openloop_binary() -> Path:

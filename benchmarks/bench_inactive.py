@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import ROOT, percentile, save, scratch, timed_ms
+from harness import ROOT, save
+from pipeline import percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 

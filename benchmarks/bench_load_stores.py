@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import ROOT, save
+from harness import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 

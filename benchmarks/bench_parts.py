@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline import ROOT, save, scratch
+from harness import ROOT, save
+from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
 

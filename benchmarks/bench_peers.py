@@ -47,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from bench_parts import events as parts_events
+from harness import ROOT, save
 from peers import ensure_venv
-from pipeline import ROOT, pipeline, save, scratch
+from pipeline import pipeline, scratch
 
 from infra.verify import compare  # noqa: E402
 from ingest.events import Delete, Follow, Post

@@ -39,7 +39,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline import ROOT, built_store, percentile, save, scratch, timed_ms
+from harness import ROOT, save
+from pipeline import built_store, percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 

@@ -28,7 +28,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pipeline import ROOT, percentile, pipeline, replay_process, save
+from harness import ROOT, save
+from pipeline import percentile, pipeline, replay_process
 
 sys.path.insert(0, str(ROOT))
 

@@ -27,7 +27,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from bench_freshness import _lags, produce, record_commits
-from pipeline import ROOT, percentile, pipeline, save
+from harness import ROOT, save
+from pipeline import percentile, pipeline
 
 sys.path.insert(0, str(ROOT))
 

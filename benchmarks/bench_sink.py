@@ -27,7 +27,8 @@ import uuid
 from contextlib import ExitStack
 from typing import Any
 
-from pipeline import ROOT, percentile, save, scratch
+from harness import ROOT, save
+from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 

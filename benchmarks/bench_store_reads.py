@@ -45,7 +45,8 @@ from typing import Any
 import httpx
 import psutil
 from bench_http import Server, checkout, open_loop, warm_up, wrk
-from pipeline import ROOT, percentile, save, scratch
+from harness import ROOT, save
+from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 

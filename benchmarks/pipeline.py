@@ -8,7 +8,6 @@ from here, and waits on the store's applied offsets.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psutil
+from harness import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from infra.broker import KafkaBroker  # noqa: E402
@@ -34,8 +33,6 @@ from views.job import spooling_sink, start_query  # noqa: E402
 from views.kafka_offsets import EndOffsets  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 @dataclass
@@ -249,9 +246,3 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-
-def save(name: str, result: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return path

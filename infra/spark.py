@@ -129,7 +129,7 @@ def java_options() -> str:
 
     The variable is how to profile the JVM where the job runs, e.g.
     ``-XX:StartFlightRecording=delay=30s,duration=60s,filename=job.jfr,settings=profile``
-    (read with ``benchmarks/jfr_top.py``).
+    (read with ``benchmarks/tools/jfr_top.py``).
     """
     extra = os.environ.get(SPARK_JAVA_OPTIONS_ENV, "").strip()
     return f"{JIT_OPTIONS} {extra}" if extra else JIT_OPTIONS

@@ -1,4 +1,4 @@
-"""``benchmarks/cpu_tree.py``: the busy window is the job's micro-batches, not a stray burst;
+"""``benchmarks/tools/cpu_tree.py``: the busy window is the job's micro-batches, not a stray burst;
 threads are counted by id, so short-lived ones are not lost."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "tools"))
 
 from cpu_tree import WORKERS, busy_stretches, busy_window, thread_cpu  # noqa: E402
 

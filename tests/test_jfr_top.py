@@ -1,4 +1,4 @@
-"""``benchmarks/jfr_top.py`` counts a real Java Flight Recording's samples by thread and method."""
+"""``benchmarks/tools/jfr_top.py`` counts a real Java Flight Recording's samples by thread and method."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "tools"))
 
 from jfr_top import by_thread, hot_methods, parse, read  # noqa: E402
 

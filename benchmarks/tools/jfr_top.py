@@ -2,7 +2,7 @@
 
     FANOUT_SPARK_JAVA_OPTIONS="-XX:StartFlightRecording=delay=50s,duration=50s,filename=/tmp/job.jfr,settings=profile" \\
         .venv/bin/python benchmarks/bench_replay.py
-    .venv/bin/python benchmarks/jfr_top.py /tmp/job.jfr --thread stateConnection --name jfr-replay
+    .venv/bin/python benchmarks/tools/jfr_top.py /tmp/job.jfr --thread stateConnection --name jfr-replay
 
 JFR samples threads that run Java code (``jdk.ExecutionSample``, every 10–20 ms in the
 ``profile`` settings, a few threads at a time) and JDK 17's ``jfr print`` lists them
@@ -24,8 +24,12 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
-from pipeline import save
+# The benchmarks' own modules, beside this folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import save  # noqa: E402
 
 Sample = tuple[str, list[str]]  # folded thread name, frames (innermost first)
 

@@ -1,6 +1,6 @@
 """CPU-seconds of a benchmark's process tree, by kind of process and by JVM thread.
 
-    .venv/bin/python benchmarks/cpu_tree.py [--name cpu] -- .venv/bin/python benchmarks/bench_peers.py --engines pipeline
+    .venv/bin/python benchmarks/tools/cpu_tree.py [--name cpu] -- .venv/bin/python benchmarks/bench_peers.py --engines pipeline
 
 Runs the command and samples, once a second, the cumulative CPU time (user + system)
 of every process under it, grouped as ``benchmarks.pipeline`` groups them for memory
@@ -35,7 +35,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import psutil
-from pipeline import process_kind, save
+
+# The benchmarks' own modules, beside this folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import save  # noqa: E402
+from pipeline import process_kind  # noqa: E402
 
 WORKERS = "python workers"
 #: CPU-seconds in a one-second sample that count the workers as busy (idle ones tick).
