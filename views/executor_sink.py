@@ -71,14 +71,7 @@ from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
-from views.stores.base import (
-    BatchStats,
-    FollowRow,
-    ProfileRow,
-    RelationRow,
-    Store,
-    WritePlan,
-)
+from views.stores.base import BatchStats, Store, WritePlan, fold
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import CassandraConfig
 from views.stores.cassandra.store import CassandraStore
@@ -226,7 +219,12 @@ def tweet_stage(config: CassandraConfig, cap: int, ts: int,
 # -- stage 2: by user -------------------------------------------------------------------------
 
 def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
-    """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead)."""
+    """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead).
+
+    The rows come in whatever order the shuffle delivered them; :class:`WritePlan`'s
+    row folds (and :func:`~views.stores.base.fold` for the whole deltas) give the same
+    plan for any order, and the same as the driver's path.
+    """
     plan, rows, dead = WritePlan(), 0, 0
     names = ("kind", "user_id", "tweet_id", "author_id", "created_at", "flag", "partition",
              "offset")
@@ -241,40 +239,20 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
         elif kind == DeltaKind.TL_WIPE:
             plan.wipes.add((user, author))
         elif kind == DeltaKind.HORIZON:
-            plan.horizons[user] = max(plan.horizons.get(user, (at, tweet)), (at, tweet))
+            plan.horizon(user, (at, tweet))
         elif kind == DeltaKind.FOLLOW:
-            plan.follows[(user, author)] = FollowRow(user, author, at, bool(flag))
+            plan.follow(user, author, at, bool(flag))
         elif kind == DeltaKind.CELEB_EDGE:
             plan.celeb_edges[(user, author)] = bool(flag)
         elif kind == DeltaKind.CELEB:
             plan.celebs[author] = bool(flag)
         elif kind == DeltaKind.ACTIVITY:
-            plan.activity[user] = max(plan.activity.get(user, -1), at)
+            plan.read(user, at)
         elif kind == TALLY:
             rows, dead = rows + off, dead + part
     for d in deltas_from_arrow(table.take(keyed)):
-        _fold_keyed(plan, d)
+        fold(plan, d)
     return plan, rows, dead
-
-
-def _fold_keyed(plan: WritePlan, d: Delta) -> None:
-    """A whole delta into stage 2's plan, whatever order the shuffle delivered them in."""
-    if d.kind == DeltaKind.OFFSET:
-        where = (d.topic or "", d.partition)
-        plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
-        plan.max_event_time = max(plan.max_event_time, d.created_at)
-    elif d.kind == DeltaKind.RELATION:  # the newest wins, an un-op a tie (as in the join)
-        row = RelationRow(d.user_id, d.author_id, d.text or "", bool(d.flag), d.created_at)
-        key = (row.user_id, row.other_id, row.relation)
-        old = plan.relations.get(key)
-        if old is None or (row.created_at, not row.on) > (old.created_at, not old.on):
-            plan.relations[key] = row
-    elif d.flag:  # an account deletion (final, so profiles of it are not written)
-        plan.deleted_users[d.user_id] = d.created_at
-    else:  # the newest profile wins
-        old_profile = plan.users.get(d.user_id)
-        if old_profile is None or d.created_at >= old_profile.created_at:
-            plan.users[d.user_id] = ProfileRow.of(d)
 
 
 def user_stage(config: CassandraConfig, cap: int, ts: int, batches: Iterator[pa.RecordBatch],

@@ -214,6 +214,43 @@ class WritePlan:
     max_event_time: int = 0
     dead: list[DeadRow] = field(default_factory=list)
 
+    # -- one row each; the same precedence whatever order the rows come in ---------------
+    def follow(self, follower: int, followee: int, created_at: int, on: bool) -> None:
+        """A follow edge's newest event wins, an unfollow a tie (as in the join)."""
+        key = (follower, followee)
+        old = self.follows.get(key)
+        if old is None or (created_at, not on) > (old.created_at, not old.active):
+            self.follows[key] = FollowRow(follower, followee, created_at, on)
+
+    def relation(self, row: RelationRow) -> None:
+        """A block's or mute's newest event wins, the un-op a tie (as in the join)."""
+        key = (row.user_id, row.other_id, row.relation)
+        old = self.relations.get(key)
+        if old is None or (row.created_at, not row.on) > (old.created_at, not old.on):
+            self.relations[key] = row
+
+    def profile(self, d: Delta) -> None:
+        """A USER delta: an account deletion (final), else the newest profile."""
+        if d.flag:
+            self.deleted_users[d.user_id] = max(d.created_at,
+                                                self.deleted_users.get(d.user_id, d.created_at))
+            return
+        old = self.users.get(d.user_id)
+        if old is None or d.created_at >= old.created_at:
+            self.users[d.user_id] = ProfileRow.of(d)
+
+    def horizon(self, user: int, key: Key) -> None:
+        self.horizons[user] = max(self.horizons.get(user, key), key)
+
+    def read(self, user: int, at: int) -> None:
+        """A home-timeline read (the ``activity`` log): the newest counts."""
+        self.activity[user] = max(at, self.activity.get(user, -1))
+
+    def offset(self, topic: str, partition: int, offset: int, event_time: int) -> None:
+        where = (topic, partition)
+        self.offsets[where] = max(self.offsets.get(where, -1), offset)
+        self.max_event_time = max(self.max_event_time, event_time)
+
     def shows(self) -> bool:
         """Whether any page may read differently after this plan (the page version).
 
@@ -337,7 +374,7 @@ class Store(abc.ABC):
         """
         plan = WritePlan()
         for d in deltas:
-            _FOLD[DeltaKind(d.kind)](plan, d)
+            fold(plan, d)
         return plan
 
     @abc.abstractmethod
@@ -559,13 +596,11 @@ def _fold_add(plan: WritePlan, d: Delta) -> None:
 def _fold_horizon(plan: WritePlan, d: Delta) -> None:
     key = (d.created_at, d.tweet_id)
     for user in unpack_longs(d.raw or b""):
-        plan.horizons[user] = max(plan.horizons.get(user, key), key)
+        plan.horizon(user, key)
 
 
 def _fold_offset(plan: WritePlan, d: Delta) -> None:
-    where = (d.topic or "", d.partition)
-    plan.offsets[where] = max(plan.offsets.get(where, -1), d.offset)
-    plan.max_event_time = max(plan.max_event_time, d.created_at)
+    plan.offset(d.topic or "", d.partition, d.offset, d.created_at)
 
 
 def _fold_wipe(plan: WritePlan, d: Delta) -> None:
@@ -576,8 +611,7 @@ def _fold_wipe(plan: WritePlan, d: Delta) -> None:
 def _fold_follow(plan: WritePlan, d: Delta) -> None:
     pairs = unpack_longs(d.raw or b"")
     for follower, created_at in zip(pairs[::2], pairs[1::2], strict=True):
-        plan.follows[(follower, d.author_id)] = FollowRow(follower, d.author_id, created_at,
-                                                          bool(d.flag))
+        plan.follow(int(follower), d.author_id, int(created_at), bool(d.flag))
 
 
 def _fold_celeb_edge(plan: WritePlan, d: Delta) -> None:
@@ -587,13 +621,6 @@ def _fold_celeb_edge(plan: WritePlan, d: Delta) -> None:
 
 def _fold_dead(plan: WritePlan, d: Delta) -> None:
     plan.dead.append(DeadRow(d.topic or "", d.partition, d.offset, d.text or "", d.raw))
-
-
-def _fold_user(plan: WritePlan, d: Delta) -> None:
-    if d.flag:
-        plan.deleted_users[d.user_id] = d.created_at
-    else:
-        plan.users[d.user_id] = ProfileRow.of(d)
 
 
 def _fold_repost(plan: WritePlan, d: Delta) -> None:
@@ -611,9 +638,8 @@ def _fold_repost(plan: WritePlan, d: Delta) -> None:
 
 
 def _fold_relation(plan: WritePlan, d: Delta) -> None:
-    relation = d.text or ""
-    plan.relations[(d.user_id, d.author_id, relation)] = RelationRow(
-        d.user_id, d.author_id, relation, bool(d.flag), d.created_at)
+    plan.relation(RelationRow(d.user_id, d.author_id, d.text or "", bool(d.flag),
+                              d.created_at))
 
 
 _FOLD = {
@@ -628,11 +654,15 @@ _FOLD = {
     DeltaKind.FOLLOW: _fold_follow,
     DeltaKind.CELEB_EDGE: _fold_celeb_edge,
     DeltaKind.CELEB: lambda p, d: p.celebs.__setitem__(d.author_id, bool(d.flag)),
-    DeltaKind.USER: _fold_user,
+    DeltaKind.USER: WritePlan.profile,
     DeltaKind.REPOST: _fold_repost,
-    DeltaKind.ACTIVITY: lambda p, d: p.activity.__setitem__(
-        d.user_id, max(d.created_at, p.activity.get(d.user_id, -1))),
+    DeltaKind.ACTIVITY: lambda p, d: p.read(d.user_id, d.created_at),
     DeltaKind.RELATION: _fold_relation,
     DeltaKind.OFFSET: _fold_offset,
     DeltaKind.DEAD: _fold_dead,
 }
+
+
+def fold(plan: WritePlan, d: Delta) -> None:
+    """One delta into ``plan``: every backend's write path folds through this."""
+    _FOLD[DeltaKind(d.kind)](plan, d)
