@@ -75,7 +75,7 @@ def produce(pipe, rate: float, writes: Iterable[Event]) -> list[tuple]:
     return sent
 
 
-def _posts(rate: float, seconds: float, authors: list[int]) -> Iterator[Post]:
+def posts(rate: float, seconds: float, authors: list[int]) -> Iterator[Post]:
     """Posts by ``authors`` in turn, stamped when they are made (just before sending)."""
     for i in range(int(rate * seconds)):
         yield Post(2_000_000_000_000 + i, authors[i % len(authors)], int(time.time() * 1000),
@@ -98,7 +98,7 @@ def main() -> int:
         _load_graph(pipe, args.users, args.follows)
         commits = record_commits(pipe)
         first_batch = len(pipe.batch_log)
-        sent = produce(pipe, args.rate, _posts(args.rate, args.seconds,
+        sent = produce(pipe, args.rate, posts(args.rate, args.seconds,
                                                list(range(1, args.users + 1, 7))))
         pipe.wait_caught_up(timeout=300, progress=False)
         batches = pipe.batch_log[first_batch:]
@@ -108,12 +108,12 @@ def main() -> int:
             if progress["batchId"] in ids:
                 for phase, ms in (progress.get("durationMs") or {}).items():
                     phases.setdefault(phase, []).append(ms)
-    lags = _lags(sent, commits)
+    lags_s = lags(sent, commits)
     durations = [b["seconds"] for b in batches]
     result = {
         "rate": args.rate, "seconds": args.seconds, "tweets": len(sent),
-        "visible": len(lags),
-        "freshness_s": {q: round(percentile(lags, p), 3) for q, p in
+        "visible": len(lags_s),
+        "freshness_s": {q: round(percentile(lags_s, p), 3) for q, p in
                         (("p50", .5), ("p90", .9), ("p99", .99), ("max", 1.0))},
         "batches": len(durations),
         "batch_s": {"p50": round(percentile(durations, .5), 3),
@@ -131,17 +131,17 @@ def main() -> int:
     return 0
 
 
-def _lags(sent: list[tuple], commits: list[tuple[float, dict]]) -> list[float]:
+def lags(sent: list[tuple], commits: list[tuple[float, dict]]) -> list[float]:
     """Per tweet: first commit whose applied offset covers it, minus its due time."""
-    lags = []
+    out = []
     times = [t for t, _ in commits]
     for due, partition, offset in sent:
         i = bisect.bisect_left(times, due)
         while i < len(commits) and commits[i][1].get(("tweets", partition), -1) < offset:
             i += 1
         if i < len(commits):
-            lags.append(commits[i][0] - due)
-    return lags
+            out.append(commits[i][0] - due)
+    return out
 
 
 if __name__ == "__main__":

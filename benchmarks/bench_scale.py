@@ -1,0 +1,196 @@
+"""The job's cost against the size of the graph: the same steady tweets on 20k to 1M users.
+
+    .venv/bin/python benchmarks/run.py run scale                         # 20k, 200k, 1M users
+    .venv/bin/python benchmarks/bench_scale.py --users 20000 200000 --rate 500 --seconds 60
+
+For each size a fresh pipeline (broker, job, SQLite store; :func:`pipeline.pipeline`)
+first takes a generated graph of ``users`` users and ``--degree`` follows a user
+(:func:`ingest.generator.generate`: the same Zipf popularity and the same celebrity
+share at every size, one celebrity per 2,000 users), produced as fast as the producer
+goes while the job runs: the **bulk replay rate** is the graph's events over the time
+from the first send to the job caught up. Then ``--rate`` tweets a second for
+``--seconds`` (open loop, as in ``bench_freshness.py``), and per size it reports:
+micro-batch p50/p99, post → visible p50/p99/max, the executor's CPU per tweet (the
+Python workers and the Spark JVM, which in ``local`` mode holds the executor), the
+join's state (rows and bytes from Spark's state store, and the checkpoint's state
+directory on disk), and the peak RSS of the whole tree. A figure per size is plotted
+against the user count (``results/scale.png``) and the ratios to the smallest size
+are printed: what the state layout is judged by is how these grow with the graph
+while the input stays the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from bench_freshness import lags, posts, produce, record_commits
+from harness import RESULTS, ROOT, save
+from pipeline import percentile, pipeline, process_kind
+
+sys.path.insert(0, str(ROOT))
+
+from ingest.generator import generate  # noqa: E402
+from ingest.producer import ChangelogProducer  # noqa: E402
+
+#: The processes that do the executor's work in ``local`` mode.
+EXECUTOR = ("python workers", "spark jvm")
+
+
+def cpu_by_kind() -> dict[str, float]:
+    """CPU-seconds (user + system) so far of this process's descendants, by kind."""
+    out: dict[str, float] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            kind = process_kind(child.cmdline())
+        except psutil.Error:
+            continue
+        out[kind] = out.get(kind, 0.0) + times.user + times.system
+    return out
+
+
+def state_figures(query: Any, checkpoint: Path) -> dict[str, Any]:
+    """The join's state: Spark's state-store metrics and the checkpoint's bytes on disk."""
+    progress = query.lastProgress or {}
+    operators = progress.get("stateOperators") or []
+    disk = sum(f.stat().st_size for f in checkpoint.rglob("*")
+               if f.is_file() and "state" in f.relative_to(checkpoint).parts)
+    custom: dict[str, int] = {}
+    for op in operators:
+        for name, value in (op.get("customMetrics") or {}).items():
+            custom[name] = custom.get(name, 0) + int(value)
+    return {"rows": sum(int(op.get("numRowsTotal", 0)) for op in operators),
+            "memory_bytes": sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
+            "sst_bytes": custom.get("rocksdbSstFileSize", 0),
+            "checkpoint_state_bytes": disk}
+
+
+def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
+    """Produce the graph while the job runs; the rate at which the job caught up with it."""
+    history = generate(users, users * degree, 0, seed=11)
+    events = list(history.events())
+    start = time.perf_counter()
+    with ChangelogProducer(pipe.kafka) as producer:
+        for event in events:
+            producer.send(event)
+        producer.flush(600)
+    produced = time.perf_counter() - start
+    pipe.wait_caught_up(timeout=3600)
+    seconds = time.perf_counter() - start
+    return {"events": len(events), "produce_s": round(produced, 1),
+            "caught_up_s": round(seconds, 1), "events_per_s": round(len(events) / seconds)}
+
+
+def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
+    with pipeline(celebrity_threshold=1000, max_records=args.max_records) as pipe:
+        print(f"\n== {users:,} users, {users * args.degree:,} follows", flush=True)
+        graph = bulk(pipe, users, args.degree)
+        print(f"graph: {graph['events']:,} events caught up in {graph['caught_up_s']} s "
+              f"({graph['events_per_s']:,}/s)", flush=True)
+        graph["peak_rss_mb"] = round(pipe.peak_rss / 2**20)
+        pipe.peak_rss, pipe.peak_parts = 0, {}
+        commits = record_commits(pipe)
+        first_batch = len(pipe.batch_log)
+        cpu_before = cpu_by_kind()
+        sent = produce(pipe, args.rate, posts(args.rate, args.seconds,
+                                              list(range(1, users + 1, 7))))
+        pipe.wait_caught_up(timeout=600, progress=False)
+        cpu_after = cpu_by_kind()
+        batches = pipe.batch_log[first_batch:]
+        state = state_figures(pipe.query, pipe.view.checkpoint_dir)
+        peak_rss, peak_parts = pipe.peak_rss, dict(pipe.peak_parts)
+    seen = lags(sent, commits)
+    durations = [b["seconds"] for b in batches]
+    executor_s = sum(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in EXECUTOR)
+    result = {
+        "users": users, "follows": users * args.degree, "graph": graph,
+        "tweets": len(sent), "visible": len(seen),
+        "batch_s": {"p50": round(percentile(durations, .5), 3),
+                    "p99": round(percentile(durations, .99), 3), "count": len(durations)},
+        "visible_s": {q: round(percentile(seen, p), 3)
+                      for q, p in (("p50", .5), ("p99", .99), ("max", 1.0))},
+        "executor_cpu_ms_per_tweet": round(executor_s / max(1, len(sent)) * 1000, 3),
+        "state": state,
+        "peak_rss_mb": round(peak_rss / 2**20),
+        "peak_rss_parts_mb": {k: round(v / 2**20) for k, v in peak_parts.items()},
+    }
+    v, b = result["visible_s"], result["batch_s"]
+    print(f"{len(sent):,} tweets at {args.rate}/s: batch p50 {b['p50']} s p99 {b['p99']} s; "
+          f"visible p50 {v['p50']} p99 {v['p99']} max {v['max']} s; executor "
+          f"{result['executor_cpu_ms_per_tweet']} ms CPU a tweet; state {state['rows']:,} rows "
+          f"{state['checkpoint_state_bytes'] / 2**20:,.0f} MB on disk; peak RSS "
+          f"{result['peak_rss_mb']:,} MB", flush=True)
+    return result
+
+
+#: (label, how to read it from a size's result) of every plotted figure.
+FIGURES = (
+    ("micro-batch p50 (s)", lambda r: r["batch_s"]["p50"]),
+    ("micro-batch p99 (s)", lambda r: r["batch_s"]["p99"]),
+    ("post → visible p50 (s)", lambda r: r["visible_s"]["p50"]),
+    ("post → visible p99 (s)", lambda r: r["visible_s"]["p99"]),
+    ("executor CPU a tweet (ms)", lambda r: r["executor_cpu_ms_per_tweet"]),
+    ("state on disk (MB)", lambda r: r["state"]["checkpoint_state_bytes"] / 2**20),
+    ("peak RSS (MB)", lambda r: r["peak_rss_mb"]),
+    ("bulk replay (events/s)", lambda r: r["graph"]["events_per_s"]),
+)
+
+
+def ratios(sizes: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each figure at each size over its value at the smallest size."""
+    out = {}
+    for label, read in FIGURES:
+        base = read(sizes[0])
+        out[label] = [round(read(r) / base, 2) if base else 0.0 for r in sizes]
+    return out
+
+
+def plot(sizes: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    users = [r["users"] for r in sizes]
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+    for ax, (label, read) in zip(axes.flat, FIGURES, strict=True):
+        ax.plot(users, [read(r) for r in sizes], marker="o")
+        ax.set_xscale("log")
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("users")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    fig.suptitle("the same steady tweets on a growing graph")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--users", type=int, nargs="+", default=[20_000, 200_000, 1_000_000])
+    ap.add_argument("--degree", type=int, default=10, help="follows a user")
+    ap.add_argument("--rate", type=float, default=500.0, help="tweets per second")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--max-records", type=int, default=20_000)
+    ap.add_argument("--name", default="scale")
+    args = ap.parse_args()
+    sizes = [one_size(users, args) for users in sorted(args.users)]
+    grown = ratios(sizes)
+    print(f"\nagainst {sizes[0]['users']:,} users, at " +
+          ", ".join(f"{r['users']:,}" for r in sizes) + " users:")
+    for label, values in grown.items():
+        print(f"  {label:<28} " + "  ".join(f"{v:5.2f}x" for v in values))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    print(f"plot: {plot(sizes, RESULTS / f'{args.name}.png')}")
+    print(f"written to {save(args.name, {'args': vars(args), 'sizes': sizes, 'ratios': grown})}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
