@@ -275,14 +275,24 @@ class CassandraStore(Store):
 
     def _begin(self, plan: WritePlan, batch_id: int) -> int:
         """Pick the batch's timestamp and make it durable before any data write."""
-        digest = cql.offsets_digest(plan.offsets)
+        return self._batch_timestamp(batch_id, cql.offsets_digest(plan.offsets))
+
+    def _batch_timestamp(self, batch_id: int, digest: str) -> int:
+        """The batch's timestamp ``T``, made durable (``writer_clock``) before any write.
+
+        ``digest`` names this batch of this checkpoint: a batch recorded as applied
+        under the same digest (its writes all finished, then the process died before
+        Spark committed it) gets its recorded ``T`` back, so running it again writes
+        the same cells. A batch never recorded gets a fresh ``T`` above every earlier
+        one, so whatever an interrupted attempt wrote loses to it. Through :meth:`_run`,
+        as the writes are (a task writer's retries included).
+        """
         recorded = None
         if batch_id >= 0 and digest:
-            rows = self._rows("batch_get", (cql.batch_bucket(batch_id), batch_id),
-                              profile=WRITE_PROFILE)
+            rows = self._run([("batch_get", (cql.batch_bucket(batch_id), batch_id))])[0]
             recorded = (int(rows[0][0]), str(rows[0][1])) if rows and rows[0][0] else None
         if not self._floor:
-            rows = self._rows("clock_get", profile=WRITE_PROFILE)
+            rows = self._run([("clock_get", ())])[0]
             self._floor = (int(rows[0][0]) if rows and rows[0][0] else 0) + cql.STRIDE
         ts = cql.batch_timestamp(time.time_ns() // 1000, self._floor, recorded, digest)
         self._floor = max(self._floor, ts + cql.STRIDE)
@@ -291,12 +301,23 @@ class CassandraStore(Store):
 
     def _write_removes(self, plan: WritePlan, ts: int) -> dict[int, cql.Meta]:
         """Read what the batch needs, write tables, wipes and removes; return timeline_meta."""
-        wipes = cql.wipe_users(plan.wipes)
-        found = self._lookup({"tweet_state": cql.lookup_ids(plan), "home_all": sorted(wipes),
+        found = self._lookup({"tweet_state": cql.lookup_ids(plan),
+                              "home_all": sorted(cql.wipe_users(plan.wipes)),
                               "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
-        states = {t: s for t, rows in found["tweet_state"].items()
+        removes, _ = self._write_tweets(plan, found["tweet_state"], ts)
+        return self._write_user_rows(plan, found, removes, ts)
+
+    def _write_tweets(self, plan: WritePlan, stored: dict[int, reads.Rows], ts: int
+                      ) -> tuple[list[cql.Op], int]:
+        """Write the plan's tweets and reposts at ``ts`` (``T + REMOVE``).
+
+        ``stored`` are their stored rows; the id conflicts they show go to ``plan.dead``.
+        Returns the plan's timeline removes resolved to row deletes (a remove of unknown
+        time takes it from the stored tweet, only if the tweet is the removing
+        author's), and how many had nothing to delete.
+        """
+        states = {t: s for t, rows in stored.items()
                   if (s := cql.TweetState.decode(rows)) is not None}
-        stored, gone = cql.stored_users(found["user_time"])
         owners = {t: s.author_id for t, s in states.items()}
         removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
                                           ts)
@@ -305,8 +326,20 @@ class CassandraStore(Store):
                       skipped)
         plan.dead += stored_conflicts(plan, cql.claims(states))
         self._run(cql.repost_moves(plan.reposts, states, ts))  # first: see repost_moves
-        self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts)
-                  + cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
+        self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts))
+        return removes, skipped
+
+    def _write_user_rows(self, plan: WritePlan, found: dict[str, dict[int, reads.Rows]],
+                         removes: list[cql.Op], ts: int) -> dict[int, cql.Meta]:
+        """Write the plan's users' rows at ``ts`` (``T + REMOVE``).
+
+        Follows, celebrity edges, blocks and mutes, profiles and deletions, wipes and the
+        resolved ``removes``. ``found`` holds the reads this needs (``home_all`` of the wiped users,
+        ``user_time``, ``meta_get``); returns each user's ``timeline_meta``.
+        """
+        wipes = cql.wipe_users(plan.wipes)
+        stored, gone = cql.stored_users(found["user_time"])
+        self._run(cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
                   + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
         return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}

@@ -50,7 +50,7 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
 
 from views.errors import StoreError
-from views.stores.base import WritePlan, stored_conflicts
+from views.stores.base import WritePlan
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
@@ -68,6 +68,16 @@ _BACKOFF_MAX: Final = 15.0
 #: replicas or unreachable. Anything else (a bad request) fails the task at once.
 TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure,
                     NoHostAvailable, ConnectionException)
+#: Cassandra's "CAS operation result is unknown" (protocol error 0x1700): a conditional
+#: insert's Paxos round reached too few replicas in time, as on a loaded or shrunken
+#: ring. The driver has no class for it; the dead-letter insert it comes from is IF NOT
+#: EXISTS, so running it again keeps the first sighting either way.
+CAS_WRITE_UNKNOWN: Final = 0x1700
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed request is worth running again (see :data:`TRANSIENT`)."""
+    return isinstance(exc, TRANSIENT) or getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
 
 
 @dataclasses.dataclass
@@ -124,7 +134,7 @@ class TaskWriter(CassandraStore):
             first = failed[0][1]
             example = ops[groups[failed[0][0]][0]][0]
             pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
-            if time.monotonic() + pause > give_up or not isinstance(first, TRANSIENT):
+            if time.monotonic() + pause > give_up or not transient(first):
                 msg = (f"Cassandra: {len(failed)} of {len(pending)} requests failed after "
                        f"{attempt} attempt(s) in {self.config.retry_s:.0f}s, e.g. "
                        f"{example}: {first}; start the job again (`fanout up`) "
@@ -144,17 +154,9 @@ class TaskWriter(CassandraStore):
         for the user stage to run; the int is how many removes had nothing to delete.
         """
         found = self._lookup({"tweet_state": cql.lookup_ids(plan)})
-        states = {t: s for t, rows in found["tweet_state"].items()
-                  if (s := cql.TweetState.decode(rows)) is not None}
-        owners = {t: s.author_id for t, s in states.items()}
-        removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
-                                          ts + cql.REMOVE)
-        plan.dead += stored_conflicts(plan, cql.claims(states))
-        self._run(cql.repost_moves(plan.reposts, states, ts + cql.REMOVE))  # see there
+        removes, skipped = self._write_tweets(plan, found["tweet_state"], ts + cql.REMOVE)
         changed = Changes.of(plan)
-        self._run(cql.tweet_ops(plan, states, ts + cql.REMOVE)
-                  + cql.repost_ops(plan.reposts, states, ts + cql.REMOVE)
-                  + cql.dead_ops(plan.dead, int(time.time() * 1000))
+        self._run(cql.dead_ops(plan.dead, int(time.time() * 1000))
                   + ([changed.op(ts)] if changed else []))
         return removes, skipped
 
@@ -165,16 +167,10 @@ class TaskWriter(CassandraStore):
         ``inactive_ms`` is the job's store's (:attr:`Store.inactive_ms`; 0: off): one
         writer per process serves whatever job runs there.
         """
-        wipes = cql.wipe_users(plan.wipes)
-        found = self._lookup({"home_all": sorted(wipes), "user_time": sorted(plan.users),
-                              "meta_get": cql.meta_users(plan)})
-        stored, gone = cql.stored_users(found["user_time"])
+        found = self._lookup({"home_all": sorted(cql.wipe_users(plan.wipes)),
+                              "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
         removes, _ = cql.remove_ops(plan.removes, {}, {}, ts + cql.REMOVE)
-        self._run(cql.graph_ops(plan, ts + cql.REMOVE)
-                  + cql.relation_ops(plan.relations.values(), ts + cql.REMOVE)
-                  + cql.user_ops(plan.users, stored, ts + cql.REMOVE, plan.deleted_users, gone)
-                  + cql.wipe_ops(wipes, found["home_all"], ts + cql.REMOVE) + removes)
-        meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+        meta = self._write_user_rows(plan, found, removes, ts + cql.REMOVE)
         adds, inserted = self._write_adds(plan, meta, ts, inactive_ms)
         self._write_trims(adds, meta, ts + cql.TRIM)
         changed = Changes.of(plan)
@@ -184,24 +180,11 @@ class TaskWriter(CassandraStore):
 
     # -- the driver: before and after the tasks --------------------------------------------------
     def begin(self, batch_id: int, run_digest: str) -> int:
-        """The batch's timestamp ``T``, made durable (``writer_clock``) before any task writes.
+        """The batch's timestamp ``T``, before any task writes (retried while no node answers).
 
-        ``run_digest`` names this batch of this checkpoint: a batch recorded as applied
-        under the same digest (its tasks all finished, then the process died before
-        Spark committed it) gets its recorded ``T`` back, so running it again writes the
-        same cells. A batch never recorded gets a fresh ``T`` above every earlier one,
-        so whatever an interrupted attempt (or a zombie task of it) wrote loses to it.
+        See :meth:`CassandraStore._batch_timestamp`.
         """
-        # Through _run, as the writes are: retried while the cluster does not answer.
-        rows = self._run([("batch_get", (cql.batch_bucket(batch_id), batch_id))])[0]
-        recorded = (int(rows[0][0]), str(rows[0][1])) if rows and rows[0][0] else None
-        if not self._floor:
-            rows = self._run([("clock_get", ())])[0]
-            self._floor = (int(rows[0][0]) if rows and rows[0][0] else 0) + cql.STRIDE
-        ts = cql.batch_timestamp(time.time_ns() // 1000, self._floor, recorded, run_digest)
-        self._floor = max(self._floor, ts + cql.STRIDE)
-        self._run([cql.clock_op(ts)])
-        return ts
+        return self._batch_timestamp(batch_id, run_digest)
 
     def finish(self, record: cql.BatchRecord, offsets: dict[tuple[str, int], int]) -> None:
         """After every task succeeded: the applied offsets, the batch record, committed."""
