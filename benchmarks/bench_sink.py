@@ -8,7 +8,7 @@ One broker, one synthetic history produced once, one SparkSession; then the view
 query drains the same topics (``availableNow``, a fresh checkpoint each) once per
 store: SQLite through the driver sink (``views.sink.Sink``: the batch collected to
 the driver, one transaction) and Cassandra through the executor sink
-(``views.executor_sink``: two stages of Spark tasks, no batch on the driver), in
+(``views.stores.cassandra.sink``: two stages of Spark tasks, no batch on the driver), in
 the order ``--order`` gives. Each figure is timeline rows written (adds, after the
 horizon filter) over the wall time of the drain, Spark's join included, and over
 the time spent in the sink calls alone. A local Cassandra node is started unless

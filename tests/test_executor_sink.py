@@ -42,13 +42,13 @@ from serving.timeline import home_top
 from tests.cassandra_helpers import fresh_keyspace
 from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, DeltaKind
 from views.errors import StoreError
-from views.executor_sink import ExecutorSink, tweet_stage, user_stage
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.row import arrow_schema
 from views.stores.base import DORMANT, BatchStats, Entry, Relations, Store, UserRow
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
+from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore
 from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
@@ -86,7 +86,7 @@ def _no_nulls_where_not_null(table: pa.Table) -> pa.Table:
 
 
 def _tweet_key(row: dict) -> int:
-    """Stage 1's shuffle key, as ``executor_sink.tweet_route`` computes it in Spark."""
+    """Stage 1's shuffle key, as ``sink.tweet_route`` computes it in Spark."""
     if row["kind"] in _BY_TWEET:
         return row["tweet_id"]
     if row["kind"] == DeltaKind.USER:

@@ -46,7 +46,6 @@ from ingest.events import (
     encode,
 )
 from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta
-from views.executor_sink import _ROUTED_SCHEMA, _TALLY_SCHEMA, ROUTED_DDL, TALLY_DDL
 from views.join import Change
 from views.row import (
     BIGINT,
@@ -61,6 +60,7 @@ from views.row import (
     to_event,
 )
 from views.source import ARROW_SCHEMA, SOURCE_DDL, SOURCE_SCHEMA, event_row
+from views.stores.cassandra.sink import _ROUTED_SCHEMA, _TALLY_SCHEMA, ROUTED_DDL, TALLY_DDL
 
 OLD_SOURCE_DDL = (
     "topic STRING NOT NULL, `partition` INT NOT NULL, offset BIGINT NOT NULL, "

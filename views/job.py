@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -90,15 +89,13 @@ def job_sink(view: ViewSettings, store: Store, *, spool: bool = True) -> Sink:
 
     SQLite has one writer, so its batches come to the driver (spooled, with
     ``spool``; see :mod:`views.sink`); Cassandra takes writes from every executor at
-    once, so its batches never leave them (:mod:`views.executor_sink`).
+    once, so its batches never leave them (:meth:`~views.stores.base.Store.job_sink`).
     """
-    cassandra = sys.modules.get("views.stores.cassandra")  # loaded if store is one
-    if cassandra is not None and isinstance(store, cassandra.CassandraStore):
-        from views.executor_sink import ExecutorSink
-
+    own = store.job_sink(checkpoint_path(view))
+    if own is not None:
         if spool and (checkpoint_path(view) / "spool").is_dir():
             spooling_sink(view, store)  # batches an older, driver-side run left behind
-        return ExecutorSink(store, checkpoint_path(view))
+        return own
     return spooling_sink(view, store) if spool else Sink(store)
 
 

@@ -32,7 +32,8 @@ import json
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from views.delta import (
     TOP,
@@ -43,6 +44,9 @@ from views.delta import (
     unpack_longs,
 )
 from views.stores.adds import Adds
+
+if TYPE_CHECKING:
+    from views.sink import Sink
 
 #: The horizon of a *dormant* user's timeline: above every key, so every read of it is
 #: evaluated at read time (exact) and no fan-out write lands in it. A user becomes
@@ -454,6 +458,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         """Highest applied offset per (logical topic, partition)."""
+
+    def job_sink(self, checkpoint: Path) -> Sink | None:
+        """The sink the view job writes this store through, when the backend has its own.
+
+        None (the default): the job's batches come to the driver and go through
+        :meth:`apply` (``views.sink``, spooled). A backend that takes writes from
+        many clients at once gives its own, bound to the job's ``checkpoint``.
+        """
+        return None
 
     def page_versions(self) -> PageVersions:
         """The page caches' validity tokens for this store (see :class:`PageVersions`).

@@ -84,7 +84,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
@@ -110,6 +111,9 @@ from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.changes import Changes, FeedVersions, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
+
+if TYPE_CHECKING:
+    from views.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -489,6 +493,12 @@ class CassandraStore(Store):
 
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         return {(t, p): o for t, p, o in self._rows("offsets", scan=True)}
+
+    def job_sink(self, checkpoint: Path) -> Sink:
+        """Written from the executors, the batch never on the driver (:mod:`.sink`)."""
+        from views.stores.cassandra.sink import ExecutorSink  # it imports this module
+
+        return ExecutorSink(self, checkpoint)
 
     def page_versions(self) -> FeedVersions:
         """Per-page tokens from the batches' change feed (:mod:`.changes`)."""

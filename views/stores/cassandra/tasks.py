@@ -1,6 +1,6 @@
 """Cassandra writes of one Spark task, and the driver's begin and end of a batch.
 
-The executor sink (:mod:`views.executor_sink`) splits a micro-batch into two stages,
+The executor sink (:mod:`views.stores.cassandra.sink`) splits a micro-batch into two stages,
 each a set of Spark tasks; this module is what each task does to Cassandra, with
 no Spark in it. The phases, timestamps and statements are those of
 :class:`~views.stores.cassandra.CassandraStore` (``T + REMOVE``/``ADD``/``TRIM``,
