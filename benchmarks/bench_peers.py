@@ -1,7 +1,8 @@
 """fanout side by side with the engines a user might pick instead, on the same events.
 
     .venv/bin/python benchmarks/bench_peers.py [--edges 300000] [--tweets 50000]
-        [--engines join,pipeline,pathway,pathway-cap,duckdb] [--name peers]
+        [--engines join,pipeline,pathway,pathway-cap,duckdb,flink,flink-batch] [--name peers]
+        [--sizes 100000:20000,300000:50000]
 
 The events are ``bench_parts.events(edges, tweets)``: a prefix of the ego-twitter
 follow graph with generated profiles and posts (and some deletes), in event-time
@@ -24,7 +25,19 @@ order. Each engine builds the home-timeline view of DESIGN §4 from them:
 - ``pathway`` / ``pathway-cap``: Pathway's incremental join without and with the exact
   top-N cap, and ``duckdb``: the capped view recomputed from scratch every 10k events.
   These two are not product dependencies: they run in ``.venv-peers`` through
-  ``benchmarks/peers.py`` (made on first use), on the same events written as JSONL.
+  ``benchmarks/peers.py`` (made on first use), on the same events written as JSONL;
+- ``flink`` / ``flink-batch``: the same view as one Flink SQL job (PyFlink 2.2.1, its
+  Kafka SQL connector), streaming (a maintained view, as fanout's) or batch (one
+  recompute), reading the same events from fanout's own changelog topics: they are
+  produced into a broker of their own first, untimed, as for the cold ``pipeline``.
+  Not product dependencies either: ``benchmarks/peers_flink.py`` runs them from
+  ``.venv-flink`` (made on first use, ~850 MB) with the connector jar from the jar
+  cache (fetched by Maven on first use), ``--flink-parallelism`` (2) and
+  ``--flink-heap`` (3g; 1 GB does not finish the default size).
+
+``--sizes EDGES:TWEETS,...`` runs the chosen engines at each size in turn (in place of
+``--edges``/``--tweets``) and prints each engine's rate and time at every size, so that
+what grows faster than the events shows (DuckDB's recompute of the whole view).
 
 Every engine's view is checked: fanout's against the SQL recomputed by
 ``views.reference`` (``--verify-sample`` users, 0 = all), the peers' against a
@@ -43,26 +56,34 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench_parts import events as parts_events
 from harness import ROOT, save
 from peers import ensure_venv
+from peers_flink import ENGINES as FLINK_MODES
+from peers_flink import ensure_connector
+from peers_flink import ensure_venv as ensure_flink_venv
 from pipeline import pipeline, scratch
 
+from infra.broker import KafkaBroker  # noqa: E402
 from infra.verify import compare  # noqa: E402
 from ingest.events import Delete, Follow, Post
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
+from ingest.topics import create_topics  # noqa: E402
 from views.changelog import Changelog  # noqa: E402
 from views.join import JoinConfig  # noqa: E402
 from views.local import LocalJoin  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 PEERS = ("pathway", "pathway-cap", "duckdb")
+FLINK = tuple(FLINK_MODES)  # flink, flink-batch
 PIPELINES = ("pipeline", "pipeline-running")
-ENGINES = ("join", *PIPELINES, *PEERS)
+ENGINES = ("join", *PIPELINES, *PEERS, *FLINK)
 CAP = 800
 CELEBRITY_THRESHOLD = 1000
 
@@ -200,6 +221,48 @@ def run_peer(engine: str, events_file: Path, work: Path, threads: int) -> dict[s
     return {**result, "equal": result.get("equal_to_brute", False)}
 
 
+@contextmanager
+def changelog(evts: list, work: Path) -> Iterator[KafkaSettings]:
+    """A broker of its own holding ``evts`` in fanout's changelog topics (Flink's input)."""
+    with KafkaBroker(work / "kafka-flink") as broker:
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=4, topic_prefix="f_")
+        create_topics(kafka)
+        with ChangelogProducer(kafka) as producer:
+            for event in evts:
+                producer.send(event)
+            producer.flush(300)
+        yield kafka
+
+
+def run_flink(engine: str, kafka: KafkaSettings, events_file: Path, work: Path,
+              parallelism: int, heap: str) -> dict[str, Any]:
+    python = ensure_flink_venv(ROOT)
+    jar = ensure_connector()
+    out = work / f"{engine}.json"
+    proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "peers_flink.py"),
+                           "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix,
+                           "--mode", FLINK_MODES[engine], "--events", str(events_file),
+                           "--cap", str(CAP), "--parallelism", str(parallelism),
+                           "--heap", heap, "--jar", str(jar), "--out", str(out)],
+                          check=False, timeout=3600)
+    if proc.returncode != 0:
+        return {"error": f"peers_flink.py exited {proc.returncode}"}
+    result = json.loads(out.read_text())
+    return {**result, "equal": result.get("equal_to_brute", False)}
+
+
+def sizes(spec: str) -> list[tuple[int, int]]:
+    """``EDGES:TWEETS,...`` as pairs (``ValueError`` if malformed)."""
+    pairs = []
+    for part in spec.split(","):
+        edges, _, tweets = part.strip().partition(":")
+        pair = (int(edges), int(tweets))
+        if min(pair) < 1:
+            raise ValueError(f"{part!r}: edges and tweets must be >= 1")
+        pairs.append(pair)
+    return pairs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--edges", type=int, default=300_000)
@@ -213,6 +276,10 @@ def main() -> int:
     ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
     ap.add_argument("--kafka-source", default=None, choices=("spark", "python"))
     ap.add_argument("--threads", type=int, default=1, help="Pathway's worker threads")
+    ap.add_argument("--flink-parallelism", type=int, default=2, help="the Flink job's")
+    ap.add_argument("--flink-heap", default="3g", help="the Flink JVM's heap (>= 2g)")
+    ap.add_argument("--sizes", default=None, metavar="EDGES:TWEETS,...",
+                    help="run at each size in turn, in place of --edges/--tweets")
     ap.add_argument("--verify-sample", type=int, default=2000, help="users checked; 0 = all")
     ap.add_argument("--name", default="peers", help="results/NAME.json")
     args = ap.parse_args()
@@ -220,34 +287,72 @@ def main() -> int:
     unknown = set(engines) - set(ENGINES)
     if unknown:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+    try:
+        pairs = sizes(args.sizes) if args.sizes else [(args.edges, args.tweets)]
+    except ValueError as exc:
+        ap.error(f"--sizes: {exc}")
     with scratch("fanout-peers-") as work:
-        return _run(args, engines, work)
-
-
-def _run(args: argparse.Namespace, engines: list[str], work: Path) -> int:
-    evts = parts_events(args.edges, args.tweets, work)
-    print(f"{len(evts):,} events ({args.edges:,} edges, {args.tweets:,} tweets)", file=sys.stderr)
-    results: dict[str, dict[str, Any]] = {}
-    if any(e in PEERS for e in engines):
-        write_jsonl(evts, work / "events.jsonl")
-    for engine in engines:
-        print(f"--- {engine}", file=sys.stderr, flush=True)
-        if engine == "join":
-            results[engine] = run_join(evts, args.batch, work, args.verify_sample)
-        elif engine in PIPELINES:
-            results[engine] = run_pipeline(
-                evts, args.verify_sample, args.max_records, args.buckets, args.kafka_source,
-                work, warmup=args.warmup if engine == "pipeline-running" else 0)
-        else:
-            results[engine] = run_peer(engine, work / "events.jsonl", work, args.threads)
-        r = results[engine]
-        if "seconds" in r:
-            r["events_per_s"] = round(r.get("events", len(evts)) / r["seconds"])
-    out = {"events": len(evts), "engines": results, "settings": vars(args),
-           "load_average_end": os.getloadavg()}
-    _print(out)
+        runs = []
+        for edges, tweets in pairs:
+            folder = work / f"{edges}-{tweets}" if len(pairs) > 1 else work
+            folder.mkdir(exist_ok=True)
+            runs.append(_run(args, engines, folder, edges, tweets))
+    if len(runs) == 1:
+        out = runs[0]
+    else:
+        out = {"sizes": runs, "settings": vars(args)}
+        _print_sizes(runs)
     print(f"written to {save(args.name, out)}")
     return 0
+
+
+def _run(args: argparse.Namespace, engines: list[str], work: Path, edges: int,
+         tweets: int) -> dict[str, Any]:
+    evts = parts_events(edges, tweets, work)
+    print(f"{len(evts):,} events ({edges:,} edges, {tweets:,} tweets)", file=sys.stderr)
+    results: dict[str, dict[str, Any]] = {}
+    if any(e in PEERS or e in FLINK for e in engines):
+        write_jsonl(evts, work / "events.jsonl")
+    with ExitStack() as stack:
+        kafka: KafkaSettings | None = None
+        for engine in engines:
+            print(f"--- {engine}", file=sys.stderr, flush=True)
+            if engine == "join":
+                results[engine] = run_join(evts, args.batch, work, args.verify_sample)
+            elif engine in PIPELINES:
+                results[engine] = run_pipeline(
+                    evts, args.verify_sample, args.max_records, args.buckets, args.kafka_source,
+                    work, warmup=args.warmup if engine == "pipeline-running" else 0)
+            elif engine in FLINK:
+                if kafka is None:
+                    kafka = stack.enter_context(changelog(evts, work))
+                results[engine] = run_flink(engine, kafka, work / "events.jsonl", work,
+                                            args.flink_parallelism, args.flink_heap)
+                if not any(e in FLINK for e in engines[engines.index(engine) + 1:]):
+                    stack.close()  # the broker, before any engine after the last Flink one
+            else:
+                results[engine] = run_peer(engine, work / "events.jsonl", work, args.threads)
+            r = results[engine]
+            if "seconds" in r:
+                r["events_per_s"] = round(r.get("events", len(evts)) / r["seconds"])
+    out = {"events": len(evts), "edges": edges, "tweets": tweets, "engines": results,
+           "settings": vars(args), "load_average_end": os.getloadavg()}
+    _print(out)
+    return out
+
+
+def _print_sizes(runs: list[dict[str, Any]]) -> None:
+    """Each engine's rate at every size, and how its time grew against the events."""
+    first, last = runs[0], runs[-1]
+    counts = " → ".join(f"{r['events']:,}" for r in runs)
+    print(f"\nby size: {counts} events (×{last['events'] / first['events']:.2f}); "
+          "events/s at each size, then seconds at the last size ÷ at the first")
+    for engine in first["engines"]:
+        rates = [r["engines"].get(engine, {}).get("events_per_s") for r in runs]
+        a, b = first["engines"][engine], last["engines"].get(engine, {})
+        grew = f"×{b['seconds'] / a['seconds']:.2f}" if "seconds" in a and "seconds" in b else "—"
+        shown = " ".join(f"{rate:>9,}" if rate else f"{'—':>9}" for rate in rates)
+        print(f"{engine:<16} {shown}  {grew}")
 
 
 def _print(out: dict[str, Any]) -> None:
@@ -262,6 +367,9 @@ def _print(out: dict[str, Any]) -> None:
         ratio = f"{r['events_per_s'] / base:.2f}" if base else "—"
         check = "equal" if r["equal"] else f"NOT EQUAL ({r.get('divergent', r.get('mismatches'))})"
         print(f"{engine:<16} {r['seconds']:8.1f} {r['events_per_s']:9,} {ratio:>7}  {check}")
+        if "submit_s" in r:
+            print(f"{'':<16} (Flink SQL, {r['mode']}, parallelism {r['parallelism']}, heap "
+                  f"{r['heap']}: {r['submit_s']:.1f} s of it planning and deploying the job)")
         if "warmup_events" in r:
             print(f"{'':<16} (the job running on the first {r['warmup_events']:,} events; "
                   f"the other {r['events']:,} produced in {r['produce_s']:.1f} s while it ran)")

@@ -50,6 +50,10 @@ Neither engine is a product dependency: they live in their own virtualenv
 ``--setup`` or :func:`ensure_venv`. This file imports no project module and, at module
 level, nothing but the standard library, so ``benchmarks/bench_peers.py`` can import
 :func:`ensure_venv` and run the engines here in a subprocess.
+
+Flink SQL, the third peer, reads the events from Kafka rather than from a file, and
+has a virtualenv of its own: ``benchmarks/peers_flink.py`` (it checks its view with
+:func:`brute` too).
 """
 
 from __future__ import annotations
@@ -119,33 +123,36 @@ class Result:
 # --- the virtualenv ---------------------------------------------------------------
 
 
-def venv_python(root: Path = ROOT) -> Path:
+def venv_python(root: Path = ROOT, venv: str = VENV) -> Path:
     """The interpreter of ``root``'s peer virtualenv (whether or not it exists yet)."""
-    return root / VENV / "bin" / "python"
+    return root / venv / "bin" / "python"
 
 
-def _venv_ready(python: Path) -> bool:
+def _venv_ready(python: Path, requirements: Sequence[str] = REQUIREMENTS) -> bool:
     check = ("import importlib.metadata as m, sys; "
-             f"sys.exit(0 if [m.version(p.split('==')[0]) for p in {list(REQUIREMENTS)!r}]"
-             f" == [p.split('==')[1] for p in {list(REQUIREMENTS)!r}] else 1)")
+             f"sys.exit(0 if [m.version(p.split('==')[0]) for p in {list(requirements)!r}]"
+             f" == [p.split('==')[1] for p in {list(requirements)!r}] else 1)")
     return python.exists() and subprocess.run([str(python), "-c", check],
                                               capture_output=True).returncode == 0
 
 
-def ensure_venv(root: Path = ROOT) -> Path:
+def ensure_venv(root: Path = ROOT, venv: str = VENV,
+                requirements: Sequence[str] = REQUIREMENTS) -> Path:
     """Make ``root/.venv-peers`` with Pathway and DuckDB if it is not there; its python.
 
     Created with ``python3.11 -m venv`` (or this interpreter if it is a 3.11) and
     filled by pip from PyPI; an existing venv with the right versions is left alone.
+    ``venv`` and ``requirements`` make another peer's virtualenv the same way
+    (``peers_flink.py``'s ``.venv-flink``).
     """
-    python = venv_python(root)
-    if _venv_ready(python):
+    python = venv_python(root, venv)
+    if _venv_ready(python, requirements):
         return python
     if not python.exists():
         base = "python3.11" if sys.version_info[:2] != (3, 11) else sys.executable
-        subprocess.run([base, "-m", "venv", str(root / VENV)], check=True)
+        subprocess.run([base, "-m", "venv", str(root / venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    *REQUIREMENTS], check=True)
+                    *requirements], check=True)
     return python
 
 
