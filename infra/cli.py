@@ -294,7 +294,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     opener = functools.partial(store_from_url, view.store_url, cap=view.timeline_cap)
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
-                        seed=args.seed, progress=True, entries=args.entries, opener=opener)
+                        seed=args.seed, progress=True, entries=args.entries, opener=opener,
+                        lateness=view.lateness_ms())
     print(result.render())
     return 0 if result.ok else 1
 

@@ -37,6 +37,7 @@ from ingest.settings import KafkaSettings
 from serving.errors import NotFound
 from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
+from views.join import DEFAULT_LATENESS_MS
 from views.reference import HomeRow, Reference
 from views.stores.base import Store
 
@@ -52,8 +53,12 @@ class VerifyResult:
     samples: list[str] = field(default_factory=list)
     events: int = 0
     invalid: int = 0
+    #: Records past the lateness bound, left out of the query as the job leaves them out.
+    late: int = 0
     lagging_partitions: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: Who diverged (all of them, not only the described ``samples``).
+    divergent_users: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -62,7 +67,7 @@ class VerifyResult:
     def render(self) -> str:
         lines = [f"verify: {self.users_checked} users checked, {self.divergent} divergent "
                  f"({self.events} events, {self.invalid} invalid records, "
-                 f"{self.seconds:.1f}s)"]
+                 f"{self.late} late, {self.seconds:.1f}s)"]
         if self.lagging_partitions:
             lines.append("  view is behind the log on: " + ", ".join(self.lagging_partitions))
         lines += [f"  {s}" for s in self.samples]
@@ -90,17 +95,19 @@ def wait_caught_up(store: Store, ends: dict[tuple[str, int], int], timeout: floa
 def verify(kafka: KafkaSettings, store: Store, cap: int, *, sample: int | None = None,
            wait: float = 0.0, seed: int = 0, max_samples: int = 5, progress: bool = False,
            entries: int | None = None, opener: Callable[[], Store] | None = None,
-           workers: int | None = None) -> VerifyResult:
+           workers: int | None = None,
+           lateness: int | None = DEFAULT_LATENESS_MS) -> VerifyResult:
     """Compare served timelines with the recomputed query; see the module docstring.
 
-    ``entries``, ``opener`` and ``workers`` are :func:`compare`'s.
+    ``entries``, ``opener``, ``workers`` and ``lateness`` are :func:`compare`'s.
     """
     start = time.perf_counter()
     log_ = read_changelog(kafka)
     if wait > 0 and not wait_caught_up(store, log_.ends, wait):
         log.warning("view did not catch up within %.0fs", wait)
     result = compare(log_, store, cap, sample=sample, seed=seed, max_samples=max_samples,
-                     progress=progress, entries=entries, opener=opener, workers=workers)
+                     progress=progress, entries=entries, opener=opener, workers=workers,
+                     lateness=lateness)
     result.lagging_partitions = lagging(store, log_.ends)
     result.seconds = time.perf_counter() - start
     return result
@@ -119,8 +126,16 @@ Served = list[HomeRow] | str
 def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = None,
             seed: int = 0, max_samples: int = 5, progress: bool = False,
             entries: int | None = None, opener: Callable[[], Store] | None = None,
-            workers: int | None = None) -> VerifyResult:
+            workers: int | None = None, users: list[int] | None = None,
+            lateness: int | None = DEFAULT_LATENESS_MS) -> VerifyResult:
     """Compare without reading Kafka (the log already read); ``progress`` draws a bar.
+
+    ``lateness`` is the job's lateness bound in ms (``ViewSettings.lateness_ms``; None:
+    off): records past it are left out of the query, as the job leaves them out. The
+    log's events are in offset order per partition, which the rule needs.
+
+    ``users`` checks those users only (a second look at the divergent ones of an
+    earlier pass, say) instead of every user or a ``sample``.
 
     ``entries`` checks only the first ``entries`` of each timeline (its first pages;
     default: all ``cap``). ``opener`` builds another, unopened store over the same data
@@ -130,11 +145,15 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
     """
     n = _depth(cap, entries)
     log.info("recomputing the view from %d events", len(log_.events))
-    ref = Reference().add(log_.events)
-    users = sorted((set(ref.users()) | set(store.home_users())) - ref.deleted_accounts)
+    ref = Reference(lateness).add(log_.events)
+    if users is not None:
+        users = sorted(set(users) - ref.deleted_accounts)
+    else:
+        users = sorted((set(ref.users()) | set(store.home_users())) - ref.deleted_accounts)
     if sample is not None and sample < len(users):
         users = sorted(random.Random(seed).sample(users, sample))
-    result = VerifyResult(events=len(log_.events), invalid=sum(log_.invalid.values()))
+    result = VerifyResult(events=len(log_.events), invalid=sum(log_.invalid.values()),
+                          late=len(ref.late))
     with (_reads(store, users, n, opener, workers) as served_rows,
           progress_bar(total=len(users), desc="verify", unit="user",
                        disable=not progress) as bar):
@@ -159,6 +178,7 @@ def _check(result: VerifyResult, user: int, want: list[HomeRow], got: Served,
     result.users_checked += 1
     if got != want:
         result.divergent += 1
+        result.divergent_users.append(user)
         if len(result.samples) < max_samples:
             result.samples.append(_describe(user, want, got))
 

@@ -165,14 +165,15 @@ TIMES = st.integers(0, 2**62)
     AuthorState,
     followers=st.dictionaries(IDS, st.tuples(TIMES, st.booleans()), max_size=5),
     tweets=st.dictionaries(IDS, TIMES, max_size=5),
-    tombstones=st.sets(IDS, max_size=5),
+    tombstones=st.dictionaries(IDS, TIMES, max_size=5),
     evicted=st.tuples(st.integers(-1, 2**62), st.integers(-1, BIG)),
     celebrity=st.booleans(), profile_at=st.integers(-1, 2**62),
     reposts=st.dictionaries(IDS, st.tuples(TIMES, IDS, IDS), max_size=6),
-    undone=st.sets(IDS, max_size=4),
+    undone=st.dictionaries(IDS, TIMES, max_size=4),
     relations=st.dictionaries(st.tuples(IDS, st.sampled_from(["block", "mute"])),
                               st.tuples(TIMES, st.booleans()), max_size=5),
-    deleted=st.booleans()))
+    deleted=st.booleans(),
+    marks=st.lists(st.integers(-(2**63), 2**62), min_size=2, max_size=2)))
 def test_state_with_reposts_relations_and_deletes_round_trips(state):
     # ``shown`` is derived from the reposts (as the join settles it), not stored.
     best: dict[int, tuple[int, int]] = {}

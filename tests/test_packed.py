@@ -63,7 +63,7 @@ def _one_row_each(rows: list[tuple]) -> tuple[dict[int, list[Change]], list[Delt
             dead.append(Delta.dead_letter(topic, part, off, row[11], row[12]))
         else:
             changes.setdefault(key, []).append(
-                Change(at, TOPIC_RANK[topic], off, kind, *row[6:11]))
+                Change(at, TOPIC_RANK[topic], off, kind, *row[6:11], part))
     return changes, dead + [Delta.source_offset(t, p, o, at) for (t, p), (o, at) in marks.items()]
 
 

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.stateful_processor import MapState
 from pyspark.sql.streaming.tws_tester import TwsTester
 
-from ingest.events import Event, Follow, Post, encode
+from ingest.events import Delete, Event, Follow, Post, encode
 from ingest.settings import KafkaSettings
 from views import job
 from views.codec import LAYOUT, Layout, decode_page, decode_state
@@ -164,6 +164,61 @@ def test_pages_stay_near_their_size_whatever_the_bucket_holds():
         layout, pages, _ = _stored(_loaded(authors, 4096))
         assert layout.size <= 4096 * layout.pages
         assert max(map(len, pages.values())) < 4 * 4096, (authors, layout)
+
+
+def test_late_records_and_pruned_state_go_through_the_pages_as_in_the_pure_join():
+    """With a lateness bound: the pure join's dead letters (with their partition) and states.
+
+    Days of follows, unfollows, posts and deletes, some records days late: the pages
+    hold what the pure join holds after pruning, and shrink when it prunes.
+    """
+    day, config = 86_400_000, JoinConfig(cap=5, promote_at=30, demote_below=24,
+                                         lateness=86_400_000)
+    rng = random.Random(11)
+    authors = rng.sample(range(1, 10**6), 60)
+    tester = TwsTester(JoinProcessor(config, page_bytes=1024))
+    states: dict[int, AuthorState] = {}
+    offset, sizes, late = 0, [], 0
+    for today in range(13):
+        batch: list[tuple[int, Event]] = []
+        for i in range(300 if today < 12 else 2 * len(authors)):
+            author = rng.choice(authors) if today < 12 else authors[i // 2]
+            at = (today + 5 - (3 if rng.random() < 0.05 else 0)) * day + rng.randrange(day)
+            if today == 12:  # a week on: one post and one follow each, and the bound passes
+                at = 30 * day
+            event: Event = (Follow(rng.randrange(1, 50), author, at, active=rng.random() < 0.5)
+                            if (rng.random() < 0.5 if today < 12 else i % 2)
+                            else Delete(rng.randrange(1, 400), author, at)
+                            if today < 12 and rng.random() < 0.3
+                            else Post(10**7 + offset, author, at, "p"))
+            batch.append((offset, event))
+            offset += 1
+        packer = Packer()
+        by_key: dict[int, list[Change]] = defaultdict(list)
+        for off, event in batch:
+            packer.add(BUCKET, event_row(event.topic, 2, off, *encode(event)))
+            by_key[event.key].append(Change.of(event, off, partition=2))
+        want: list[Delta] = []
+        for key, changes in by_key.items():
+            states[key], out = apply_batch(states.get(key), key, changes, config)
+            want += out
+        frame = pd.DataFrame({"rows": packer.batch().column("rows").to_pylist()})
+        out_frame: pd.DataFrame = tester.testInPandas(BUCKET, frame)
+        got = [d for blob in out_frame.get("deltas", []) for d in unpack_deltas(blob)
+               if d.kind != DeltaKind.OFFSET]
+        want = unpack_deltas(pack_deltas(want))
+        assert sorted(got, key=repr) == sorted(want, key=repr)
+        late += sum(d.kind == DeltaKind.DEAD and d.partition == 2 for d in got)
+        sizes.append(_stored(tester)[0].size)
+    _, pages, _ = _stored(tester)
+    stored = {a: decode_state(s) for blob in pages.values() for a, s in decode_page(blob).items()}
+    assert stored == states
+    assert late > 0
+    # A week on, every tombstone and dead edge is past the bound: gone, and the pages
+    # shrank although the batch added a post and a follow per author.
+    assert not any(s.tombstones for s in states.values())
+    assert all(on or at == 30 * day for s in states.values() for at, on in s.followers.values())
+    assert sizes[-1] < sizes[-2], sizes
 
 
 # -- a checkpoint of another state layout ------------------------------------------------

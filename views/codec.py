@@ -5,11 +5,12 @@ endian, versioned by the first byte (bump :data:`VERSION` and :data:`LAYOUT`
 together when it changes):
 
 ``B version | B celebrity | B deleted | q profile_at | q evicted_at | q evicted_id |
-I followers | I tweets | I tombstones | I reposts | I undone | I relations`` then the
-arrays: follower ids, follower edge times, follower active flags (bytes), kept tweet
-ids, their times, tombstones; repost ids, their times, originals, original authors,
-undone ids; relation users, their kinds (bytes: 0 block, 1 mute), times, on flags
-(bytes). The shown repost per original is derived from the reposts on decode.
+q follows mark | q tweets mark | I followers | I tweets | I tombstones | I reposts |
+I undone | I relations`` then the arrays: follower ids, follower edge times, follower
+active flags (bytes), kept tweet ids, their times, tombstone ids, their times; repost
+times, originals, original authors, ids, undone ids, their times; relation users,
+their kinds (bytes: 0 block, 1 mute), times, on flags (bytes). The shown repost per
+original is derived from the reposts on decode.
 
 **Pages.** Spark calls the processor once per key bucket of authors (its fixed cost
 per call dominated a call per author, DESIGN §10), and each state call crosses from
@@ -33,17 +34,17 @@ from typing import Final
 
 from views.join import AuthorState, live_reposts
 
-VERSION: Final = 2
+VERSION: Final = 3
 #: How the state sits in Spark's state store (the state variables, :class:`Layout`,
 #: the page and author formats); the checkpoint path carries it.
-LAYOUT: Final = 3
+LAYOUT: Final = 4
 #: Bytes a page holds on average before the bucket splits one more page. Each page a
 #: batch touches costs two state calls (~0.25–0.5 ms) and its bytes read and written
 #: (~35 ns a byte, docs/capacity.md V9): at 16 KiB a steady batch spends about as much
 #: on either, and a bulk batch, which writes nearly every page, one call a page more
 #: than it would with fewer, larger pages (``benchmarks/bench_codec.py --state-users``).
 DEFAULT_PAGE_BYTES: Final = 16_384
-_HEAD = struct.Struct("<BBBqqqIIIIII")
+_HEAD = struct.Struct("<BBBqqqqqIIIIII")
 _RELATION_CODES = {"block": 0, "mute": 1}
 _RELATION_NAMES = ("block", "mute")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -60,8 +61,10 @@ def encode_state(state: AuthorState) -> bytes:
     reposts, relations = state.reposts, state.relations
     nf, nt, nd, nr, nu, nl = (len(followers), len(tweets), len(state.tombstones),
                               len(reposts), len(state.undone), len(relations))
+    late_marks = state.marks
     parts = [_HEAD.pack(VERSION, state.celebrity, state.deleted, state.profile_at,
-                        state.evicted[0], state.evicted[1], nf, nt, nd, nr, nu, nl)]
+                        state.evicted[0], state.evicted[1], late_marks[0], late_marks[1],
+                        nf, nt, nd, nr, nu, nl)]
     if nf:
         edges = followers.values()
         parts += (array("q", followers).tobytes(), array("q", map(_FIRST, edges)).tobytes(),
@@ -69,13 +72,15 @@ def encode_state(state: AuthorState) -> bytes:
     if nt:
         parts += (array("q", tweets).tobytes(), array("q", tweets.values()).tobytes())
     if nd:
-        parts.append(array("q", state.tombstones).tobytes())
+        parts += (array("q", state.tombstones).tobytes(),
+                  array("q", state.tombstones.values()).tobytes())
     if nr:
         seen = reposts.values()
         parts += (*(array("q", map(itemgetter(i), seen)).tobytes() for i in range(3)),
                   array("q", reposts).tobytes())
     if nu:
-        parts.append(array("q", state.undone).tobytes())
+        parts += (array("q", state.undone).tobytes(),
+                  array("q", state.undone.values()).tobytes())
     if nl:
         slots, marks = relations.keys(), relations.values()
         parts += (array("q", map(_FIRST, slots)).tobytes(),
@@ -89,8 +94,8 @@ def decode_state(blob: bytes) -> AuthorState:
     if blob[0] != VERSION:
         msg = f"state version {blob[0]} is not {VERSION}: use a fresh checkpoint"
         raise ValueError(msg)
-    (_, celeb, deleted, profile_at, ev_at, ev_id, nf, nt, nd, nr, nu,
-     nl) = _HEAD.unpack_from(blob)
+    (_, celeb, deleted, profile_at, ev_at, ev_id, mark_follows, mark_tweets, nf, nt, nd, nr,
+     nu, nl) = _HEAD.unpack_from(blob)
     pos = _HEAD.size
     followers: dict[int, tuple[int, bool]] = {}
     if nf:
@@ -106,10 +111,11 @@ def decode_state(blob: bytes) -> AuthorState:
         t_ids, pos = _longs(blob, pos, nt)
         t_at, pos = _longs(blob, pos, nt)
         tweets = dict(zip(t_ids, t_at, strict=True))
-    dead: set[int] = set()
+    dead: dict[int, int] = {}
     if nd:
         dead_ids, pos = _longs(blob, pos, nd)
-        dead = set(dead_ids)
+        dead_at, pos = _longs(blob, pos, nd)
+        dead = dict(zip(dead_ids, dead_at, strict=True))
     reposts: dict[int, tuple[int, int, int]] = {}
     if nr:
         r_at, pos = _longs(blob, pos, nr)
@@ -117,10 +123,11 @@ def decode_state(blob: bytes) -> AuthorState:
         r_author, pos = _longs(blob, pos, nr)
         r_ids, pos = _longs(blob, pos, nr)
         reposts = dict(zip(r_ids, zip(r_at, r_orig, r_author, strict=True), strict=True))
-    undone: set[int] = set()
+    undone: dict[int, int] = {}
     if nu:
         undone_ids, pos = _longs(blob, pos, nu)
-        undone = set(undone_ids)
+        undone_at, pos = _longs(blob, pos, nu)
+        undone = dict(zip(undone_ids, undone_at, strict=True))
     relations: dict[tuple[int, str], tuple[int, bool]] = {}
     if nl:
         l_users, pos = _longs(blob, pos, nl)
@@ -138,9 +145,10 @@ def decode_state(blob: bytes) -> AuthorState:
         profile_at=profile_at,
         reposts=reposts,
         undone=undone,
-        shown=live_reposts(reposts, undone | dead) if reposts else {},
+        shown=live_reposts(reposts, undone.keys() | dead.keys()) if reposts else {},
         relations=relations,
         deleted=bool(deleted),
+        marks=[mark_follows, mark_tweets],
         active=active,
     )
 
@@ -210,7 +218,8 @@ class Layout:
     order, whenever the bucket's ``size`` (the bytes of all its pages) passes
     ``page_bytes`` a page on average, so pages stay near that size however much the
     bucket holds, and the whole directory is these three numbers. Pages never merge:
-    state shrinks only by a little (tombstones, evicted tweets).
+    state shrinks (tombstones, undos and dead edges past the lateness bound, evicted
+    tweets), the size with it, and the pages only hold less.
     """
 
     level: int = 0

@@ -16,6 +16,17 @@ function of the *set* of events seen, whatever their arrival order or duplicatio
 Within a batch, events apply in ``(created_at, topic, offset)`` order, so a rerun over
 the same input gives the same result.
 
+**Lateness and bounded state** (DESIGN §4). With a lateness bound ``L``
+(:attr:`JoinConfig.lateness`), a tweets- or follows-topic record is *late* when its
+``created_at`` is more than ``L`` before the newest ``created_at`` of the same key
+and topic at an earlier offset (the key's *mark* on that topic). A late record is a
+dead letter with the reason ``late`` and changes nothing else. Offsets order one key's
+records of one topic (they share a partition), so which records are late is a
+function of the log alone, not of batches or of how partitions interleave, and
+:class:`views.reference.Reference` applies the same rule. After a batch, state that
+only defeats records older than ``mark - L`` is dropped (:func:`_prune`): no on-time
+record can need it any more.
+
 **Paths.** A normal author's posts are fanned out to each follower's cached timeline.
 An author whose active follower count reaches ``promote_at`` becomes a celebrity
 (checked once per batch, after its events): their tweets stay in ``author_tweets`` and
@@ -31,35 +42,53 @@ from ``author_tweets`` at read time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NamedTuple
 
-from ingest.events import TOPIC_RANK, Event
+from ingest.events import FOLLOWS, TOPIC_RANK, TWEETS, Event, encode
 from views.delta import Delta, Key, pack
-from views.row import Kind, event_fields
+from views.row import Kind, event_fields, to_event
 
 NO_KEY: Key = (-1, -1)
+DAY_MS = 86_400_000
+#: The default lateness bound: three days, in milliseconds (FANOUT_LATENESS_DAYS).
+DEFAULT_LATENESS_MS = 3 * DAY_MS
+#: A mark before any record (the smallest signed 64-bit value, as the codec stores it).
+NO_MARK = -(2**63)
+#: The topics whose records can be late, by rank: the ones whose state is pruned.
+#: (Profiles and reads keep one value per key, so they need no bound.)
+BOUNDED_RANKS = (TOPIC_RANK[FOLLOWS], TOPIC_RANK[TWEETS])
+_TOPIC_OF_RANK = {rank: topic for topic, rank in TOPIC_RANK.items()}
 
 
 @dataclass(frozen=True, slots=True)
 class JoinConfig:
-    """Cap and celebrity thresholds; ``demote_below`` ≤ ``promote_at``."""
+    """Cap and celebrity thresholds; ``demote_below`` ≤ ``promote_at``.
+
+    ``lateness`` is the lateness bound in milliseconds (module docstring); None means
+    no bound: no record is late and the state keeps every tombstone, undo and dead
+    edge for good.
+    """
 
     cap: int = 800
     promote_at: int = 1000
     demote_below: int = 800
+    lateness: int | None = DEFAULT_LATENESS_MS
 
     def __post_init__(self) -> None:
-        if self.cap < 1 or not 0 < self.demote_below <= self.promote_at:
-            msg = f"invalid join config {self!r}: need cap ≥ 1, 0 < demote_below ≤ promote_at"
+        if (self.cap < 1 or not 0 < self.demote_below <= self.promote_at
+                or (self.lateness is not None and self.lateness < 0)):
+            msg = (f"invalid join config {self!r}: need cap ≥ 1, 0 < demote_below ≤ "
+                   "promote_at, lateness ≥ 0 or None")
             raise ValueError(msg)
 
     @classmethod
-    def with_ratio(cls, cap: int, promote_at: int, demote_ratio: float = 0.8) -> JoinConfig:
+    def with_ratio(cls, cap: int, promote_at: int, demote_ratio: float = 0.8,
+                   lateness: int | None = DEFAULT_LATENESS_MS) -> JoinConfig:
         """Config that demotes below ``demote_ratio × promote_at`` (at least 1)."""
-        return cls(cap, promote_at, max(1, int(promote_at * demote_ratio)))
+        return cls(cap, promote_at, max(1, int(promote_at * demote_ratio)), lateness)
 
 
 @dataclass(slots=True)
@@ -70,8 +99,10 @@ class AuthorState:
     followers: dict[int, tuple[int, bool]] = field(default_factory=dict)
     #: The newest ``cap`` live tweets: tweet id → created_at.
     tweets: dict[int, int] = field(default_factory=dict)
-    #: Ids of deleted tweets, kept so a late or duplicated post stays deleted.
-    tombstones: set[int] = field(default_factory=set)
+    #: Deleted ids (posts or reposts), kept so a late or duplicated post stays deleted:
+    #: id → the newest created_at of the delete and of the records of the id it
+    #: defeated, which is when the tombstone may be dropped (:func:`_prune`).
+    tombstones: dict[int, int] = field(default_factory=dict)
     #: Newest key of a live tweet no longer kept in ``tweets`` (NO_KEY if none).
     evicted: Key = NO_KEY
     celebrity: bool = False
@@ -79,14 +110,18 @@ class AuthorState:
     profile_at: int = -1
     #: Every repost seen by this author: repost id → (created_at, original id, original author).
     reposts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    #: Ids of this author's unreposts (final, like tombstones; a delete also undoes).
-    undone: set[int] = field(default_factory=set)
+    #: This author's unreposts (final, like tombstones; a delete also undoes): repost
+    #: id → the newest created_at of the unrepost and of the repost it undid.
+    undone: dict[int, int] = field(default_factory=dict)
     #: Original tweet → the one repost of it shown now (see :func:`_settle_reposts`).
     shown: dict[int, int] = field(default_factory=dict)
     #: (acting user, "block" or "mute") → (created_at, on) of the winning event.
     relations: dict[tuple[int, str], tuple[int, bool]] = field(default_factory=dict)
     #: The account is deleted (final: later profiles are ignored).
     deleted: bool = False
+    #: The newest created_at seen of this key's follows and tweets records (by topic
+    #: rank, :data:`BOUNDED_RANKS`); NO_MARK before the first. Lateness is judged by them.
+    marks: list[int] = field(default_factory=lambda: [NO_MARK, NO_MARK])
     #: Active followers (-1: not counted yet); derived, so not part of equality.
     active: int = field(default=-1, compare=False)
 
@@ -123,16 +158,19 @@ class Change(NamedTuple):
     ref_id: int = 0
     text: str | None = None
     name: str | None = None
+    partition: int = 0
 
     @classmethod
-    def of(cls, event: Event, offset: int = 0) -> Change:
+    def of(cls, event: Event, offset: int = 0, partition: int = 0) -> Change:
         """The change of an ingest event: the event columns of its source row."""
         kind, _key, created_at, tweet_id, other_id, ref_id, text, name = event_fields(event)
         return cls(created_at, TOPIC_RANK[event.topic], offset, kind, tweet_id, other_id,
-                   ref_id, text, name)
+                   ref_id, text, name, partition)
 
 
 _ORDER = itemgetter(0, 1, 2)
+#: Log order of one key's records: by topic, then offset.
+_LOG_ORDER = itemgetter(1, 2)
 
 
 class _Out:
@@ -212,12 +250,78 @@ def apply_batch(
     """Apply one batch of ``key``'s changes; return the new state and the deltas."""
     state = state if state is not None else AuthorState()
     out = _Out(key)
+    lateness = config.lateness
+    if lateness is not None:
+        changes = _on_time(state, key, changes, lateness, out)
     originals: set[int] = set()
     for change in sorted(changes, key=_ORDER):
         _apply(state, key, change, config, out, originals)
     _settle_reposts(state, key, originals, config, out)
     _settle_path(state, key, config, out)
+    if lateness is not None:
+        _prune(state, lateness)
     return state, out.deltas()
+
+
+def _on_time(state: AuthorState, key: int, changes: Iterable[Change], lateness: int,
+             out: _Out) -> list[Change]:
+    """The changes that are not late; each late one becomes a dead letter.
+
+    Walks the key's records in log order (topic, offset), raising the key's mark on
+    each topic as it goes, so a record is judged against the records before it in
+    the log, whichever batch they came in.
+    """
+    marks = state.marks
+    kept: list[Change] = []
+    for change in sorted(changes, key=_LOG_ORDER):
+        rank = change.rank
+        if rank in BOUNDED_RANKS:
+            mark = marks[rank]
+            if change.created_at < mark - lateness:
+                out.emit(_late(key, change, mark, lateness))
+                continue
+            if change.created_at > mark:
+                marks[rank] = change.created_at
+        kept.append(change)
+    return kept
+
+
+def _late(key: int, change: Change, mark: int, lateness: int) -> Delta:
+    """The dead letter of a late record; its raw bytes are the event re-encoded."""
+    topic = _TOPIC_OF_RANK[change.rank]
+    event = to_event(change.kind, key, change.created_at, change.tweet_id, change.other_id,
+                     change.ref_id, change.text, change.name)
+    reason = (f"late: created_at {change.created_at} is more than {lateness} ms before "
+              f"{mark}, the newest created_at of key {key} on {topic} before it")
+    return Delta.dead_letter(topic, change.partition, change.offset, reason, encode(event)[1])
+
+
+def _prune(state: AuthorState, lateness: int) -> None:
+    """Drop what only defeats records older than the marks minus ``lateness``.
+
+    Every later record of this key on a topic is either late (older than the floor:
+    the mark minus ``lateness``, and marks only rise) or not older than the floor.
+    A dead follow, block or mute edge older than the floor loses to any such record
+    anyway. A tombstone or undo older than the floor only defeats copies of the
+    records it already defeated (DESIGN §3: a duplicate is an exact copy, and a
+    post or repost is not newer than its delete or undo), which are late now; the
+    undone repost goes with it, since it can never be shown again.
+    """
+    follows_floor = state.marks[BOUNDED_RANKS[0]] - lateness
+    tweets_floor = state.marks[BOUNDED_RANKS[1]] - lateness
+    if len(state.followers) > state.follower_count():
+        for user in [u for u, (at, on) in state.followers.items()
+                     if not on and at < follows_floor]:
+            del state.followers[user]
+    if state.relations:
+        for slot in [s for s, (at, on) in state.relations.items()
+                     if not on and at < follows_floor]:
+            del state.relations[slot]
+    for dead in (state.tombstones, state.undone):
+        if dead:
+            for entry in [i for i, at in dead.items() if at < tweets_floor]:
+                del dead[entry]
+                state.reposts.pop(entry, None)
 
 
 def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
@@ -231,7 +335,7 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
     elif kind == Kind.REPOST:
         _repost(state, key, change, cfg, out, originals)
     elif kind == Kind.UNREPOST:
-        state.undone.add(change.tweet_id)
+        _unrepost(state, change)
         _undo(state, change.tweet_id, originals)
     elif kind in (Kind.FOLLOW, Kind.UNFOLLOW):
         _follow(state, key, change, out)
@@ -246,9 +350,11 @@ def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _
 
 
 def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out) -> None:
-    if post.tweet_id in state.tombstones:
+    dead_at = state.tombstones.get(post.tweet_id)
+    if dead_at is not None:
         # Deleted before it arrived: not shown, but the store learns its time, which
         # makes the id this author's claim (views.stores.base, one author per id).
+        state.tombstones[post.tweet_id] = max(dead_at, post.created_at)
         out.emit(Delta.tweet_deleted(post.tweet_id, key, post.created_at))
         return
     if post.tweet_id in state.tweets or post.tweet_id in state.reposts:
@@ -270,11 +376,16 @@ def _keep(state: AuthorState, tweet_id: int, created_at: int, cap: int) -> None:
 
 
 def _delete(state: AuthorState, key: int, delete: Change, out: _Out) -> None:
-    if delete.tweet_id in state.tombstones:
+    tweet_id = delete.tweet_id
+    dead_at = state.tombstones.get(tweet_id)
+    if dead_at is not None:
+        state.tombstones[tweet_id] = max(dead_at, delete.created_at)
         return
-    state.tombstones.add(delete.tweet_id)
     # 0 = the tweet's time is not known here (evicted, or the post is yet to come).
-    created_at = state.tweets.pop(delete.tweet_id, 0)
+    created_at = state.tweets.pop(tweet_id, 0)
+    repost = state.reposts.get(tweet_id)
+    state.tombstones[tweet_id] = max(delete.created_at, created_at,
+                                     repost[0] if repost is not None else 0)
     out.emit(Delta.tweet_deleted(delete.tweet_id, key, created_at))
     if not state.celebrity:
         # The tweet may sit in any follower's cache, kept or not kept here.
@@ -321,6 +432,10 @@ def _repost(state: AuthorState, key: int, repost: Change, cfg: JoinConfig, out: 
     """
     seen = state.reposts.get(repost.tweet_id)
     mine = (repost.created_at, repost.ref_id, repost.other_id)
+    for dead in (state.tombstones, state.undone):
+        dead_at = dead.get(repost.tweet_id)
+        if dead_at is not None:
+            dead[repost.tweet_id] = max(dead_at, repost.created_at)
     if seen is not None:
         if seen <= mine:
             return
@@ -331,6 +446,13 @@ def _repost(state: AuthorState, key: int, repost: Change, cfg: JoinConfig, out: 
     state.reposts[repost.tweet_id] = mine
     originals.add(repost.ref_id)
     out.claimed.add(repost.tweet_id)
+
+
+def _unrepost(state: AuthorState, unrepost: Change) -> None:
+    repost_id = unrepost.tweet_id
+    seen = state.reposts.get(repost_id)
+    state.undone[repost_id] = max(state.undone.get(repost_id, unrepost.created_at),
+                                  unrepost.created_at, seen[0] if seen is not None else 0)
 
 
 def _undo(state: AuthorState, entry_id: int, originals: set[int]) -> None:
@@ -351,7 +473,8 @@ def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: Join
     """
     if not originals:
         return
-    live = live_reposts(state.reposts, state.undone | state.tombstones, originals)
+    live = live_reposts(state.reposts, state.undone.keys() | state.tombstones.keys(),
+                        originals)
     for original in originals:
         new = live.get(original)
         old = state.shown.get(original)
@@ -370,7 +493,7 @@ def _settle_reposts(state: AuthorState, key: int, originals: set[int], cfg: Join
             _show_repost(state, key, repost, False, cfg, out)
 
 
-def live_reposts(reposts: dict[int, tuple[int, int, int]], undone: set[int],
+def live_reposts(reposts: dict[int, tuple[int, int, int]], undone: Set[int],
                  originals: set[int] | None = None) -> dict[int, int]:
     """Original → the repost of it to show: the earliest by (created_at, id) not undone.
 

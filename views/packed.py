@@ -99,8 +99,9 @@ class Packer:
         if keyed is None:
             keyed = self._keyed[bucket] = {}
         # Change's fields: created_at, rank, offset, kind, tweet_id, other_id, ref_id,
-        # text, name (views.join.Change); int() drops the IntEnum marshal refuses.
-        change = (created_at, TOPIC_RANK[topic], offset, int(kind), *row[6:11])
+        # text, name, partition (views.join.Change); int() drops the IntEnum marshal
+        # refuses.
+        change = (created_at, TOPIC_RANK[topic], offset, int(kind), *row[6:11], partition)
         found = keyed.get(key)
         if found is None:
             keyed[key] = [change]

@@ -12,8 +12,10 @@ authors' encoded states (a map state keyed by page number, :mod:`views.codec`): 
 batch reads the layout, the pages of the authors it touches, and writes them back,
 so its cost follows the authors it touches, not the bucket's size. Its input is
 packed too, a few rows per bucket rather than one per record (:mod:`views.packed`
-says why). Invalid records become dead-letter deltas; every call also reports the
-highest offset it saw per partition, which the sink records as applied.
+says why). Invalid records become dead-letter deltas, and so do late ones (the join
+judges lateness against marks kept in each author's state, :mod:`views.join`); every
+call also reports the highest offset it saw per partition, which the sink records as
+applied.
 """
 
 from __future__ import annotations

@@ -4,6 +4,13 @@
 query reads, by brute force and with these pinned semantics, then runs the literal
 §4b query in an in-memory SQLite database:
 
+- with a lateness bound ``L`` (DESIGN §4), a tweets- or follows-topic record whose
+  ``created_at`` is more than ``L`` before the newest ``created_at`` of an earlier
+  record of the same key and topic is *late* and not part of the tables
+  (:attr:`Reference.late` lists them). "Earlier" is log order, so with a bound,
+  :meth:`Reference.add` takes each key's records of one topic in offset order (how
+  keys and topics interleave does not matter); without one, any order;
+
 - a follow edge, a block and a mute are each their newest event by ``created_at``,
   the un-op (unfollow, unblock, unmute) winning a tie, whatever the arrival order;
 - a post is the duplicate with the smallest ``(created_at, text, in_reply_to)``; it is
@@ -21,7 +28,7 @@ query reads, by brute force and with these pinned semantics, then runs the liter
 
 ``fanout verify`` and the property tests compare served timelines with it. It
 shares no code with the incremental path (``views.join``) on purpose: it never
-looks at batches, state or deltas, only at the set of events.
+looks at batches, state or deltas, only at the set of on-time events.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from ingest.events import (
+    FOLLOWS,
+    TWEETS,
     AccountDelete,
     Delete,
     Event,
@@ -44,6 +53,7 @@ from ingest.events import (
     Unrepost,
     UserUpsert,
 )
+from views.join import DEFAULT_LATENESS_MS  # the setting's default, not the join's logic
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +147,13 @@ def _rank(created_at: int, active: bool) -> _Rank:
 class Reference:
     """Tables folded from events, queried with the DESIGN's SQL (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lateness: int | None = DEFAULT_LATENESS_MS) -> None:
+        #: The lateness bound in milliseconds (the job's default unless told); None: no
+        #: record is late.
+        self.lateness = lateness
+        #: The late records seen, in the order added.
+        self.late: list[Event] = []
+        self._marks: dict[tuple[str, int], int] = {}  # (topic, key) → newest created_at
         self._edges: dict[tuple[int, int], _Rank] = {}
         self._relations: dict[tuple[int, int, str], _Rank] = {}
         self._claims: dict[tuple[int, int], Post] = {}  # (tweet id, author): the post
@@ -151,11 +167,30 @@ class Reference:
         self._index: _Index | None = None
 
     def add(self, events: Iterable[Event]) -> Reference:
-        """Fold ``events`` in; order and duplication do not matter."""
+        """Fold ``events`` in; duplication does not matter, nor order but for lateness.
+
+        With a lateness bound, the events continue the log: each key's records of one
+        topic come in offset order, after those of earlier calls (module docstring).
+        """
         for event in events:
             self._db, self._index, self._owned = None, None, None
-            self._fold(event)
+            if self._is_late(event):
+                self.late.append(event)
+            else:
+                self._fold(event)
         return self
+
+    def _is_late(self, event: Event) -> bool:
+        """Whether ``event`` is late after the records added before it (and note its time)."""
+        if self.lateness is None or event.topic not in (TWEETS, FOLLOWS):
+            return False
+        slot = (event.topic, event.key)
+        newest = self._marks.get(slot)
+        if newest is not None and event.created_at < newest - self.lateness:
+            return True
+        if newest is None or event.created_at > newest:
+            self._marks[slot] = event.created_at
+        return False
 
     def _fold(self, event: Event) -> None:
         if isinstance(event, Post):

@@ -14,14 +14,14 @@ from pydantic import Field
 
 from ingest.settings import FanoutSettings, env_alias
 from views.codec import DEFAULT_PAGE_BYTES
-from views.join import JoinConfig
+from views.join import DAY_MS, JoinConfig
 from views.stores import store_from_url
 from views.stores.base import Store
 
 __all__ = ("CELEBRITY_THRESHOLD_ENV", "CHECKPOINTS", "CHECKPOINT_DIR_ENV",
            "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_CHECKPOINT_DIR", "DEFAULT_RUN_DIR",
            "DEFAULT_STORE_URL", "DEFAULT_TIMELINE_CAP", "INACTIVE_DAYS_ENV", "KAFKA_SOURCE_ENV",
-           "STORE_ENV",
+           "LATENESS_DAYS_ENV", "STORE_ENV",
            "STORE_FILE", "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
 
 STORE_ENV: Final = "FANOUT_STORE"
@@ -30,6 +30,7 @@ CELEBRITY_THRESHOLD_ENV: Final = "FANOUT_CELEBRITY_THRESHOLD"
 CHECKPOINT_DIR_ENV: Final = "FANOUT_CHECKPOINT_DIR"
 KAFKA_SOURCE_ENV: Final = "FANOUT_KAFKA_SOURCE"
 INACTIVE_DAYS_ENV: Final = "FANOUT_INACTIVE_DAYS"
+LATENESS_DAYS_ENV: Final = "FANOUT_LATENESS_DAYS"
 
 #: Where a run directory keeps the SQLite store and the Spark checkpoint.
 DEFAULT_RUN_DIR: Final = Path("run")
@@ -65,6 +66,16 @@ class ViewSettings(FanoutSettings):
                     "(event time, from the activity log) get no fan-out writes; their "
                     "next read is evaluated at read time and regenerates the cache "
                     "(DESIGN §4b; Twitter used 30, Mastodon 7). 0 turns it off.")
+    lateness_days: float = Field(
+        3.0, ge=0, validation_alias=env_alias(LATENESS_DAYS_ENV, "lateness_days"),
+        description="The lateness bound (DESIGN §4): a tweets or follows record whose "
+                    "created_at is more than this many days before the newest created_at "
+                    "of an earlier record of its key and topic is late, a dead letter with "
+                    "the reason `late`; tombstones, undos and dead edges are kept only "
+                    "while an on-time record could still need them. verify applies the "
+                    "same rule. 0 turns it off (no record is late, that state is kept for "
+                    "good). A checkpoint's state was pruned with its bound: change it only "
+                    "by rebuilding the view.")
     checkpoint_dir: Path = Field(DEFAULT_CHECKPOINT_DIR,
                                  validation_alias=env_alias(CHECKPOINT_DIR_ENV, "checkpoint_dir"))
     trigger_seconds: float = Field(0.5, ge=0,
@@ -103,6 +114,10 @@ class ViewSettings(FanoutSettings):
         return store_from_url(self.store_url, cap=self.timeline_cap,
                               inactive_days=self.inactive_days)
 
+    def lateness_ms(self) -> int | None:
+        """The lateness bound in milliseconds, None when off (``lateness_days`` 0)."""
+        return round(self.lateness_days * DAY_MS) if self.lateness_days > 0 else None
+
     def join_config(self) -> JoinConfig:
         return JoinConfig.with_ratio(self.timeline_cap, self.celebrity_threshold,
-                                     self.demote_ratio)
+                                     self.demote_ratio, self.lateness_ms())
