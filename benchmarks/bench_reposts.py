@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from bench_freshness import _lags, produce, record_commits
+from bench_freshness import lags, produce, record_commits
 from harness import ROOT, save
 from pipeline import percentile, pipeline
 
@@ -59,13 +59,13 @@ def _phase(pipe, name: str, rate: float, writes: Sequence[Event]) -> dict:
     pipe.wait_caught_up(timeout=600, progress=False)
     pipe.sink.on_batch = previous
     batches = pipe.batch_log[first:]
-    lags = _lags(sent, commits)
+    seen = lags(sent, commits)
     adds = sum(b["timeline_adds"] for b in batches)
     reposts = sum(isinstance(e, Repost) for e in writes)
     return {"phase": name, "writes": len(writes), "reposts": reposts,
             "timeline_adds": adds, "adds_per_write": round(adds / max(1, len(writes)), 2),
-            "visible": len(lags),
-            "freshness_s": {q: round(percentile(lags, p), 3) for q, p in
+            "visible": len(seen),
+            "freshness_s": {q: round(percentile(seen, p), 3) for q, p in
                             (("p50", .5), ("p90", .9), ("p99", .99), ("max", 1.0))},
             "batches": len(batches),
             "batch_s_p50": round(percentile([b["seconds"] for b in batches], .5), 3)}
