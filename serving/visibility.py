@@ -210,7 +210,7 @@ class Viewer:
         oldest: dict[int, Key] = {}
         for e in entries:
             oldest[e.original_id] = min(e.key, oldest.get(e.original_id, e.key))
-        reposts = self.store.reposts_of(list(oldest), oldest)
+        reposts = self.store.reposts_of(list(oldest), oldest, self.user)
         newer: dict[int, list[Entry]] = {}
         for e in entries:
             later = [r for r in reposts.get(e.original_id, ())

@@ -441,14 +441,17 @@ class Store(abc.ABC):
         """The blocks (both ways) and mutes that filter ``user``'s home timeline."""
 
     @abc.abstractmethod
-    def reposts_of(self, originals: Sequence[int],
-                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
         """Shown reposts of each original tweet, newest first (``author_id``: the reposter).
 
         Originals with none are left out. What the read path needs to keep one entry
         per original tweet (the newest appearance) across pages. ``above``: only the
         reposts whose key is above the original's key there (a page asks only for those
         newer than its own entry: a viral tweet's older reposts are not read).
+        ``reader``: the store may leave out reposts by authors ``reader`` does not
+        follow, where it can tell without another round trip (only a followee's repost
+        shows on a home page; the caller filters by the followees anyway).
         """
 
     @abc.abstractmethod

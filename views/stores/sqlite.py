@@ -9,6 +9,7 @@ the last committed batch. The sink's callback runs on a Spark thread, hence
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import sqlite3
 import threading
@@ -230,6 +231,14 @@ class Checkpointer:
                 self._cond.notify_all()
             if db is not None:
                 db.close()
+
+
+def _entries(rows: Iterable[tuple[int, int]], author: int) -> Iterator[Entry]:
+    return (Entry(c, t, author) for c, t in rows)
+
+
+#: The filter of :meth:`SQLiteStore.reposts_of` with a reader: by the reader's followees.
+_BY_FOLLOWEES = " AND author_id IN (SELECT followee_id FROM follows WHERE follower_id = ?)"
 
 
 class SQLiteStore(Store):
@@ -608,15 +617,20 @@ class SQLiteStore(Store):
 
     def author_tweets(self, authors: Sequence[int], below: Key | None,
                       limit: int) -> list[Entry]:
+        """The authors' newest ``limit`` entries below ``below``, merged as they stream.
+
+        Each author's rows come off the index newest first, one cursor an author, and a
+        merge takes the newest of them until ``limit``: the rows read are ``limit`` plus
+        a few an author, not ``limit`` an author (a deep page of a reader following
+        dozens of prolific authors read every one of them in full).
+        """
         below = below if below is not None else TOP
-        db, out = self._conn(), list[Entry]()
-        for author in authors:
-            out.extend(Entry(c, t, author) for c, t in db.execute(
-                "SELECT created_at, tweet_id FROM author_tweets WHERE author_id = ? "
-                "AND (created_at, tweet_id) < (?, ?) ORDER BY created_at DESC, tweet_id DESC "
-                "LIMIT ?", (author, below[0], below[1], limit)))
-        out.sort(reverse=True)
-        return out[:limit]
+        db = self._conn()
+        streams = [_entries(db.execute(
+            "SELECT created_at, tweet_id FROM author_tweets WHERE author_id = ? "
+            "AND (created_at, tweet_id) < (?, ?) ORDER BY created_at DESC, tweet_id DESC "
+            "LIMIT ?", (author, below[0], below[1], limit)), author) for author in authors]
+        return list(islice(heapq.merge(*streams, reverse=True), limit))
 
     def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
         out: dict[int, list[Entry]] = {a: [] for a in authors}
@@ -644,20 +658,27 @@ class SQLiteStore(Store):
         return Relations(blocked=frozenset(o for o, r in rows if r in (BLOCK, BLOCKED_BY)),
                          muted=frozenset(o for o, r in rows if r == MUTE))
 
-    def reposts_of(self, originals: Sequence[int],
-                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
+        """With a ``reader``, the reposts by the reader's followees only.
+
+        The follow edges are in this file, so they filter in the query: a viral tweet's
+        thousands of reposts by strangers are never read out.
+        """
         out: dict[int, list[Entry]] = {}
+        by, args = ("", ()) if reader is None else (_BY_FOLLOWEES, (reader,))
         # `original_id != 0` spelled out: it lets SQLite use the partial index.
         rows = self._many(
             "SELECT original_id, created_at, tweet_id, author_id FROM tweets "
-            "WHERE original_id IN ({}) AND original_id != 0 AND deleted = 0 "
-            "ORDER BY original_id, created_at DESC, tweet_id DESC", originals) \
-            if not above else self._reposts_above(originals, above)
+            f"WHERE original_id IN ({{}}) AND original_id != 0 AND deleted = 0{by} "
+            "ORDER BY original_id, created_at DESC, tweet_id DESC", originals, args) \
+            if not above else self._reposts_above(originals, above, by, args)
         for original, created_at, tweet_id, author in rows:
             out.setdefault(original, []).append(Entry(created_at, tweet_id, author))
         return out
 
-    def _reposts_above(self, originals: Sequence[int], above: Mapping[int, Key]) -> list[tuple]:
+    def _reposts_above(self, originals: Sequence[int], above: Mapping[int, Key], by: str,
+                       args: tuple[int, ...]) -> list[tuple]:
         """Each original's reposts above its own bound: a range of the partial index each."""
         bounds = [(o, *above.get(o, (-1, -1))) for o in dict.fromkeys(originals)]
         out: list[tuple] = []
@@ -667,19 +688,23 @@ class SQLiteStore(Store):
                 "WITH b(o, c, t) AS (VALUES " + ",".join(["(?, ?, ?)"] * len(chunk)) + ") "
                 "SELECT r.original_id, r.created_at, r.tweet_id, r.author_id "
                 "FROM b JOIN tweets r ON r.original_id = b.o "
-                "WHERE r.original_id != 0 AND r.deleted = 0 "
+                f"WHERE r.original_id != 0 AND r.deleted = 0{by.replace('author_id', 'r.author_id')} "
                 "AND (r.created_at, r.tweet_id) > (b.c, b.t) "
                 "ORDER BY r.original_id, r.created_at DESC, r.tweet_id DESC",
-                [v for row in chunk for v in row]))
+                [v for row in chunk for v in row] + list(args)))
         return out
 
-    def _many(self, sql: str, ids: Sequence[int]) -> list[tuple]:
-        """``sql`` over ``ids`` in chunks of 500 (SQLite's parameter limit); order per chunk."""
+    def _many(self, sql: str, ids: Sequence[int], args: tuple[int, ...] = ()) -> list[tuple]:
+        """``sql`` over ``ids`` in chunks of 500 (SQLite's parameter limit); order per chunk.
+
+        ``args``: parameters after the ids'.
+        """
         ids = list(dict.fromkeys(ids))
         out: list[tuple] = []
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            out.extend(self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk))
+            out.extend(self._conn().execute(sql.format(",".join("?" * len(chunk))),
+                                            [*chunk, *args]))
         return out
 
     def celebrities(self) -> list[int]:

@@ -471,9 +471,12 @@ class CassandraStore(Store):
         """One partition: the user's own blocks and mutes, and the blocks of the user."""
         return reads.relation_set(self._rows("relations_get", (user,)))
 
-    def reposts_of(self, originals: Sequence[int],
-                   above: Mapping[int, Key] | None = None) -> dict[int, list[Entry]]:
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
         """One ``IN`` read per :data:`reads.IN_MAX` originals, run concurrently.
+
+        ``reader`` is not used: the reader's follow edges are another partition, another
+        round trip, which the caller makes only when some repost needs it.
 
         A read whose rows fill its LIMIT (a tweet reposted thousands of times) may be
         cut short: its originals are read again one partition each, paged.
