@@ -68,9 +68,21 @@ def check_copartitioned(counts: dict[str, int], expected: int) -> int:
     return count
 
 
+def durability(replication: int) -> dict[str, str]:
+    """Topic config for ``replication`` copies.
+
+    With more than one, an acks=all write needs a majority in sync (2 of 3), so an
+    acknowledged record survives any one broker's loss, and writes stop rather than
+    land on a lone replica.
+    """
+    if replication < 2:
+        return {}
+    return {"min.insync.replicas": str(replication // 2 + 1)}
+
+
 def _create(admin: AdminClient, settings: KafkaSettings, deadline: float) -> None:
     new = [NewTopic(settings.topic(t), settings.partitions, settings.replication,
-                    config=_TOPIC_CONFIG.get(t, {}))
+                    config=_TOPIC_CONFIG.get(t, {}) | durability(settings.replication))
            for t in TOPICS]
     futures = admin.create_topics(new, request_timeout=_remaining(deadline))
     for topic, future in futures.items():

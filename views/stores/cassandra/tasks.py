@@ -204,10 +204,35 @@ def writer(config: CassandraConfig, cap: int) -> TaskWriter:
         found = _WRITERS.get(key)
         if found is None:
             found = TaskWriter(config, cap)
-            found.open()
+            _open(found)
             _WRITERS[key] = found
             log.info("executor process opened a Cassandra session for %s", config.keyspace)
         return found
+
+
+def _open(found: TaskWriter) -> None:
+    """Open ``found``, retrying while the cluster does not answer, as the writes do.
+
+    Opening reads the schema's version at the read level: with the quorum lost (two
+    nodes of three down), a new executor process would fail its task at once, and
+    Spark's four attempts would end the job instead of waiting out the store's
+    ``retry`` for the nodes to come back.
+    """
+    give_up = time.monotonic() + found.config.retry_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            found.open()
+            return
+        except Exception as exc:
+            pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
+            if not transient(exc) or time.monotonic() + pause > give_up:
+                raise
+            log.warning("Cassandra: opening the store failed (attempt %d: %s); trying again "
+                        "in %.1fs (giving up after %.0fs)", attempt, exc, pause,
+                        found.config.retry_s)
+            time.sleep(pause)
 
 
 def close_writers() -> None:
