@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 
 #: Following more celebrities than this, a page walks the merged list.
 WALK_FROM = 32
+#: How often a refresh reloads every celebrity whole (seconds): the longest a late
+#: entry can stay missing (the module docstring; ``infra.verifier`` waits it out).
+FULL_RELOAD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class CelebrityCache:
 
     def __init__(self, store: Store, depth: int = 800, refresh_s: float = 0.5,
                  walk_from: int = WALK_FROM, *, version: Callable[[], Hashable] | None = None,
-                 window: int = 16, full_every_s: float = 60.0) -> None:
+                 window: int = 16, full_every_s: float = FULL_RELOAD_S) -> None:
         self.store = store
         self.walk_from = walk_from
         self.depth = depth

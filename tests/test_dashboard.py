@@ -29,7 +29,7 @@ from views.metrics import DEFAULT_JOB_METRICS_PORT, JobMetrics
 
 INFRA = Path(__file__).resolve().parent.parent / "infra"
 DASHBOARD = INFRA / "grafana" / "fanout.json"
-#: Exported by the live verifier (built apart from the stack's services).
+#: Exported by the live verifier (``infra/verifier.py``; ``test_the_verifier_exports_them``).
 FROM_THE_VERIFIER = {"fanout_verify_divergent", "fanout_verify_checked"}
 #: What the dashboard must show (write and read rates, read and post -> visible
 #: percentiles, offsets behind, batch duration, divergence).
@@ -145,9 +145,12 @@ def test_prometheus_scrapes_the_api_and_the_job_where_they_listen(compose):
     targets = {job["job_name"]: job["static_configs"][0]["targets"]
                for job in config["scrape_configs"]}
     api_port = int(compose["api"]["environment"]["FANOUT_API_PORT"])
+    verifier_port = int(compose["verifier"]["environment"]["FANOUT_VERIFIER_PORT"])
     assert targets == {"api": [f"api:{api_port}"],
-                       "view-job": [f"view-job:{DEFAULT_JOB_METRICS_PORT}"]}
-    assert {"api", "view-job"} <= set(compose)
+                       "view-job": [f"view-job:{DEFAULT_JOB_METRICS_PORT}"],
+                       "verifier": [f"verifier:{verifier_port}"]}
+    assert {"api", "view-job", "verifier"} <= set(compose)
+    assert compose["verifier"]["environment"]["FANOUT_VERIFIER_HOST"] == "0.0.0.0"
     # The job's driver binds every interface there, so Prometheus reaches its endpoint.
     assert "spark-submit" in compose["view-job"]["command"]
 
@@ -174,3 +177,9 @@ def test_compose_mounts_the_config_and_the_provisioning(compose):
     assert any(t.startswith("/etc/grafana/provisioning/datasources/") for t in grafana)
     assert any(t.startswith("/etc/grafana/provisioning/dashboards/") for t in grafana)
     assert compose["grafana"]["depends_on"] == ["prometheus"]
+
+
+def test_the_verifier_exports_them():
+    from infra.verifier import VerifierMetrics
+
+    assert _names(generate_latest(VerifierMetrics().registry).decode()) >= FROM_THE_VERIFIER

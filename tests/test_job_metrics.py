@@ -327,7 +327,7 @@ def test_status_shows_the_job_at_a_glance(tmp_path, capsys):
         server.shutdown()
         server.server_close()
     shown = json.loads(capsys.readouterr().out)
-    assert shown["services"] == {"job": "running", "api": "stopped"}
+    assert shown["services"] == {"job": "running", "api": "stopped", "verifier": "stopped"}
     job = shown["view_job"]
     assert job["metrics"] == f"http://127.0.0.1:{server.server_port}/metrics"
     assert (job["offsets_behind"], job["most_behind"]) == (8, "tweets/0: 8")
