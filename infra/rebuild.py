@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infra.settings import run_dir_views
 from infra.stack import Stack, StackError, alive
-from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV, STORE_FILE
+from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV, STORE_FILE, ViewSettings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def _delete(path: Path) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``fanout rebuild`` to the ``fanout`` command."""
     p = sub.add_parser(
-        "rebuild", help="set the views aside so the next job rebuilds them from the topics",
+        "rebuild", help="rebuild the views from the topics: beside the live ones, then "
+                   "switch (--beside), or set them aside for the next job",
         description=f"With the view job stopped, move the checkpoint (env "
                     f"{CHECKPOINT_DIR_ENV}; default RUN_DIR/{CHECKPOINTS}) and the SQLite "
                     f"store (env {STORE_ENV}; default RUN_DIR/{STORE_FILE}) aside, so "
@@ -124,10 +125,71 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "log lost); then replay the history into the broker.")
     p.add_argument("--force", action="store_true",
                    help="delete the checkpoint and the store instead of moving them aside")
+    side = p.add_argument_group(
+        "beside the live view", "Build a new view from the topics with a second job while "
+        "the live job and the API go on, verify it, then switch every API worker to it "
+        "(infra.beside). Use it to change a setting the checkpoint cannot take, or when a "
+        "new version cannot resume the checkpoint.")
+    side.add_argument("--beside", action="store_true",
+                      help="build a new view beside the live one, then switch reads to it "
+                           "(again after an interruption: resume that build)")
+    side.add_argument("--back", action="store_true",
+                      help="switch back to the view the last switch replaced (its job "
+                           "resumes and catches up first)")
+    side.add_argument("--drop-old", action="store_true",
+                      help="delete the view the last switch replaced")
+    side.add_argument("--abandon", action="store_true",
+                      help="with --beside: stop the build under way and delete its view")
+    side.add_argument("--sample", type=int, default=None, metavar="N",
+                      help="verify N random users of the new view before the switch "
+                           "(default: every user)")
+    side.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                      help="longest wait for the new view's job to start, and to catch up")
+    env = ViewSettings.env_help
+    for flag, name in _BESIDE_SETTINGS.items():
+        side.add_argument(flag, type=int, default=None, dest=name,
+                          help=f"the new view's {name.replace('_', ' ')} ({env(name)})")
+    side.add_argument("--kafka-source", choices=("spark", "python"), default=None,
+                      help=f"the Kafka source of the new view's job ({env('kafka_source')})")
     p.set_defaults(func=_cmd_rebuild)
 
 
+#: The settings ``--beside`` may change, as flags: what a checkpoint cannot take.
+_BESIDE_SETTINGS = {"--timeline-cap": "timeline_cap",
+                    "--celebrity-threshold": "celebrity_threshold",
+                    "--key-buckets": "key_buckets", "--shuffle-partitions": "shuffle_partitions"}
+
+
 def _cmd_rebuild(args: argparse.Namespace) -> int:
+    chosen = [f for f in ("beside", "back", "drop_old") if getattr(args, f)]
+    if len(chosen) > 1 or (args.abandon and not args.beside):
+        msg = "give one of --beside, --back and --drop-old (--abandon goes with --beside)"
+        raise StackError(msg)
+    if chosen:
+        return _cmd_beside(args)
+    return _cmd_set_aside(args)
+
+
+def _cmd_beside(args: argparse.Namespace) -> int:
+    from infra import beside
+
+    run_dir = Path(args.run_dir)
+    if args.drop_old:
+        beside.drop_old(run_dir)
+    elif args.abandon:
+        beside.abandon(run_dir)
+    elif args.back:
+        beside.back(run_dir, sample=args.sample, timeout=args.timeout)
+    else:
+        names = ViewSettings.env_names()
+        overrides = {names[n]: str(getattr(args, n))
+                     for n in (*_BESIDE_SETTINGS.values(), "kafka_source")
+                     if getattr(args, n) is not None}
+        beside.build(run_dir, overrides, sample=args.sample, timeout=args.timeout)
+    return 0
+
+
+def _cmd_set_aside(args: argparse.Namespace) -> int:
     done = rebuild(Path(args.run_dir), args.environ, force=args.force)
     for line in done:
         print(line)

@@ -9,6 +9,7 @@ are declared here once; the store's and the timeline cap's come from
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -16,6 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from ingest.settings import FanoutSettings
 from ingest.settings import env_alias as _env
 from serving.errors import ConfigError
+from views.pointer import VIEW_FILE_ENV
 from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, TIMELINE_CAP_ENV
 
 __all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "API_WORKERS_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
@@ -117,6 +119,12 @@ class ServingSettings(FanoutSettings):
         description="A home read is appended to the activity log (what inactive users are "
                     "derived from, DESIGN §4b) at most this often per user and API process; "
                     "keep it well below FANOUT_INACTIVE_DAYS. 0: reads are not logged.")
+    view_file: Path | None = Field(
+        default=None, validation_alias=_env(VIEW_FILE_ENV, "view_file"),
+        description="A view pointer file (a run directory's view.json, views.pointer): when "
+                    "set, the store it names is served instead of store_url, and every "
+                    "worker switches to another view when the file names one (`fanout "
+                    "rebuild --beside`; serving.switch).")
     worker_id: int | None = Field(
         default=None, ge=0, le=1023, validation_alias=_env(WORKER_ID_ENV, "worker_id"),
         description="Snowflake worker id of this API process for tweet ids (random if "

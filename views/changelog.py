@@ -28,11 +28,20 @@ class Changelog:
     ends: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
-def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0) -> Changelog:
-    """Read every topic from its earliest offset to its end."""
+def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0,
+                   until: dict[tuple[str, int], int] | None = None) -> Changelog:
+    """Read every topic from its earliest offset to its end.
+
+    ``until`` (logical topic, partition -> end offset, exclusive) stops earlier: the
+    log as a view that applied exactly that much saw it (a partition it does not
+    name is read to nothing).
+    """
     offsets = EndOffsets(kafka.bootstrap)
     tps = offsets.topic_partitions(kafka.physical_topics())
     starts, ends = offsets.earliest(tps), offsets.ends(tps)
+    if until is not None:
+        ends = {(t, p): min(end, until.get((kafka.logical(t), p), 0))
+                for (t, p), end in ends.items()}
     options = SourceOptions(bootstrap=kafka.bootstrap, topic_prefix=kafka.topic_prefix,
                             read_timeout=idle_timeout)
     out = Changelog()

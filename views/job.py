@@ -6,7 +6,8 @@ query, logs progress, and stops cleanly on SIGTERM/SIGINT. The checkpoint path i
 versioned with the state layout, the shuffle partition count and the number of key
 buckets, because changing any of them makes an old checkpoint unreadable (DESIGN §10).
 A checkpoint of another state layout beside it is refused, not silently left behind:
-its views must be rebuilt (:func:`other_layout`).
+its views must be rebuilt (:func:`other_layout`); so is one asked for settings the
+checkpoint cannot take (:mod:`views.fingerprint`, checked and recorded by :func:`run`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ingest.settings import KafkaSettings
-from views import connector
+from views import connector, fingerprint
 from views.codec import LAYOUT
 from views.delta import PACKED_DELTA_DDL
 from views.errors import BrokerUnreachable, OffsetsPastEnd, ViewError
@@ -66,8 +67,9 @@ def other_layout(view: ViewSettings) -> str | None:
                     "Rebuild the views from the topics: run `fanout rebuild` (it sets the "
                     "checkpoint and the SQLite store aside), start the job again, and "
                     "replay the history (`fanout replay DIR`) if the topics no longer hold "
-                    "all of it; or build them beside the live views with a new "
-                    f"{CHECKPOINT_DIR_ENV} and {STORE_ENV} (DESIGN §5)")
+                    "all of it; or build them beside the live views, which go on "
+                    "serving meanwhile: `fanout rebuild --beside` (DESIGN §5; by hand: a "
+                    f"job with a new {CHECKPOINT_DIR_ENV} and {STORE_ENV})")
     return None
 
 
@@ -158,6 +160,11 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     if refused is not None:
         log.error("view job not started: %s", refused)
         return EXIT_LAYOUT
+    refused = fingerprint.refusal(view, checkpoint_path(view))
+    if refused is not None:
+        log.error("view job not started: %s", refused)
+        return EXIT_SETTINGS
+    fingerprint.record(view)
     store = view.store().open()
     sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
@@ -184,6 +191,8 @@ EXIT_PAST_END = 3
 EXIT_BROKER = 4
 #: Exit code of a job that found a checkpoint of another state layout (:func:`other_layout`).
 EXIT_LAYOUT = 5
+#: Exit code of a job asked for settings its checkpoint cannot take (:mod:`views.fingerprint`).
+EXIT_SETTINGS = 6
 
 
 def _failed(error: str) -> int:
