@@ -30,6 +30,7 @@ from infra import load as load_cli
 from infra import rebuild as rebuild_cli
 from infra import schema as schema_cli
 from infra import stack as stack_mod
+from infra import verifier as verifier_cli
 from infra.errors import InfraError
 from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
 from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     load_cli.register(sub)
     jars_cli.register(sub)
     cassandra_cli.register(sub)
+    verifier_cli.register(sub)
     return parser
 
 
@@ -124,6 +126,15 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
                    help="run the view job on a Spark standalone master and worker that 'up' "
                         f"starts on loopback (RUN_DIR/spark); {SPARK_MASTER_ENV}=spark://... "
                         "names an existing cluster instead")
+    p.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="a new stack of N-node clusters on this machine: N KRaft Kafka nodes "
+                        "(topics at RF N), N Cassandra nodes on 127.0.0.1..N (keyspace at RF "
+                        "N, LOCAL_QUORUM) and a Spark master with 2 workers (default: one "
+                        "node of each, as before)")
+    p.add_argument("--verifier", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the live verifier, which compares a few sampled users' pages "
+                        "a second with the log, or not; kept for later 'up's (env "
+                        f"{verifier_cli.VERIFIER_ENV}; default: on)")
     _add_view_flags(p)
     p.set_defaults(func=_cmd_up)
     p = sub.add_parser("down", help="stop the stack's services; its data stays for 'up'")
@@ -159,7 +170,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     before = stack_mod.Stack.load(args.run_dir)
     was = before.state() if before else {}
     running = up(args.run_dir, port=args.port, extra_env=_view_env(args), store=args.store,
-                 cluster=args.cluster, timeout=args.timeout)
+                 cluster=args.cluster, timeout=args.timeout, nodes=args.nodes,
+                 verifier=args.verifier)
     for name, pid in running.pids.items():
         verb = "was running" if was.get(name) == "running" else "started"
         print(f"  {name}: {verb} (pid {pid})")
@@ -191,6 +203,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
                              "store": running.store_url, "services": state}
     if state.get("job") == "running":
         shown["view_job"] = _job_at_a_glance(running.job_metrics_url())
+    if state.get("verifier") == "running":
+        shown["verifier"] = _verifier_at_a_glance(running.verifier_url())
+    if state.get(stack_mod.BESIDE) == "running":  # a view built beside (fanout rebuild --beside)
+        from infra.beside import metrics_url
+
+        shown["view_beside"] = _job_at_a_glance(metrics_url(running))
     print(json.dumps(shown, indent=2))
     if any(s != "running" for s in state.values()):
         print(f"start what is stopped with: fanout --run-dir {running.run_dir} up",
@@ -210,6 +228,18 @@ def _job_at_a_glance(url: str | None) -> dict[str, Any]:
     except httpx.HTTPError as exc:
         return {"metrics": url, "error": f"no answer: {exc}"}
     return {"metrics": url, **summary(response.text, time.time())}
+
+
+def _verifier_at_a_glance(url: str | None) -> dict[str, Any]:
+    """Users checked, divergent and skipped so far, from the live verifier's endpoint."""
+    if url is None:
+        return {"metrics": None, "error": "no metrics endpoint recorded"}
+    try:
+        response = httpx.get(url, timeout=3.0)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return {"metrics": url, "error": f"no answer: {exc}"}
+    return {"metrics": url, **verifier_cli.summary(response.text)}
 
 
 # -- services in the foreground ----------------------------------------------------------

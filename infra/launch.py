@@ -39,6 +39,8 @@ from infra.stack import (
     wait_for_file,
     wait_for_http,
 )
+from infra.verifier import VERIFIER_ENV, VERIFIER_PORT_ENV
+from infra.verifier import enabled as verifier_enabled
 from ingest.settings import PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 from ingest.topics import create_topics
 from serving.settings import (
@@ -48,7 +50,7 @@ from serving.settings import (
     ServingSettings,
 )
 from views.metrics import JOB_METRICS_PORT_ENV, JobMetricsSettings
-from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
+from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV, ViewSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,41 +62,82 @@ CASSANDRA_KEYSPACE: Final = "fanout"
 #: ``up``); these are where its pieces are, or secrets, and are decided by the stack.
 _NOT_SETTINGS: Final = frozenset({
     RUN_DIR_ENV, AUTH_SECRET_ENV, API_URL_ENV, API_HOST_ENV, API_PORT_ENV, STORE_ENV,
-    CHECKPOINT_DIR_ENV, TOPIC_PREFIX_ENV, PARTITIONS_ENV, JOB_METRICS_PORT_ENV})
+    CHECKPOINT_DIR_ENV, TOPIC_PREFIX_ENV, PARTITIONS_ENV, JOB_METRICS_PORT_ENV,
+    VERIFIER_PORT_ENV})
 
 
 def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None,
-       store: str | None = None, cluster: bool = False, timeout: float = 240.0) -> Stack:
+       store: str | None = None, cluster: bool = False, timeout: float = 240.0,
+       nodes: int | None = None, verifier: bool | None = None) -> Stack:
     """Start what is not running of the stack in ``run_dir``; return the Stack.
 
     ``store="cassandra"`` (or ``FANOUT_STORE=cassandra://local``) gives a new stack a
     local Cassandra node for its store, keyspace ``fanout``; ``cluster`` a Spark
     standalone master and worker that the job runs on (``FANOUT_SPARK_MASTER`` names
-    an existing one instead). The stack's settings come from the environment with
-    ``extra_env`` (flags) over it.
+    an existing one instead). ``nodes`` > 1 gives a new stack clusters of that many
+    Kafka and Cassandra nodes and a Spark master with two workers (:mod:`infra.multinode`).
+    The stack's settings come from the environment with ``extra_env`` (flags) over it.
+    ``verifier`` True or False turns the live verifier on or off for this stack from now
+    on (None: as its settings say; on unless ``FANOUT_VERIFIER=off``).
     """
     run_dir = run_dir.resolve()
     environ = {**os.environ, **(extra_env or {})}
     stack = Stack.load(run_dir)
     if stack is None:
         stack = _new_stack(run_dir, port, environ, store, cluster)
+        if nodes is not None and nodes > 1:
+            from infra.multinode import make_multinode
+
+            make_multinode(stack, nodes, environ)
     else:
         _warn_on_other_settings(stack, environ)
+        if nodes is not None and nodes != stack.nodes:
+            msg = (f"the stack in {run_dir} has {stack.nodes} node(s) per cluster, not "
+                   f"{nodes}: drop --nodes to start it as it is, or use a fresh --run-dir")
+            raise StackError(msg)
     started: list[str] = []
     try:
-        moved = _ensure_broker(stack, started)
-        moved |= _ensure_cassandra(stack, started)
-        moved |= _ensure_spark(stack, started)
+        if stack.nodes > 1:
+            from infra.multinode import ensure_nodes
+
+            moved = ensure_nodes(stack, started)
+        else:
+            moved = _ensure_broker(stack, started)
+            moved |= _ensure_cassandra(stack, started)
+            moved |= _ensure_spark(stack, started)
         create_topics(_kafka(stack))
-        _ensure_job(stack, started, restart=moved, timeout=timeout)
+        refused = None if stack.running("job") else job_refusal(stack)
+        if refused is None:
+            _ensure_job(stack, started, restart=moved, timeout=timeout)
+        api_url = stack.api_url
         _ensure_api(stack, started, restart=moved, port=port)
+        _ensure_verifier(stack, started, restart=moved or stack.api_url != api_url,
+                         turn=verifier)
     except BaseException:
         for name in reversed(started):
             stop_service(stack, name)
         stack.save()
         raise
     stack.save()
+    if refused is not None:
+        msg = (f"the view job was not started: {refused}. The API serves the view as it is "
+               f"meanwhile ({stack.api_url})")
+        raise StackError(msg)
     return stack
+
+
+def job_refusal(stack: Stack) -> str | None:
+    """Why the stack's view job cannot resume its checkpoint (this version, these settings).
+
+    A new version whose state layout differs, or settings the checkpoint cannot take
+    (:mod:`views.fingerprint`): ``up`` starts the rest and says so instead of
+    starting a job that would refuse, and the message offers the rebuild beside.
+    """
+    from views.fingerprint import refusal
+    from views.job import checkpoint_path, other_layout
+
+    view = ViewSettings.from_env(stack.env())
+    return other_layout(view) or refusal(view, checkpoint_path(view))
 
 
 def _new_stack(run_dir: Path, port: int | None, environ: Mapping[str, str],
@@ -139,13 +182,16 @@ def _warn_on_other_settings(stack: Stack, environ: Mapping[str, str]) -> None:
     differ = sorted(k for k, v in asked.items() if stack.settings.get(k) != v)
     if differ:
         log.warning("the stack in %s keeps the settings it was started with (%s); to change "
-                    "them, `fanout down` and start a fresh run directory", stack.run_dir,
+                    "them, build a view with the new ones beside the live one (`fanout "
+                    "rebuild --beside`, e.g. --timeline-cap N), or `fanout down` and start "
+                    "a fresh run directory", stack.run_dir,
                     ", ".join(f"{k}={stack.settings.get(k, '(unset)')}" for k in differ))
 
 
 def _kafka(stack: Stack) -> KafkaSettings:
     return KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
-                         topic_prefix=stack.topic_prefix)
+                         topic_prefix=stack.topic_prefix,
+                         replication=KafkaSettings.from_env(stack.settings).replication)
 
 
 def _ensure_broker(stack: Stack, started: list[str]) -> bool:
@@ -269,6 +315,38 @@ def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
     started.append("api")
     wait_for_http(f"{stack.api_url}/healthz", process, timeout=60,
                   watch=lambda: _died(stack, "broker") or _died(stack, "job"))
+
+
+def _ensure_verifier(stack: Stack, started: list[str], *, restart: bool,
+                     turn: bool | None) -> None:
+    """Run the live verifier (:mod:`infra.verifier`) unless the stack turns it off.
+
+    ``turn`` (``up --verifier``/``--no-verifier``) records the choice in the stack's
+    settings, so later ``up``s keep it; turned off, a running verifier is stopped.
+    """
+    if turn is not None:
+        stack.settings[VERIFIER_ENV] = "on" if turn else "off"
+    if not verifier_enabled(stack.settings):
+        stop_service(stack, "verifier")
+        return
+    if stack.running("verifier"):
+        if not restart:
+            return
+        stop_service(stack, "verifier")
+    run_dir = Path(stack.run_dir)
+    ready = run_dir / "verifier.ready"
+    ready.unlink(missing_ok=True)
+    port = stack.verifier_port
+    if not port or not port_free(port):
+        stack.verifier_port = free_port()
+        if port:
+            log.warning("the live verifier's port %d is taken: it moves to %d", port,
+                        stack.verifier_port)
+    process = spawn(run_dir, "verifier", ["--ready-file", str(ready)], stack.env())
+    stack.pids["verifier"], stack.markers["verifier"] = process.pid, MARKER
+    started.append("verifier")
+    wait_for_file(ready, process, "the live verifier", timeout=60,
+                  watch=lambda: _died(stack, "api"))
 
 
 def _died(stack: Stack, name: str) -> str | None:

@@ -1,13 +1,14 @@
 """``fanout up`` / ``fanout down``: the one-machine stack in a run directory.
 
 The stack is detached services, each with its own log in ``<run>/logs``: the Kafka
-node (unless ``KAFKA_BOOTSTRAP`` names a cluster), the view job and the API (each a
-``fanout <service>`` process). ``<run>/stack.json`` records the stack: the settings
-its services run with, where Kafka, the store, the API and the job's metrics
-endpoint are, and the pid of each service with a *marker* — a string its command
-line must contain — so that a recycled pid is never taken for ours nor killed.
-``down`` stops the services, API first and broker last, and keeps ``stack.json``
-with its settings, so that ``up`` brings the same stack back (see
+node (unless ``KAFKA_BOOTSTRAP`` names a cluster), the view job, the API and the live
+verifier (each a ``fanout <service>`` process; the verifier unless ``FANOUT_VERIFIER``
+is off, :mod:`infra.verifier`). ``<run>/stack.json`` records the stack: the settings
+its services run with, where Kafka, the store, the API and the job's and the
+verifier's metrics endpoints are, and the pid of each service with a *marker* — a
+string its command line must contain — so that a recycled pid is never taken for ours
+nor killed. ``down`` stops the services, verifier and API first and broker last, and
+keeps ``stack.json`` with its settings, so that ``up`` brings the same stack back (see
 :mod:`infra.launch`).
 """
 
@@ -31,9 +32,12 @@ import httpx
 
 from infra.errors import InfraError
 from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
+from infra.verifier import VERIFIER_PORT_ENV
+from infra.verifier import enabled as verifier_enabled
 from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV
 from serving.settings import API_HOST_ENV, API_PORT_ENV, API_WORKERS_ENV, AUTH_SECRET_ENV
 from views.metrics import JOB_METRICS_PORT_ENV
+from views.pointer import POINTER_FILE, VIEW_FILE_ENV
 from views.settings import CHECKPOINT_DIR_ENV, CHECKPOINTS, STORE_ENV
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,15 @@ class StackError(InfraError):
 
 
 #: The order services start in; ``down`` stops them in reverse.
-SERVICES = ("broker", "cassandra", "spark-master", "spark-worker", "job", "api")
+SERVICES = ("broker", "cassandra", "spark-master", "spark-worker", "job", "job-beside", "api",
+            "verifier")
+#: A second view job building a new view beside the live one (``fanout rebuild --beside``);
+#: a service of the stack only while one is recorded, and ``up`` never starts it.
+BESIDE = "job-beside"
+#: Services that are a node each in a multi-node stack, and the prefix of the nodes' names.
+NODE_SERVICES = {"broker": "kafka", "cassandra": "cassandra", "spark-worker": "spark-worker"}
+#: Spark standalone workers of a multi-node stack.
+SPARK_WORKERS = 2
 
 
 @dataclass
@@ -77,6 +89,14 @@ class Stack:
     spark_master: str = ""
     #: Loopback port of the view job's metrics endpoint (0: none chosen yet).
     job_metrics_port: int = 0
+    #: The live view's checkpoint directory ("": ``<run>/checkpoints``); moved by a
+    #: switch to a view built beside (:mod:`infra.beside`).
+    checkpoint_dir: str = ""
+    #: Nodes of each of Kafka and Cassandra (``up --nodes N``); with more than one, the
+    #: broker, cassandra and spark-worker services are a node each (:meth:`members`).
+    nodes: int = 1
+    #: Loopback port of the live verifier's metrics endpoint (0: none chosen yet).
+    verifier_port: int = 0
     started_at: float = field(default_factory=time.time)
 
     def running(self, name: str) -> bool:
@@ -87,9 +107,28 @@ class Stack:
     def state(self) -> dict[str, str]:
         """``running``/``stopped`` per service this stack has."""
         local = {"broker": self.local_kafka, "cassandra": self.local_cassandra,
-                 "spark-master": self.local_spark, "spark-worker": self.local_spark}
-        names = [n for n in SERVICES if local.get(n, True)]
-        return {n: "running" if self.running(n) else "stopped" for n in names}
+                 "spark-master": self.local_spark, "spark-worker": self.local_spark,
+                 "verifier": verifier_enabled(self.settings)}
+        names = [n for n in SERVICES if local.get(n, True) and (n != BESIDE or n in self.pids)]
+        return {m: "running" if self.running(m) else "stopped"
+                for n in names for m in self.members(n)}
+
+    def members(self, service: str) -> list[str]:
+        """The services ``service`` stands for: itself, or one per node.
+
+        One per node in a multi-node stack: ``kafka-1``..., ``cassandra-1``...,
+        ``spark-worker-1``, ``spark-worker-2``.
+        """
+        if self.nodes <= 1 or service not in NODE_SERVICES:
+            return [service]
+        prefix = NODE_SERVICES[service]
+        count = SPARK_WORKERS if service == "spark-worker" else self.nodes
+        return [f"{prefix}-{i}" for i in range(1, count + 1)]
+
+    def verifier_url(self) -> str | None:
+        """Where the live verifier answers Prometheus scrapes (loopback)."""
+        port = self.verifier_port
+        return f"http://127.0.0.1:{port}/metrics" if port else None
 
     def job_metrics_url(self) -> str | None:
         """Where the view job answers Prometheus scrapes (its driver binds loopback)."""
@@ -113,9 +152,12 @@ class Stack:
                STORE_ENV: self.store_url, TOPIC_PREFIX_ENV: self.topic_prefix,
                PARTITIONS_ENV: str(self.partitions), API_URL_ENV: self.api_url,
                API_HOST_ENV: host, API_PORT_ENV: port,
-               CHECKPOINT_DIR_ENV: str(Path(self.run_dir) / CHECKPOINTS)}
+               CHECKPOINT_DIR_ENV: self.checkpoint_dir or str(Path(self.run_dir) / CHECKPOINTS),
+               VIEW_FILE_ENV: str(Path(self.run_dir) / POINTER_FILE)}
         if self.spark_master:
             env[SPARK_MASTER_ENV] = self.spark_master
+        if self.verifier_port:
+            env[VERIFIER_PORT_ENV] = str(self.verifier_port)
         if self.job_metrics_port:
             env[JOB_METRICS_PORT_ENV] = str(self.job_metrics_port)
         secret = Path(self.run_dir, AUTH_SECRET_FILE)
@@ -134,8 +176,8 @@ def api_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def spawn(run_dir: Path, service: str, args: list[str],
-          env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<service>.log``.
+          env: dict[str, str], log_name: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<log_name or service>.log``.
 
     Its fanout settings are ``env`` alone: the caller's own ``FANOUT_*`` and
     ``KAFKA_BOOTSTRAP`` are not inherited, so a service restarted from another shell
@@ -145,7 +187,7 @@ def spawn(run_dir: Path, service: str, args: list[str],
     logs.mkdir(parents=True, exist_ok=True)
     inherited = {k: v for k, v in os.environ.items()
                  if not k.startswith("FANOUT_") and k != BOOTSTRAP_ENV}
-    with (logs / f"{service}.log").open("ab") as out:
+    with (logs / f"{log_name or service}.log").open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, env={**inherited, **env},
@@ -317,9 +359,25 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     stack = Stack.load(run_dir)
     if stack is None:
         return None
-    stopped = [name for name in reversed(SERVICES) if stop_service(stack, name, timeout)]
+    stopped = [member for name in reversed(SERVICES)
+               for member in _stop_together(stack, stack.members(name), timeout)]
     stack.pids.clear()
     stack.markers.clear()
     stack.save()
     log.info("stopped %s", ", ".join(stopped) or "nothing (nothing was running)")
     return stack
+
+
+def _stop_together(stack: Stack, names: list[str], timeout: float) -> list[str]:
+    """Stop the nodes of one service side by side; those that were running.
+
+    Together, not one after the other: the last node of a KRaft quorum stopped alone
+    waits out its whole timeout for a controller that is gone.
+    """
+    if len(names) == 1:
+        return names if stop_service(stack, names[0], timeout) else []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        stopped = list(pool.map(lambda n: stop_service(stack, n, timeout), names))
+    return [n for n, was in zip(names, stopped, strict=True) if was]

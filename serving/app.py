@@ -51,12 +51,16 @@ from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
 from serving.protocol import ReadsProtocol
 from serving.query import only_query
-from serving.reads import FastPath, FastReads, Pages, Read
+from serving.reads import MONITOR_HEADER, FastPath, FastReads, Pages, Read
 from serving.render import hydrated, iso_millis
 from serving.settings import ServingSettings
+from serving.switch import Served, ViewFollower, served
 from serving.visibility import HomeEntry
 from serving.workers import run as run_workers
 from serving.writes import write_router
+from views import pointer
+from views.pointer import ViewRecord
+from views.settings import TIMELINE_CAP_ENV
 from views.stores import store_from_url
 from views.stores.base import PageVersions, Store
 
@@ -246,18 +250,17 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
 def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedProducer,
               activity: Callable[[], ActivityLog | None], freeze_heap: bool,
               metrics: Callable[[], Metrics]) -> Callable[[FastAPI], Any]:
+    cache = functools.partial(_celebrity_cache, settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        follower = None
         if injected is not None:
-            app.state.store, app.state.store_label = injected, type(injected).__name__
+            _install(app.state, served(injected, type(injected).__name__, cache))
         else:
-            app.state.store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
-            app.state.store_label = _redact(settings.store_url)
+            follower = _follow_views(settings, app.state, cache)
             log.info("serving from %s (auth %s)", app.state.store_label,
                         "on" if settings.auth else "OFF")
-        app.state.versions = app.state.store.page_versions()
-        app.state.celebrities = _celebrity_cache(settings, app.state.store,
-                                                 app.state.versions)
         if freeze_heap:
             gc.collect()
             gc.freeze()
@@ -266,17 +269,53 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
             yield
         finally:
             metrics().stop()
-            app.state.versions.close()
-            if app.state.celebrities is not None:
-                app.state.celebrities.stop()
+            if follower is not None:
+                follower.stop()
+            app.state.served.close(own_store=injected is None)
             log_ = activity()
             if log_ is not None:
                 log_.close()
             writer.close()
-            if injected is None:
-                app.state.store.close()
 
     return lifespan
+
+
+def _install(state: Any, view: Served) -> Served:
+    """Make ``view`` the one requests read from now on; return the one it replaces.
+
+    ``state.served`` is what a request resolves once (:mod:`serving.switch`); the
+    single fields beside it are for what reads one thing at a time (writes' look-ups,
+    metrics, health).
+    """
+    old = getattr(state, "served", None)
+    state.served = view
+    state.store, state.versions, state.celebrities = view.store, view.versions, view.celebrities
+    state.store_label = view.label
+    return old if old is not None else view
+
+
+def _follow_views(settings: ServingSettings, state: Any,
+                  cache: Callable[[Store, PageVersions], CelebrityCache | None]
+                  ) -> ViewFollower | None:
+    """Open the store to serve: the pointer file's view if there is one, else store_url.
+
+    With a pointer file, the returned follower switches to whatever view it names
+    later (:mod:`serving.switch`).
+    """
+    def open_view(record: ViewRecord) -> Served:
+        cap = int(record.settings.get(TIMELINE_CAP_ENV, settings.timeline_cap))
+        store = store_from_url(record.store_url, cap=cap).open()
+        return served(store, _redact(record.store_url), cache, record)
+
+    if settings.view_file is None or pointer.read(settings.view_file) is None:
+        store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
+        _install(state, served(store, _redact(settings.store_url), cache))
+    if settings.view_file is None:
+        return None
+    # Grace for a request still on a replaced view: the longest ?after= wait, and more.
+    grace = settings.after_timeout_ms / 1000 + 10.0
+    return ViewFollower(settings.view_file, open_view, functools.partial(_install, state),
+                        lambda: getattr(state, "served", None), grace).start()
 
 
 def _celebrity_cache(settings: ServingSettings, store: Store,
@@ -289,11 +328,16 @@ def _celebrity_cache(settings: ServingSettings, store: Store,
 
 
 def _store(request: Request) -> Store:
-    store = getattr(request.app.state, "store", None)
-    if store is None:
+    return _served(request).store
+
+
+def _served(request: Request) -> Served:
+    """The view this request reads, all of it (resolved once: :mod:`serving.switch`)."""
+    view = getattr(request.app.state, "served", None)
+    if view is None:
         msg = "the store is not open"
         raise Unavailable(msg)
-    return store
+    return view
 
 
 def _redact(url: str) -> str:
@@ -346,8 +390,10 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
         if caller is not None and caller != user:
             msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
             raise Forbidden(msg, field="user_id")
-        read = Read(_store(request), user, cursor, limit or settings.default_page, after)
-        return _response(*await pages.answer(request.app.state, read, "home",
+        view = _served(request)
+        read = Read(view.store, user, cursor, limit or settings.default_page, after)
+        read.monitor = MONITOR_HEADER in request.headers
+        return _response(*await pages.answer(view, read, "home",
                                              request.headers.get("if-none-match")))
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
@@ -360,8 +406,9 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
         A repost is listed while its original is live; a deleted account's page is 404.
         """
         user = parse_id(user_id, "user_id")
-        read = Read(_store(request), user, cursor, limit or settings.default_page, after)
-        return _response(*await pages.answer(request.app.state, read, "tweets",
+        view = _served(request)
+        read = Read(view.store, user, cursor, limit or settings.default_page, after)
+        return _response(*await pages.answer(view, read, "tweets",
                                              request.headers.get("if-none-match")))
 
     return router
@@ -396,11 +443,12 @@ def _health_routes(writer: SharedProducer) -> APIRouter:
         Degraded: the store cannot be read, or the broker is unreachable (asked at
         most every few seconds; the answer is cached in between).
         """
-        label = getattr(request.app.state, "store_label", "none")
+        view = getattr(request.app.state, "served", None)
+        label = view.label if view is not None else "none"
         reachable = writer.broker_reachable()
         broker = None if reachable is None else "ok" if reachable else "unreachable"
         try:
-            offsets = _store(request).applied_offsets()
+            offsets = _served(request).store.applied_offsets()
         except Exception:
             log.exception("health check: the store cannot be read")
             return _degraded(label, broker, "the store cannot be read")

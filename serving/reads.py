@@ -53,6 +53,10 @@ _ROUTE = re.compile(r"/v1/users/([0-9]{1,19})/(home|tweets)")
 _LIMIT = re.compile(r"[1-9][0-9]{0,5}")
 _JSON: Final = (b"content-type", b"application/json")
 _CACHE_CONTROL: Final = CACHE_CONTROL.encode()
+#: A request header that marks a home read as a monitor's (the live verifier's,
+#: ``infra.verifier``): answered like any read, but not appended to the activity log,
+#: since a monitor reading a timeline is not its user coming back.
+MONITOR_HEADER: Final = "x-fanout-monitor"
 
 
 class _Route(NamedTuple):
@@ -78,9 +82,14 @@ class Read:
     """One page request: parse everything first, then wait (if asked), then read."""
 
     def __init__(self, store: Store, user: int, cursor: str | None, limit: int,
-                 after: str | None) -> None:
+                 after: str | None, view: Any = None) -> None:
         self.store, self.user, self.limit, self.after = store, user, limit, after
+        #: The view ``store`` is part of (:class:`serving.switch.Served`), when the
+        #: caller resolved one: what the fast path answers from.
+        self.view = view
         self.below: Key | None = decode_cursor(cursor) if cursor is not None else None
+        #: A monitor's read (:data:`MONITOR_HEADER`): not the user's activity.
+        self.monitor = False
 
     def body(self, page_fn: PageFn, freshness: Freshness | None) -> bytes:
         """The page as JSON (waiting for ``after`` first, if given)."""
@@ -113,7 +122,7 @@ class Pages:
                      if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Status, headers and body of ``read`` (``kind``: home or tweets)."""
         if read.after is not None:  # read-your-writes: never from the cache, no ETag
-            if kind == "home" and self.activity is not None:
+            if kind == "home" and self.activity is not None and not read.monitor:
                 self.activity.saw(read.user)
             page_fn = self._page_fn(state, read, kind)
             body = await run_in_threadpool(read.body, page_fn, self.freshness)
@@ -125,11 +134,11 @@ class Pages:
     def answer_now(self, state: Any, read: Read, kind: str,
                    if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """:meth:`answer` for a read without ``after``, on this thread (it may block)."""
-        if kind == "home" and self.activity is not None:
+        if kind == "home" and self.activity is not None and not read.monitor:
             self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
         page = self._page(read, self._page_fn(state, read, kind), kind, state.versions,
-                          celebrities)
+                          celebrities, getattr(state, "serial", 0))
         headers = [(b"etag", page.etag.encode()), (b"cache-control", _CACHE_CONTROL)]
         if matches(if_none_match, page.etag):
             return 304, headers, b""
@@ -141,10 +150,15 @@ class Pages:
         return home_fn(self.fan_out, getattr(state, "celebrities", None), read.after)
 
     def _page(self, read: Read, page_fn: PageFn, kind: str, versions: PageVersions,
-              celebrities: CelebrityCache | None) -> Cached:
+              celebrities: CelebrityCache | None, view: int = 0) -> Cached:
+        """The cached page, or a new one rendered now.
+
+        ``view`` is the serial of the view read (:mod:`serving.switch`): part of the
+        token, so a page of a view switched away from is never served.
+        """
         generation = celebrities.generation if celebrities is not None else 0
         position, token = versions.check(kind, read.user)
-        key, token = (kind, read.user, read.below, read.limit), (token, generation)
+        key, token = (kind, read.user, read.below, read.limit), (token, generation, view)
         page = self.cache.get(key, token)
         if page is None:
             body, rendered = read.rendered(page_fn, None)
@@ -194,7 +208,7 @@ class FastPath:
         if read is None:
             return None
         try:
-            return self._answer(read, await self.pages.answer(self.state, *read))
+            return self._answer(read, await self.pages.answer(read[0].view, *read))
         except Exception:  # the route reads again and answers the error in its shape
             log.debug("fast read fell back to the route", exc_info=True)
             return None
@@ -206,7 +220,7 @@ class FastPath:
         if read is None or not in_process(read[0].store):
             return None
         try:
-            return self._answer(read, self.pages.answer_now(self.state, *read))
+            return self._answer(read, self.pages.answer_now(read[0].view, *read))
         except Exception:  # the route reads again and answers the error in its shape
             log.debug("fast read fell back to the route", exc_info=True)
             return None
@@ -226,8 +240,8 @@ class FastPath:
               headers: list[tuple[bytes, bytes]]) -> tuple[Read, str, str | None] | None:
         """The read, its kind and its If-None-Match; None for anything not plainly valid."""
         route = _ROUTE.fullmatch(path)
-        store = getattr(self.state, "store", None)
-        if route is None or store is None:
+        view = getattr(self.state, "served", None)  # resolved once (serving.switch)
+        if route is None or view is None:
             return None
         named = dict(headers)
         if b"content-length" in named or b"transfer-encoding" in named:
@@ -245,7 +259,9 @@ class FastPath:
                 caller = self.caller(auth.decode("latin-1") if auth is not None else None)
                 if caller is not None and caller != user:
                     return None
-            read = Read(store, user, cursor, int(limit) if limit else self.default_page, None)
+            read = Read(view.store, user, cursor, int(limit) if limit else self.default_page,
+                        None, view)
+            read.monitor = MONITOR_HEADER.encode() in named
         except Exception:  # noqa: BLE001 - any doubt: the route decides
             return None
         tag = named.get(b"if-none-match")
