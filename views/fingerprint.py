@@ -45,7 +45,7 @@ def fingerprint(view: ViewSettings) -> dict[str, Any]:
     return {"layout": LAYOUT, "key_buckets": view.key_buckets,
             "shuffle_partitions": view.shuffle_partitions, "timeline_cap": view.timeline_cap,
             "celebrity_threshold": view.celebrity_threshold, "demote_ratio": view.demote_ratio,
-            "kafka_source": view.kafka_source}
+            "kafka_source": view.kafka_source, "lateness_days": view.lateness_days}
 
 
 def recorded(checkpoint_dir: Path) -> dict[str, Any] | None:
