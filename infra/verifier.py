@@ -244,7 +244,7 @@ class ApiReader:
         return result
 
 
-class _NotFound(Exception):
+class _NotFound(InfraError):
     """A 404 (a deleted account's home), which :meth:`ApiReader.page` turns into its answer."""
 
 
