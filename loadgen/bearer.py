@@ -4,7 +4,7 @@ The format is the API's (``serving/auth.py`` documents it): ``f1.<payload>.<mac>
 both parts base64url without padding, the payload ``<user_id>:<expiry>`` and the mac
 HMAC-SHA256 of a fixed context line plus the payload. loadgen talks to the API over
 HTTP only and may not import ``serving`` (DESIGN §2), so the few lines are repeated
-here; ``tests/test_loadgen.py`` checks that the API accepts what this mints. The
+here; ``tests/loadgen/test_loadgen.py`` checks that the API accepts what this mints. The
 usual route is the other one: ``fanout load`` mints with the API's own code and hands
 Locust a tokens file.
 """

@@ -3,7 +3,7 @@
 This is the read path's hot loop, so it builds plain dicts and serializes them with
 orjson: no per-entry pydantic model is built or validated. The bytes are what
 :class:`serving.app.TimelinePage` describes (the OpenAPI schema stays that model);
-``tests/test_api.py`` checks a page against the model and the SQL.
+``tests/serving/test_api.py`` checks a page against the model and the SQL.
 
 Each entry says what it is: ``kind`` (post, reply or repost), the ``actor`` (the
 author, or the reposter) and the ``tweet`` shown, hydrated with its author. A page

@@ -3,7 +3,7 @@
 Spark groups the changelogs by join key (the author) and hands each group's new
 events to :func:`apply_batch` with that author's :class:`AuthorState`; the result is
 the new state and the :class:`~views.delta.Delta` rows that bring the store in line.
-No Spark, Kafka or database here, so it is tested directly (``tests/test_join.py``).
+No Spark, Kafka or database here, so it is tested directly (``tests/views/test_join.py``).
 
 **Semantics (DESIGN §4).** The view is ``tweets ⋈ follows`` where both tables are a
 function of the *set* of events seen, whatever their arrival order or duplication:

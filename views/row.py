@@ -11,7 +11,7 @@ Every schema of a row that crosses between Python and Spark (DDL, StructType, Ar
 is derived from its :class:`Column` list by :func:`ddl`, :func:`struct_type` and
 :func:`arrow_schema`: the source row's here, the delta row's from
 :class:`~views.delta.Delta` (:func:`columns_of`). Checkpoints store these schemas,
-so a column never changes without a migration (``tests/test_row.py``). Integer
+so a column never changes without a migration (``tests/views/test_row.py``). Integer
 columns are non-nullable so that ids near 2^63 never pass through float64. Kept free
 of pyspark and pyarrow at import, so the join and the serving side import it
 without Spark.

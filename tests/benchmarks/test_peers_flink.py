@@ -1,0 +1,40 @@
+"""``benchmarks/peers_flink.py`` without Flink: what ``bench_peers.py`` relies on.
+
+The Flink engine itself needs ``.venv-flink`` (PyFlink, ~850 MB) and is not run here;
+``bench_peers.py --engines flink,flink-batch`` checks it against ``peers.brute``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.paths import ROOT
+
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import peers_flink  # noqa: E402
+
+
+def test_the_peer_modules_import_nothing_but_the_standard_library():
+    # bench_peers.py imports them into the product's virtualenv, which has no PyFlink.
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import peers_flink; "
+             "print(' '.join(m for m in ('pyflink', 'confluent_kafka', 'pathway', 'duckdb', "
+             "'infra', 'ingest', 'views') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, str(BENCHMARKS)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_the_view_is_the_capped_join_of_the_latest_edges_and_the_live_tweets():
+    sql = " ".join(peers_flink.view_sql(800).split())
+    assert "PARTITION BY follower_id, followee_id ORDER BY created_at DESC, `offset` DESC" in sql
+    assert "NOT EXISTS" in sql and "d.op = 'delete'" in sql
+    assert "PARTITION BY user_id ORDER BY created_at DESC, tweet_id DESC) AS rn" in sql
+    assert sql.endswith("WHERE rn <= 800")
+    assert "PARTITION BY user_id" not in " ".join(peers_flink.view_sql(0).split())
+
+
+def test_each_engine_name_is_a_mode():
+    assert set(peers_flink.ENGINES.values()) == set(peers_flink.MODES)

@@ -1,0 +1,1 @@
+"""Fixtures the whole suite shares, as pytest plugins (listed in ``tests/conftest.py``)."""

@@ -1,0 +1,34 @@
+"""The session's Cassandra: an existing cluster, or one local node from the jar cache.
+
+Tests work in keyspaces of their own on it (``tests/support/cassandra.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Contact points (``host1,host2[:port]``) of Cassandra for the whole session.
+
+    ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise one local node
+    starts from the Maven jar cache (``infra.cassandra``), skipped only when the jars
+    are not in the cache.
+    """
+    external = os.environ.get("FANOUT_CASSANDRA_HOSTS")
+    if external:
+        yield external
+        return
+    from infra.cassandra import LocalCassandra
+    from infra.jars import CASSANDRA, JarError, classpath
+
+    try:
+        classpath(CASSANDRA)
+    except JarError as exc:
+        pytest.skip(f"no Cassandra to test against: {exc}")
+    with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=512) as node:
+        yield node.hosts

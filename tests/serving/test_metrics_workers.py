@@ -1,0 +1,160 @@
+"""Several API workers on one port answer ``/metrics`` as one.
+
+``python -m serving --workers 2`` runs as ``fanout up`` starts the API: forked
+workers sharing the port. Reads land on either worker (a new connection each), and
+every scrape — answered by either — must count all of them: requests and page-cache
+reads summed over both workers, the store's figures once, the batch-log histogram
+fed by one worker only. Each worker's own share is read from its file in the
+multiprocess directory, to show that both served and the sum spans them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from prometheus_client import values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from serving import workers
+from serving.metrics import MULTIPROC_DIR_ENV, shared_dir, worker_exited
+from tests.support.api import closed_port, open_store
+from tests.support.metrics import HOME, batch, scrape, value
+
+pytestmark = pytest.mark.timeout(180)
+READS = 40
+COUNT = "fanout_http_request_duration_seconds_count"
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """Two API workers on a store with three logged batches; (base URL, process, TMPDIR)."""
+    store = open_store(tmp_path)
+    now_ms = int(time.time() * 1000)
+    for batch_id in range(3):
+        batch(store, batch_id, now_ms - 60_000 + batch_id * 1000, dead=2)
+    store.close()
+    tmp, port = tmp_path / "tmp", closed_port()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FANOUT_", "KAFKA_", "PROMETHEUS_"))}
+    env |= {"TMPDIR": str(tmp), "FANOUT_AUTH": "off", "FANOUT_API_ACCESS_LOG": "false"}
+    with (tmp_path / "api.log").open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "serving", "--workers", "2", "--port", str(port),
+             "--store", f"sqlite:///{store.path}"], env=env, stdout=out, stderr=out)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _await_health(base, process, tmp_path / "api.log")
+        yield base, process, tmp
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
+
+
+def _await_health(base: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the API exited: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"the API at {base} did not answer /healthz within 60s")
+
+
+def _fresh_scrape(base: str) -> dict[str, Any]:
+    with httpx.Client(base_url=base, timeout=10) as client:  # a new connection each time
+        return scrape(client)
+
+
+def _page_reads(families: dict[str, Any]) -> float:
+    reads = families["fanout_page_cache_reads"]
+    return sum(value(reads, "fanout_page_cache_reads_total", outcome=o) for o in ("hit", "miss"))
+
+
+def _own_shares(tmp: Path) -> dict[int, float]:
+    """Each worker's own count of home reads, from its histogram file."""
+    shares = {}
+    for path in tmp.glob("fanout-api-metrics-*/histogram_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        samples = [s for m in MultiProcessCollector.merge([str(path)]) for s in m.samples]
+        shares[pid] = sum(s.value for s in samples if s.name == COUNT
+                          and s.labels.get("route") == HOME and s.labels.get("status") == "200")
+    return shares
+
+
+def test_every_scrape_counts_every_worker(api):
+    base, process, tmp = api
+    for user in range(READS):
+        assert httpx.get(f"{base}/v1/users/{user + 1}/home", timeout=10).status_code == 200
+    deadline = time.monotonic() + 15  # other workers copy their page-cache counts each second
+    while _page_reads(_fresh_scrape(base)) < READS:
+        assert time.monotonic() < deadline, "page-cache reads of every worker within 15s"
+        time.sleep(0.2)
+    for _ in range(10):
+        families = _fresh_scrape(base)
+        assert value(families["fanout_http_request_duration_seconds"], COUNT, method="GET",
+                     route=HOME, status="200") == READS
+        assert _page_reads(families) == READS
+        # Read from the store by the answering worker: once, not once per worker.
+        assert value(families["fanout_dead_letters"], "fanout_dead_letters_total") == 6
+        assert value(families["fanout_store_up"], "fanout_store_up") == 1
+        # Fed by one worker from the batch log: the same count whoever answers.
+        assert value(families["fanout_view_batch_apply_seconds"],
+                     "fanout_view_batch_apply_seconds_count") == 3
+    shares = _own_shares(tmp)
+    workers_now = {c.pid for c in psutil.Process(process.pid).children()}
+    assert set(shares) == workers_now and len(workers_now) == 2, (shares, workers_now)
+    assert all(share > 0 for share in shares.values()) and sum(shares.values()) == READS
+
+
+def test_stopping_the_api_removes_its_metrics_directory(api):
+    _base, process, tmp = api
+    assert len(list(tmp.glob("fanout-api-metrics-*"))) == 1
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    assert not list(tmp.glob("fanout-api-metrics-*"))
+
+
+def test_the_supervisor_reports_every_worker_that_exits(monkeypatch):
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # keep pytest's own handlers
+    children = {}
+    for index, code in enumerate((0, 3)):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(code)
+        children[pid] = index
+    seen: list[int] = []
+    assert workers._supervise(dict(children), on_exit=seen.append) == 1  # one died on its own
+    assert sorted(seen) == sorted(children)
+
+
+def test_a_dead_workers_live_gauges_go_and_its_counts_stay(tmp_path):
+    for name in ("gauge_livesum_41.db", "gauge_all_41.db", "counter_41.db",
+                 "gauge_livesum_42.db"):
+        (tmp_path / name).write_bytes(b"")
+    worker_exited(tmp_path, 41)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "counter_41.db", "gauge_all_41.db", "gauge_livesum_42.db"]
+
+
+def test_the_shared_directory_lives_for_one_start():
+    kept, before = values.ValueClass, os.environ.get(MULTIPROC_DIR_ENV)
+    with shared_dir() as path:
+        assert path.is_dir() and os.environ[MULTIPROC_DIR_ENV] == str(path)
+        assert values.ValueClass._multiprocess  # what metrics built now (in workers) use
+    assert not path.exists()
+    assert values.ValueClass is kept and os.environ.get(MULTIPROC_DIR_ENV) == before

@@ -1,0 +1,177 @@
+"""Page-cache tokens on a real Cassandra node: per page, from the batches' change feed.
+
+A cached page must be served again only while its inputs are unchanged, and must be
+served again when they are: a batch that touches another user, or only the activity
+log, leaves a page's token where it was; a batch that touches the page's user, or a
+tweet or profile the page was decided on, moves it. The strongest check reads every
+user's page through the API's own :class:`serving.reads.Pages` (page cache and tokens)
+after every micro-batch of random §4b histories, and compares it with the page
+rendered anew from the store.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import types
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from ingest.events import Activity, Delete, Follow, Post, Repost, UserUpsert
+from serving.celebrities import CelebrityCache
+from serving.pagecache import PageCache
+from serving.reads import Pages, Read
+from serving.timeline import AccountGone
+from tests.support.cassandra import fresh_keyspace
+from tests.support.histories import USERS, histories, split
+from views.join import JoinConfig
+from views.local import LocalJoin
+from views.stores import store_from_url
+from views.stores.base import WritePlan
+from views.stores.cassandra.changes import HOME, OWN, Changes
+
+T0 = 1_700_000_000_000
+
+
+#: Every read asks the store what is committed: pages read right after a batch see it.
+EXACT = "page_fresh_ms=0"
+
+
+@pytest.fixture
+def store(cassandra_hosts: str) -> Iterator:
+    with fresh_keyspace(cassandra_hosts, EXACT) as url:
+        opened = store_from_url(url, cap=50).open()
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+
+def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespace]:
+    """The API's page answers over ``store``; with or without a celebrity cache."""
+    versions = store.page_versions()
+    cache = CelebrityCache(store, depth=store.cap, version=versions.position) \
+        if celebrities else None
+    state = types.SimpleNamespace(store=store, versions=versions, celebrities=cache)
+    return Pages(PageCache(1 << 24), freshness=None, fan_out=True), state
+
+
+def _read(pages: Pages, state: types.SimpleNamespace, user: int, kind: str = HOME,
+          limit: int = 20) -> bytes | str:
+    read = Read(state.store, user, None, limit, None)
+    try:
+        return pages.answer_now(state, read, kind, None)[2]
+    except AccountGone:
+        return "gone"
+
+
+def test_a_batch_moves_only_the_tokens_of_what_it_touched(store) -> None:
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([Follow(1, 10, T0), Follow(2, 20, T0), Follow(3, 20, T0),
+              UserUpsert(10, "ten", "Ten", T0), UserUpsert(20, "twenty", "Twenty", T0),
+              Post(100, 10, T0 + 1, "a"), Post(200, 20, T0 + 2, "b")])
+    versions = store.page_versions()
+    pages, state = _pages(store)
+    first = {u: _read(pages, state, u) for u in (1, 2, 3)}
+    tokens = {u: versions.check(HOME, u)[1] for u in (1, 2, 3)}
+
+    join.run([Post(201, 20, T0 + 3, "only 20's followers see this")])
+    assert versions.check(HOME, 1)[1] == tokens[1]
+    assert versions.check(HOME, 2)[1] != tokens[2] and versions.check(HOME, 3)[1] != tokens[3]
+    hits = pages.cache.hits
+    assert _read(pages, state, 1) == first[1] and pages.cache.hits == hits + 1
+
+    join.run([Activity(1, T0 + 4), Activity(2, T0 + 4)])  # reads never invalidate pages
+    tokens = {u: versions.check(HOME, u)[1] for u in (1, 2, 3)}
+    assert all(versions.check(HOME, u)[1] == tokens[u] for u in (1, 2, 3))
+
+    join.run([UserUpsert(10, "ten", "Ten renamed", T0 + 5)])  # on user 1's page only
+    assert versions.check(HOME, 2)[1] == tokens[2]
+    assert b"Ten renamed" in _read(pages, state, 1)
+    versions.close()
+
+
+def test_a_deleted_original_leaves_every_page_that_showed_it(store) -> None:
+    """User 1 sees 30's post only through 20's repost: 1 is in no fan-out of 30's delete."""
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([Follow(1, 20, T0), Post(300, 30, T0 + 1, "original"),
+              Repost(301, 20, 300, 30, T0 + 2)])
+    pages, state = _pages(store)
+    assert b'"repost"' in _read(pages, state, 1)
+    join.run([Delete(300, 30, T0 + 3)])
+    assert b'"repost"' not in _read(pages, state, 1)
+    assert b'"original"' not in _read(pages, state, 30, kind=OWN)
+
+
+def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
+    plan = WritePlan()
+    plan.follows[(1, 2)] = None  # type: ignore[assignment]
+    plan.relations[(3, 4, "block")] = None  # type: ignore[assignment]
+    plan.users[5] = None  # type: ignore[assignment]
+    changes = Changes.of(plan)
+    assert changes.homes == {1, 3, 4} and changes.users == {5} and not changes.tweets
+    assert Changes.decode(changes.op(7)[1][3:8]) == changes
+    assert not Changes.of(WritePlan())
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=histories(max_size=40), seed=st.integers(0, 2**32),
+       cuts=st.lists(st.integers(0, 200), min_size=2, max_size=6), cap=st.integers(1, 6),
+       celebrities=st.booleans())
+def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
+        cassandra_hosts: str, history, seed, cuts, cap, celebrities) -> None:
+    """With a celebrity cache (refreshed after each batch, as its thread would) or
+    without one (celebrities' tweets read from the store)."""
+    rng = random.Random(seed)
+    arrivals = history + rng.sample(history, k=len(history) // 3)
+    rng.shuffle(arrivals)
+    batches = split(arrivals, cuts)
+    note(f"batches: {batches}")
+    with fresh_keyspace(cassandra_hosts, EXACT) as url:
+        store = store_from_url(url, cap=cap).open()
+        try:
+            join = LocalJoin(JoinConfig(cap, 3, 2), store)
+            pages, state = _pages(store, celebrities)
+            for batch in batches:
+                join.run(batch)
+                if state.celebrities is not None:
+                    state.celebrities.refresh()
+                for user in USERS:
+                    for kind, limit in ((HOME, 2), (HOME, 20), (OWN, 20)):
+                        cached = _read(pages, state, user, kind, limit)
+                        read = Read(store, user, None, limit, None)
+                        try:
+                            anew = read.body(pages._page_fn(state, read, kind), None)
+                        except AccountGone:
+                            anew = "gone"
+                        assert cached == anew, f"user {user}, {kind}, limit {limit}"
+        finally:
+            state.versions.close()
+            store.close()
+
+
+def test_reads_within_the_window_share_one_question(cassandra_hosts: str) -> None:
+    """With page_fresh_ms, reads in one window ask the store once; a read that arrives
+    a window after a commit sees it."""
+    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=300") as url:
+        store = store_from_url(url, cap=50).open()
+        try:
+            join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+            join.run([Follow(1, 10, T0), Post(100, 10, T0 + 1, "a")])
+            pages, state = _pages(store)
+            time.sleep(0.35)
+            first = _read(pages, state, 1)
+            asked = state.versions.questions
+            assert all(_read(pages, state, 1) == first for _ in range(20))
+            assert state.versions.questions == asked  # one window: no new question
+            join.run([Post(101, 10, T0 + 2, "b")])
+            time.sleep(0.35)
+            assert b'"101"' in _read(pages, state, 1)
+            assert state.versions.questions == asked + 1
+        finally:
+            state.versions.close()
+            store.close()

@@ -1,0 +1,175 @@
+"""Page reads answered inside the HTTP protocol (serving.protocol) over real sockets.
+
+The protocol must answer exactly what uvicorn's own protocol answers through the
+ASGI app — the same status line, headers and body, byte for byte but the ``date`` —
+and keep HTTP's rules: answers in request order when requests are pipelined behind
+one the app is still answering, ``Connection: close`` and HTTP/1.0 closed after the
+answer, keep-alive otherwise. What it answers is counted in ``/metrics`` like the
+rest; what it declines reaches the app unchanged.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ingest.events import Follow, Post, UserUpsert
+from serving.app import create_app
+from serving.reads import FastPath
+from serving.settings import ServingSettings
+from tests.support.api import running
+from tests.support.join import Harness
+from views.join import JoinConfig
+from views.stores.sqlite import SQLiteStore
+
+T0 = 1_700_000_000_000
+READER, AUTHOR = 2, 3
+HOME = f"/v1/users/{READER}/home"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[tuple[Harness, Path]]:
+    path = tmp_path / "v.sqlite"
+    harness = Harness(JoinConfig(cap=50), SQLiteStore(path, cap=50).open())
+    harness.run([UserUpsert(AUTHOR, "author", "An Author", T0), Follow(READER, AUTHOR, T0)]
+                + [Post(100 + i, AUTHOR, T0 + i, f"tweet {i}") for i in range(5)])
+    yield harness, path
+    harness.store.close()
+
+
+def _app(path: Path):  # noqa: ANN202 - a FastAPI app
+    return create_app(ServingSettings(store_url=f"sqlite:///{path}", timeline_cap=50,
+                                      auth=False))
+
+
+class _Counting(FastPath):
+    """The app's fast path, counting which side answered."""
+
+    in_protocol = in_stack = 0
+
+    def answer_now(self, *args):  # noqa: ANN002, ANN201
+        answer = super().answer_now(*args)
+        self.in_protocol += answer is not None
+        return answer
+
+    async def answer(self, *args):  # noqa: ANN002, ANN201
+        answer = await super().answer(*args)
+        self.in_stack += answer is not None
+        return answer
+
+
+def _counting(app) -> _Counting:  # noqa: ANN001
+    fast = app.state.fast_path
+    fast.__class__ = _Counting
+    return fast
+
+
+@pytest.fixture
+def served(store) -> Iterator[tuple[Harness, _Counting, httpx.Client]]:
+    """The API on the store, counting who answers, and a client of it."""
+    harness, path = store
+    app = _app(path)
+    fast = _counting(app)
+    with running(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        yield harness, fast, client
+
+
+def _exchange(base: str, raw: bytes, responses: int) -> tuple[list[bytes], bool]:
+    """Send ``raw`` at once; the first ``responses`` answers, and whether the server closed."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        buffer, out = b"", []
+        while len(out) < responses:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                head = buffer[:head_end].decode("latin-1")
+                length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                               if line.lower().startswith("content-length:")), 0)
+                end = head_end + 4 + length
+                if len(buffer) >= end:
+                    out.append(buffer[:end])
+                    buffer = buffer[end:]
+                    continue
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(out)} of {responses} answers"
+            buffer += chunk
+        assert buffer == b""
+        sock.settimeout(2)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+    return out, closed
+
+
+def _get(path: str, *lines: str, version: str = "1.1") -> bytes:
+    return "\r\n".join([f"GET {path} HTTP/{version}", "Host: t", *lines, "", ""]).encode()
+
+
+def _without_date(response: bytes) -> bytes:
+    return b"\r\n".join(line for line in response.split(b"\r\n")
+                        if not line.lower().startswith(b"date:"))
+
+
+def test_plain_reads_are_answered_in_the_protocol_and_the_rest_by_the_app(served):
+    _, fast, client = served
+    page = client.get(HOME)
+    assert page.status_code == 200 and len(page.json()["entries"]) == 5
+    again = client.get(HOME, headers={"If-None-Match": page.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    assert (fast.in_protocol, fast.in_stack) == (2, 0)
+    # a percent-escape: the protocol declines, the middleware answers in the stack
+    assert client.get(f"/v1/users/%3{READER}/home").content == page.content
+    assert (fast.in_protocol, fast.in_stack) == (2, 1)
+    assert client.get(f"{HOME}?after=bad").status_code == 400  # the route's error
+    assert client.post(HOME).status_code == 405
+    assert (fast.in_protocol, fast.in_stack) == (2, 1)
+
+
+@pytest.mark.parametrize("request_lines", [
+    pytest.param((), id="keep-alive"),
+    pytest.param(("Connection: close",), id="connection-close"),
+    pytest.param(("If-None-Match: *",), id="not-modified"),
+    pytest.param(("Accept: application/json", "X-Anything: 1"), id="other-headers"),
+])
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_answers_are_uvicorns_byte_for_byte(store, request_lines, version):
+    _, path = store
+    ours, theirs = _app(path), _app(path)
+    fast = _counting(ours)
+    raw = _get(f"{HOME}?limit=3", *request_lines, version=version)
+    with running(ours) as mine, running(theirs, http="httptools") as uvicorns:
+        (got,), closed = _exchange(mine, raw, 1)
+        (want,), closed_too = _exchange(uvicorns, raw, 1)
+    assert fast.in_protocol == 1
+    assert _without_date(got) == _without_date(want)
+    assert closed == closed_too == ("close" in str(request_lines) or version == "1.0")
+
+
+def test_pipelined_answers_keep_request_order(store):
+    """A plain read pipelined behind one the app answers waits its turn."""
+    _, path = store
+    app = _app(path)
+    fast = _counting(app)
+    raw = _get(HOME) + _get("/healthz") + _get(f"{HOME}?limit=2") + _get(f"{HOME}?limit=1")
+    with running(app) as base:
+        answers, closed = _exchange(base, raw, 4)
+    bodies = [a.split(b"\r\n\r\n", 1)[1] for a in answers]
+    assert all(a.startswith(b"HTTP/1.1 200 OK\r\n") for a in answers) and not closed
+    assert bodies[0].count(b'"tweet_id"') == 5 and b'"status"' in bodies[1]
+    assert bodies[2].count(b'"tweet_id"') == 2 and bodies[3].count(b'"tweet_id"') == 1
+    assert fast.in_protocol >= 1  # the first, at least; the ones behind /healthz may wait
+
+
+def test_a_commit_shows_on_the_next_read_in_the_protocol(served):
+    harness, fast, client = served
+    first = client.get(HOME)
+    harness.run([Post(200, AUTHOR, T0 + 100, "new")])
+    second = client.get(HOME, headers={"If-None-Match": first.headers["etag"]})
+    assert second.status_code == 200 and second.json()["entries"][0]["tweet_id"] == "200"
+    assert fast.in_protocol == 2

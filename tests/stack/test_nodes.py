@@ -1,0 +1,414 @@
+"""Three Kafka brokers, three Cassandra nodes, two Spark workers: each killed mid-replay.
+
+One multi-node stack starts for the module with ``fanout up --nodes 3`` in a
+temporary run directory, and the scenarios run against it in sequence, in the
+order below. In each, a small generated history is replayed (paced, so that it lasts
+through the fault) while :class:`infra.checker.Workload` posts tweets and reads home
+timelines through the API; a node is SIGKILLed (``kill -9`` of the pid that
+``stack.json`` records) mid-replay and later started again with ``fanout up``. Then
+:func:`infra.checker.check` holds every write answered 202 against the log and the
+views — nothing lost, doubled or invented — and ``fanout verify`` finds the views
+equal to the SQL recomputed from the log:
+
+(a) the Kafka broker leading the most partitions: writes are accepted again once
+    leadership fails over (the 503 window is printed);
+(b) one Cassandra node: the job and the readers carry on at LOCAL_QUORUM with no
+    error; restarted, the node is brought up to date (hints), and a read at ONE
+    from it alone agrees with the quorum;
+(c) a Spark worker: the driver keeps its application, the other worker's executor
+    runs the tasks, and the job continues from its checkpoint;
+(d) two Cassandra nodes: the job stops making progress with a log line per retry
+    and /healthz says degraded; restarted, the job resumes by itself (same pid).
+
+Run with ``-s`` for the figures. ``test_history_on_an_existing_cluster`` runs the
+non-destructive half (replay, writers, checker, verify) against a cluster that
+``FANOUT_API_URL``, ``KAFKA_BOOTSTRAP``, ``FANOUT_STORE`` and ``FANOUT_SPARK_MASTER``
+name, and is skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.checker import History, Report, Workload, check, log_ends, read_stats
+from infra.stack import Stack
+from ingest.events import TWEETS
+from ingest.settings import KafkaSettings
+from serving.auth import mint
+from tests.support.paths import ROOT
+from tests.support.process import wait_for
+from views.stores import store_from_url
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
+
+USERS, FOLLOWS, TWEETS_PER_HISTORY = 200, 2000, 1000
+#: Generated histories start now (the API's writers post as the same users, and the
+#: job dead-letters a post days older than its author's newest), span this long and
+#: replay this much faster: ~40 s each.
+SPAN_DAYS, SPEEDUP = 0.01, 20
+_ENV_OUT = ("KAFKA_BOOTSTRAP", "SPARK_MASTER")
+
+
+def _env() -> dict[str, str]:
+    """This process's environment without anything that would point ``fanout`` elsewhere."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("FANOUT_") and k not in _ENV_OUT}
+
+
+def fanout(run_dir: Path, *args: str, timeout: float = 600,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``fanout --run-dir RUN ARGS...``; fail with its output if it fails."""
+    result = subprocess.run([sys.executable, "-m", "infra.cli", "--run-dir", str(run_dir), *args],
+                            cwd=ROOT, env=env or _env(), capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    assert result.returncode == 0, (f"fanout {' '.join(args)} exited {result.returncode}:\n"
+                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def _ours(run_dir: Path) -> list[int]:
+    """Live processes whose command line names the run directory (JVMs, the job, the API)."""
+    needle = str(run_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    run_dir = tmp_path_factory.mktemp("nodes") / "run"
+    began = time.monotonic()
+    try:
+        fanout(run_dir, "up", "--nodes", "3", "--timeout", "600", timeout=900)
+        loaded = Stack.load(run_dir)
+        assert loaded is not None
+        print(f"\n3-node stack up in {time.monotonic() - began:.0f}s: {loaded.bootstrap}; "
+              f"{loaded.store_url}; {loaded.spark_master}")
+        yield loaded
+    finally:
+        fanout(run_dir, "down", timeout=300)
+        left = _ours(run_dir)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"processes {left} outlived `fanout down`"
+
+
+def _current(stack: Stack) -> Stack:
+    loaded = Stack.load(Path(stack.run_dir))
+    assert loaded is not None
+    return loaded
+
+
+def _kafka(stack: Stack) -> KafkaSettings:
+    return KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
+                         topic_prefix=stack.topic_prefix)
+
+
+def _secret(stack: Stack) -> bytes:
+    return stack.env().get("FANOUT_AUTH_SECRET", "").encode()
+
+
+def _status(stack: Stack) -> dict[str, str]:
+    shown = subprocess.run([sys.executable, "-m", "infra.cli", "--run-dir", stack.run_dir,
+                            "status"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                           timeout=60, check=False)
+    return dict(json.loads(shown.stdout)["services"])
+
+
+@dataclass
+class Scenario:
+    """One fault's history, replay and figures."""
+
+    name: str
+    stack: Stack
+    seed: int
+    history: History
+    workload: Workload
+    replay: subprocess.Popen[str]
+    fault: tuple[float, float] = (0.0, 0.0)
+
+
+def _begin(stack: Stack, name: str, seed: int, tmp_path: Path) -> Scenario:
+    """Generate a history, start the workload, then the paced replay of the history."""
+    out = tmp_path / f"history-{seed}"
+    fanout(Path(stack.run_dir), "generate", "--out", str(out), "--users", str(USERS),
+           "--follows", str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", str(seed),
+           "--start", str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS),
+           "--mix", "posts")
+    kafka = _kafka(stack)
+    history = History()
+    history.start_offsets = log_ends(kafka.bootstrap, kafka.topic(TWEETS))
+    secret = _secret(stack)
+    workload = Workload(stack.api_url, list(range(1, USERS + 1)), history,
+                        lambda u: mint(u, secret, 3600), write_every=0.1, read_every=0.1,
+                        seed=seed).start()
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "--run-dir", stack.run_dir, "replay", str(out),
+         "--speedup", str(SPEEDUP), "--no-progress", "--max-failures", "-1"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return Scenario(name, stack, seed, history, workload, replay)
+
+
+def _finish(s: Scenario) -> Report:
+    """Stop the workload, wait for the replay, the job to catch up, check, verify."""
+    s.workload.stop()
+    out, _ = s.replay.communicate(timeout=300)
+    assert s.replay.returncode == 0, f"the replay failed:\n{out[-3000:]}"
+    stack = _current(s.stack)
+    kafka = _kafka(stack)
+    began = time.monotonic()
+    verified = fanout(Path(stack.run_dir), "verify", "--wait", "420", timeout=600)
+    caught_up = time.monotonic() - began
+    with store_from_url(stack.store_url, cap=800) as store:
+        report = check(s.history, kafka.bootstrap, kafka.topic(TWEETS), store)
+    during = read_stats(s.history.reads, *s.fault)
+    print(f"\n[{s.name}] {report.render()}\n[{s.name}] reads during the fault "
+          f"({s.fault[1] - s.fault[0]:.1f}s): {during.render()}; all reads: "
+          f"{read_stats(s.history.reads).render()}; verify after {caught_up:.0f}s: "
+          f"{verified.stdout.strip().splitlines()[-1]}")
+    assert report.ok, report.render()
+    assert report.acknowledged > 20, f"too few writes answered 202: {report.render()}"
+    assert "divergent" in verified.stdout
+    return report
+
+
+def _kill(stack: Stack, name: str) -> int:
+    pid = stack.pids[name]
+    assert stack.running(name), f"{name} is not running before the fault"
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not stack.running(name), 30, f"{name} (pid {pid}) to die")
+    return pid
+
+
+def _acked_since(history: History, since: float) -> int:
+    return sum(1 for op in history.writes if op.status == 202 and op.began >= since)
+
+
+def _leaders(stack: Stack) -> Counter[int]:
+    """Partitions of the stack's topics that each broker leads."""
+    from confluent_kafka.admin import AdminClient
+
+    kafka = _kafka(stack)
+    topics = AdminClient({"bootstrap.servers": stack.bootstrap}).list_topics(timeout=10).topics
+    return Counter(p.leader for t in kafka.physical_topics() for p in topics[t].partitions.values())
+
+
+# -- the scenarios, in order (pytest runs a module's tests in file order) -------------------
+
+@pytest.mark.timeout(1500)  # includes starting the module's stack
+def test_a_kafka_leader_killed(stack, tmp_path):
+    s = _begin(stack, "kafka leader", 1, tmp_path)
+    job_pid = stack.pids["job"]
+    wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
+    leaders = _leaders(stack)
+    node, led = leaders.most_common(1)[0]
+    killed_at = time.time()
+    _kill(stack, f"kafka-{node}")
+    wait_for(lambda: _acked_since(s.history, killed_at + 1) >= 10, 120,
+             "writes answered 202 after the failover")
+    after = _leaders(stack)
+    assert node not in after, f"broker {node} still leads partitions: {after}"
+    time.sleep(5)
+    fanout(Path(stack.run_dir), "up", timeout=600)
+    s.fault = (killed_at, time.time())
+    report = _finish(s)
+    held = max((op.took for op in s.history.writes
+                if op.status == 202 and killed_at - 1 <= op.began <= killed_at + 30), default=0)
+    print(f"[kafka leader] broker {node} led {led} of {sum(leaders.values())} partitions; "
+          f"leaders after: {dict(after)}; longest 503 window {report.longest_refusal():.1f}s; "
+          f"slowest 202 around the kill {held:.1f}s")
+    assert _current(stack).pids["job"] == job_pid, "the job must survive a broker's death"
+    nodes = {k: v for k, v in _status(stack).items() if k.startswith(("kafka-", "cassandra-"))}
+    assert set(nodes.values()) == {"running"}, f"`fanout status` after `up`: {nodes}"
+
+
+def _one_read(stack: Stack, host: str, level: str, tweet_ids: list[int]) -> dict[int, bool]:
+    """``tweets`` rows (id -> deleted) read at ``level`` from node ``host`` alone."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    from views.stores.cassandra.config import parse_url
+
+    config = parse_url(stack.store_url)
+    profile = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([host]),
+                               consistency_level=ConsistencyLevel.name_to_value[level],
+                               request_timeout=30)
+    cluster = Cluster([host], port=config.port, execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                      protocol_version=5)
+    try:
+        session = cluster.connect(config.keyspace)
+        query = session.prepare("SELECT tweet_id, deleted FROM tweets WHERE tweet_id IN ?")
+        rows: dict[int, bool] = {}
+        for i in range(0, len(tweet_ids), 100):
+            rows.update((r.tweet_id, bool(r.deleted))
+                        for r in session.execute(query, [tweet_ids[i:i + 100]]))
+        return rows
+    finally:
+        cluster.shutdown()
+
+
+def _hint_lines(stack: Stack, target: str) -> int:
+    """Lines of the other nodes' logs saying hints went to ``target``."""
+    count = 0
+    for path in Path(stack.run_dir, "logs").glob("cassandra-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if "hint" in line.lower() and target in line and "Finished" in line:
+                count += 1
+    return count
+
+
+@pytest.mark.timeout(900)
+def test_b_one_cassandra_node_killed(stack, tmp_path):
+    stack = _current(stack)
+    s = _begin(stack, "one cassandra node", 2, tmp_path)
+    job_pid = stack.pids["job"]
+    wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
+    killed_at = time.time()
+    _kill(stack, "cassandra-3")
+    time.sleep(25)  # the job and the readers on two nodes of three
+    during = read_stats(s.history.reads, killed_at)
+    fanout(Path(stack.run_dir), "up", timeout=600)
+    s.fault = (killed_at, time.time())
+    report = _finish(s)
+    acked = [op.tweet_id for op in s.history.writes if op.status == 202]
+    quorum = _one_read(stack, "127.0.0.1", "LOCAL_QUORUM", acked)
+    began = time.monotonic()
+    wait_for(lambda: _one_read(stack, "127.0.0.3", "ONE", acked) == quorum, 180,
+             "node 3 read at ONE to agree with the quorum")
+    print(f"[one cassandra node] reads while it was down: {during.render()}; node 3 agreed at "
+          f"ONE after {time.monotonic() - began:.1f}s more; hint deliveries logged: "
+          f"{_hint_lines(stack, '127.0.0.3')}")
+    assert len(quorum) == len(acked), "acknowledged tweets are missing at quorum"
+    assert during.errors == 0, f"readers saw errors with one node down: {during.render()}"
+    assert _current(stack).pids["job"] == job_pid, "the job must survive one node's death"
+    assert report.ok
+
+
+@pytest.mark.timeout(900)
+def test_c_spark_worker_killed(stack, tmp_path):
+    from infra.multinode import SparkWorkers
+
+    stack = _current(stack)
+    job_pid = stack.pids["job"]
+    cluster = SparkWorkers.of(Path(stack.run_dir), stack.spark_master)
+    cluster._pids = {n.removeprefix("spark-"): p for n, p in stack.pids.items()
+                     if n.startswith("spark-")}
+    wait_for(lambda: cluster.executors_of("worker-1") and cluster.executors_of("worker-2"), 60,
+             "an executor on each worker")
+    survivor = cluster.executors_of("worker-2")
+    s = _begin(stack, "spark worker", 3, tmp_path)
+    wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
+    executors = cluster.executors_of("worker-1")
+    killed_at = time.time()
+    _kill(stack, "spark-worker-1")
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in executors), 60,
+             f"the executors {executors} of the killed worker to exit")
+    time.sleep(20)
+    assert cluster.executors_of("worker-2") == survivor, "the other worker's executor changed"
+    fanout(Path(stack.run_dir), "up", timeout=600)
+    s.fault = (killed_at, time.time())
+    _finish(s)
+    log = Path(stack.run_dir, "logs", "job.log").read_text(errors="replace")
+    print(f"[spark worker] executors {executors} lost with worker-1; {survivor} on worker-2 "
+          f"carried on; the driver logged {log.count('Lost executor')} executor loss(es)")
+    assert _current(stack).pids["job"] == job_pid, "the driver must survive a worker's death"
+
+
+def _retry_lines(stack: Stack) -> int:
+    """The job's lines saying a Cassandra request (or opening the store) is retried.
+
+    The writes run in the executors, so their lines are in the executors' logs in the
+    Spark workers' directory; the driver's are in the job's log.
+    """
+    run_dir = Path(stack.run_dir)
+    paths = [run_dir / "logs" / "job.log", *run_dir.glob("spark/work/*/*/stderr")]
+    return sum(text.count("running them again in") + text.count("opening the store failed")
+               for text in (p.read_text(errors="replace") for p in paths if p.exists()))
+
+
+@pytest.mark.timeout(1500)  # includes starting the module's stack when run alone
+def test_d_two_cassandra_nodes_killed(stack, tmp_path):
+    stack = _current(stack)
+    s = _begin(stack, "two cassandra nodes", 4, tmp_path)
+    job_pid = stack.pids["job"]
+    retries_before = _retry_lines(stack)
+    wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
+    killed_at = time.time()
+    _kill(stack, "cassandra-2")
+    _kill(stack, "cassandra-3")
+
+    def health() -> int:
+        try:
+            return httpx.get(f"{stack.api_url}/healthz", timeout=10).status_code
+        except httpx.HTTPError:
+            return 0
+
+    wait_for(lambda: health() == 503, 60, "/healthz to say degraded")
+    body = httpx.get(f"{stack.api_url}/healthz", timeout=10).json()
+    wait_for(lambda: _retry_lines(stack) > retries_before + 1, 180,
+             "the job to log its retries")
+    time.sleep(10)
+    retries = _retry_lines(stack) - retries_before
+    assert _current(stack).running("job"), "the job must wait for a quorum, not exit"
+    fanout(Path(stack.run_dir), "up", timeout=600)
+    s.fault = (killed_at, time.time())
+    _finish(s)
+    print(f"[two cassandra nodes] /healthz said {body.get('status')}: {body.get('message')}; "
+          f"the job logged {retries} retries, one line each")
+    assert body["status"] == "degraded"
+    assert _current(stack).pids["job"] == job_pid, "the job must resume by itself"
+
+
+# -- against a cluster that is already there -------------------------------------------
+
+_EXTERNAL = ("FANOUT_API_URL", "KAFKA_BOOTSTRAP", "FANOUT_STORE", "FANOUT_SPARK_MASTER")
+
+
+@pytest.mark.skipif(not all(os.environ.get(v) for v in _EXTERNAL),
+                    reason=f"set {', '.join(_EXTERNAL)} (and FANOUT_AUTH_SECRET if its API "
+                           "checks tokens) to run the history against an existing cluster")
+@pytest.mark.timeout(600)
+def test_history_on_an_existing_cluster(tmp_path):
+    env = dict(os.environ)
+    run_dir = tmp_path / "none"  # no stack: every fanout command takes the environment
+    kafka = KafkaSettings.from_env(env)
+    out = tmp_path / "history"
+    fanout(run_dir, "generate", "--out", str(out), "--users", str(USERS), "--follows",
+           str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", "9", "--start",
+           str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS), "--mix", "posts",
+           env=env)
+    history = History()
+    history.start_offsets = log_ends(kafka.bootstrap, kafka.topic(TWEETS))
+    secret = env.get("FANOUT_AUTH_SECRET", "").encode()
+    token: Callable[[int], str | None] = (lambda u: mint(u, secret, 3600)) if secret else (
+        lambda _u: None)
+    with Workload(env["FANOUT_API_URL"], list(range(1, USERS + 1)), history, token):
+        fanout(run_dir, "replay", str(out), "--speedup", str(SPEEDUP), "--no-progress",
+               env=env)
+    verified = fanout(run_dir, "verify", "--wait", "300", env=env, timeout=600)
+    with store_from_url(env["FANOUT_STORE"], cap=800) as store:
+        report = check(history, kafka.bootstrap, kafka.topic(TWEETS), store)
+    print(f"\n[existing cluster] {report.render()}; reads: "
+          f"{read_stats(history.reads).render()}; {verified.stdout.strip().splitlines()[-1]}")
+    assert report.ok, report.render()

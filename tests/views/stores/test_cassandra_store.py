@@ -1,0 +1,799 @@
+"""The Cassandra store's parts: URL, policies, statements, schema step, phases, reads.
+
+The store's behaviour is in the contract suite (``test_store_contract.py``); here are
+the pure steps it is built from — the URL and its options, the driver objects it
+configures, the plan → statement step, batch timestamps — and, on the session's real
+Cassandra node (``cassandra_hosts`` in ``tests/plugins/cassandra.py``), each in a fresh keyspace:
+every statement prepared against the schema, the schema step, and the order and
+write timestamps of a batch's phases.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import tuple_factory
+
+from infra.cli import _parser
+from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_name
+from views.delta import Delta, pack
+from views.errors import StoreError
+from views.stores import store_from_url
+from views.stores.base import (
+    DORMANT,
+    Entry,
+    RelationRow,
+    Relations,
+    Store,
+    TweetRow,
+    UserRow,
+    WritePlan,
+)
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra.config import (
+    WRITE_PROFILE,
+    ConfigError,
+    Replication,
+    cluster_options,
+    consistency_level,
+    load_balancing,
+    parse_url,
+)
+from views.stores.cassandra.schema import (
+    SchemaError,
+    Step,
+    apply_schema,
+    connect,
+    keyspace_cql,
+    load_steps,
+    pending,
+    require_current,
+    split_cql,
+)
+from views.stores.cassandra.store import CassandraStore
+
+BIG = 2**63 - 1
+
+
+# -- the URL -----------------------------------------------------------------------------------
+
+def test_a_full_url_parses() -> None:
+    config = parse_url("cassandra://ann:s%40cret@c1,c2,c3:9142/fanout?dc=eu-1:3,us_2:2"
+                       "&local_dc=eu-1&read_cl=local_one&write_cl=EACH_QUORUM&concurrency=32"
+                       "&timeout=2.5&scan_timeout=60&trim_slack=0&schema=auto&ssl=1"
+                       "&page_fresh_ms=50")
+    assert config.hosts == ("c1", "c2", "c3") and config.port == 9142
+    assert (config.keyspace, config.username, config.password) == ("fanout", "ann", "s@cret")
+    assert config.replication == Replication("NetworkTopologyStrategy",
+                                             (("eu-1", 3), ("us_2", 2)))
+    assert config.local_dc == "eu-1"
+    assert (config.read_cl, config.write_cl) == (ConsistencyLevel.LOCAL_ONE,
+                                                 ConsistencyLevel.EACH_QUORUM)
+    assert (config.concurrency, config.timeout, config.scan_timeout) == (32, 2.5, 60.0)
+    assert (config.trim_slack, config.auto_schema, config.ssl) == (0, True, True)
+    assert config.page_fresh_s == 0.05
+    assert "s@cret" not in repr(config)
+
+
+def test_url_defaults() -> None:
+    config = parse_url("cassandra://cassandra/fanout")
+    assert (config.hosts, config.port, config.username) == (("cassandra",), 9042, None)
+    assert config.replication.cql_map() == "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    assert config.read_cl == config.write_cl == ConsistencyLevel.LOCAL_QUORUM
+    assert (config.auto_schema, config.ssl, config.trim_slack) == (False, False, None)
+
+
+def test_ports_and_ipv6_hosts() -> None:
+    assert parse_url("cassandra://a:9043,b:9043/k").port == 9043
+    config = parse_url("cassandra://[::1]:9044,[fe80::2]/k")
+    assert (config.hosts, config.port) == (("::1", "fe80::2"), 9044)
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("cassandra://h", "needs a keyspace"),
+    ("cassandra://h/bad-name", "needs a keyspace"),
+    ("cassandra:///ks", "no Cassandra host"),
+    ("cassandra://a:9042,b:9043/ks", "one native port"),
+    ("cassandra://a:http/ks", "bad port"),
+    ("cassandra://a/ks?replicas=3", "unknown Cassandra store option"),
+    ("cassandra://a/ks?rf=3&dc=dc1:3", "either rf"),
+    ("cassandra://a/ks?rf=0", "at least 1"),
+    ("cassandra://a/ks?dc=dc1", "expected dc1:3"),
+    ("cassandra://a/ks?read_cl=SERIAL", "consistency level"),
+    ("cassandra://a/ks?read_cl=EACH_QUORUM", "consistency level"),
+    ("cassandra://a/ks?write_cl=ANY", "consistency level"),
+    ("cassandra://a/ks?timeout=0", "must be a number"),
+    ("cassandra://a/ks?schema=create", "check or auto"),
+    ("cassandra://a/ks?ssl=yes", "0/1/true/false"),
+    ("cassandra://a/ks?trim_slack=-1", "whole number"),
+    ("sqlite:///x", "not a cassandra"),
+])
+def test_bad_urls_say_what_is_wrong(url: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_url(url)
+
+
+def test_consistency_levels_parse_case_insensitively() -> None:
+    assert consistency_level(" local_quorum ") == ConsistencyLevel.LOCAL_QUORUM
+    assert consistency_level("each_quorum", write=True) == ConsistencyLevel.EACH_QUORUM
+    with pytest.raises(ConfigError):
+        consistency_level("LOCAL_SERIAL", write=True)
+
+
+def test_store_from_url_builds_without_connecting() -> None:
+    store = store_from_url("cassandra://no-such-host.invalid/ks", cap=12)
+    assert isinstance(store, CassandraStore) and store.cap == 12
+    assert store.trim_slack == 16
+    with pytest.raises(StoreError, match="not open"):
+        store.cached(1, None, 10)
+
+
+# -- driver objects ----------------------------------------------------------------------------
+
+def test_load_balancing_is_token_aware_over_the_local_dc() -> None:
+    policy = load_balancing("dc1")
+    assert isinstance(policy, TokenAwarePolicy) and policy.shuffle_replicas
+    child = policy._child_policy
+    assert isinstance(child, DCAwareRoundRobinPolicy) and child.local_dc == "dc1"
+    assert load_balancing(None)._child_policy.local_dc == ""
+
+
+def test_cluster_options_carry_levels_profiles_and_credentials() -> None:
+    config = parse_url("cassandra://u:p@10.0.0.1,10.0.0.2:9043/ks?read_cl=ONE&write_cl=QUORUM"
+                       "&local_dc=dc9&timeout=3&ssl=1")
+    options = cluster_options(config)
+    assert (options["contact_points"], options["port"]) == (["10.0.0.1", "10.0.0.2"], 9043)
+    read, write = (options["execution_profiles"][k] for k in (EXEC_PROFILE_DEFAULT,
+                                                                WRITE_PROFILE))
+    assert (read.consistency_level, write.consistency_level) == (ConsistencyLevel.ONE,
+                                                                 ConsistencyLevel.QUORUM)
+    assert write.serial_consistency_level == ConsistencyLevel.LOCAL_SERIAL
+    assert read.row_factory is tuple_factory and read.request_timeout == 3
+    assert read.load_balancing_policy is not write.load_balancing_policy
+    assert read.load_balancing_policy._child_policy.local_dc == "dc9"
+    assert isinstance(options["auth_provider"], PlainTextAuthProvider)
+    assert options["ssl_context"] is not None
+
+
+def test_a_cluster_is_built_without_touching_the_network() -> None:
+    cluster = Cluster(**cluster_options(parse_url("cassandra://127.0.0.1/ks")))
+    try:
+        assert cluster.port == 9042 and not cluster.is_shutdown
+    finally:
+        cluster.shutdown()
+
+
+# -- statements --------------------------------------------------------------------------------
+
+def test_protocol_negotiation_is_not_a_warning(keyspace: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    cluster, _ = connect(parse_url(keyspace), wait=60)
+    cluster.shutdown()
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and "protocol version" in r.getMessage()]
+
+
+@pytest.fixture(scope="module")
+def keyspace(cassandra_hosts: str) -> Iterator[str]:
+    """A store URL naming a fresh keyspace with the schema, for this module."""
+    with fresh_keyspace(cassandra_hosts) as url:
+        yield url
+
+
+@pytest.fixture
+def session(keyspace: str) -> Iterator[Any]:
+    """A driver session on the module's keyspace."""
+    config = parse_url(keyspace)
+    cluster, session = connect(config, wait=60)
+    session.set_keyspace(config.keyspace)
+    yield session
+    cluster.shutdown()
+
+
+def test_every_statement_is_valid_against_the_schema(session: Any) -> None:
+    for name, text in cql.STATEMENTS.items():
+        session.prepare(text)  # Cassandra rejects unknown columns, missing key parts, bad slices
+        assert "{" not in text and "%" not in text, name
+
+
+def _plan(*deltas: Delta) -> WritePlan:
+    return Store.plan(deltas)
+
+
+def _check_markers(ops: list[cql.Op]) -> None:
+    for name, params in ops:
+        assert cql.STATEMENTS[name].count("?") == len(params), name
+
+
+def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
+    plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4),
+                 Delta.tweet_deleted(11, 1),       # time from the table
+                 Delta.tweet_deleted(12, 1),       # never posted
+                 Delta.tweet(13, 1, 7, "late"),    # its author deleted it
+                 Delta.tweet(14, 1, 8, "mine"),    # a forged delete before
+                 Delta.tweet_deleted(15, 3))       # a forged delete now
+    states = {11: cql.TweetState(4, False, 1), 13: cql.TweetState(None, True, 1),
+              14: cql.TweetState(None, True, 3), 15: cql.TweetState(6, False, 1)}
+    ops = cql.tweet_ops(plan, states, 100)
+    _check_markers(ops)
+    assert ops == [("tweet_live", (10, 1, 5, "hi", 4, 100)), ("author_add", (1, 5, 10, 100)),
+                   ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
+                   ("tweet_gone", (100, 1, 12)),
+                   # Over another author's row, every cell is written (it may be a repost's).
+                   ("tweet_take", (14, 1, 8, "mine", False, 0, 100)),
+                   ("author_add", (1, 8, 14, 100))]
+    assert cql.TweetState.decode([(4, None, 1, None)]) == cql.TweetState(4, False, 1)
+    assert cql.TweetState.decode([(4, False, 1, 9)]) == cql.TweetState(4, False, 1, 9)
+    assert cql.TweetState.decode([]) is None
+
+
+def test_of_two_authors_claims_the_earlier_keeps_the_row() -> None:
+    """One id, two authors (a broken contract): the earliest (created_at, author) owns it."""
+    plan = _plan(Delta.tweet(30, 1, 5, "later"),            # stored: author 2 at 4
+                 Delta.tweet(31, 1, 5, "earlier"),          # stored: author 2 at 6
+                 Delta.tweet_deleted(32, 1, 3),             # stored: author 2 at 4, live
+                 Delta.repost(33, 1, 9, (10, 2), True),     # stored: author 2's post at 2
+                 Delta.repost(34, 1, 1, (10, 2), True))     # stored: author 2's post at 2
+    states = {30: cql.TweetState(4, False, 2), 31: cql.TweetState(6, False, 2),
+              32: cql.TweetState(4, False, 2), 33: cql.TweetState(2, False, 2),
+              34: cql.TweetState(2, False, 2)}
+    ops = cql.tweet_ops(plan, states, 100) + cql.repost_ops(plan.reposts, states, 100)
+    _check_markers(ops)
+    assert ops == [("tweet_take", (31, 1, 5, "earlier", False, 0, 100)),
+                   ("author_add", (1, 5, 31, 100)),
+                   ("tweet_take", (32, 1, 3, "", True, 0, 100)),
+                   ("author_del", (100, 1, 3, 32)),
+                   ("repost_set", (34, 1, 1, False, 10, 2, 100)),
+                   ("author_add", (1, 1, 34, 100)), ("repost_add", (10, 1, 34, 1, 100))]
+    # Another author's stored repost keeps its rows: only the reposter's own move.
+    assert cql.repost_moves(plan.reposts, {33: cql.TweetState(7, False, 2, 11)}, 100) == []
+
+
+def test_tweet_ops_leave_an_id_the_batch_reposts_to_repost_ops() -> None:
+    """Both would land at one timestamp, where Cassandra keeps the larger cell value:
+    a delete under another user's id would hide the repost (``deleted`` true > false)."""
+    plan = _plan(Delta.repost(20, 2, 0, (10, 1), True), Delta.tweet_deleted(20, 3),
+                 Delta.repost(21, 2, 4, (10, 1), False), Delta.tweet_deleted(21, 2, 4),
+                 Delta.tweet_deleted(22, 2))
+    assert cql.lookup_ids(plan) == [20, 21, 22]
+    states = {21: cql.TweetState(4, False, 2, 10)}
+    assert cql.tweet_ops(plan, states, 100) == [("tweet_gone", (100, 2, 22))]
+
+
+def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
+    plan = _plan(Delta.timeline_remove(2, 10, 1), Delta.timeline_remove(2, 11, 1),
+                 Delta.timeline_remove(2, 12, 1, 9), Delta.timeline_remove(3, 13, 1),
+                 Delta.timeline_remove(3, 16, 5),  # another author's tweet 16
+                 Delta.tweet_deleted(11, 1, 6))
+    assert cql.lookup_ids(plan) == [10, 11, 13, 16]
+    states = {10: cql.TweetState(0, False, 1), 13: cql.TweetState(None, True, 1),
+              16: cql.TweetState(3, False, 1)}
+    owners = {t: s.author_id for t, s in states.items()}
+    ops, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners, 7)
+    _check_markers(ops)
+    assert ops == [("home_del", (7, 2, 0, 10)), ("home_del", (7, 2, 6, 11)),
+                   ("home_del", (7, 2, 9, 12))]
+    assert skipped == 2
+
+
+def test_wipes_delete_the_authors_rows_found() -> None:
+    wipes = cql.wipe_users([(2, 1), (2, 5), (3, 1)])
+    partitions = {2: [(9, 90, 1), (8, 80, 4), (7, 70, 5)], 3: []}
+    ops = cql.wipe_ops(wipes, partitions, 3)
+    _check_markers(ops)
+    assert ops == [("home_del", (3, 2, 9, 90)), ("home_del", (3, 2, 7, 70))]
+
+
+def test_graph_and_profile_ops() -> None:
+    plan = _plan(*pack(1, {}, edges={2: (True, 5), 3: (False, 6)}),
+                 *pack(9, {}, starred={2: True}), Delta.celebrity(9, False),
+                 Delta.profile(4, 5, "h", "n"),
+                 Delta.profile(5, 2, "old", "o"))
+    ops = cql.graph_ops(plan, 8) + cql.user_ops(plan.users, {4: 5, 5: 3}, 8)
+    _check_markers(ops)
+    assert ops == [("follow_on", (2, 1, 5, 8)), ("follow_off", (8, 3, 1)),
+                   ("celeb_edge_on", (2, 9, 8)),
+                   ("relation_on", (2, cql.CELEBRITY_ROW, 9, 0, 8)), ("celeb_off", (8, 9)),
+                   ("user_set", (4, "h", "n", 5, 8))]
+
+
+def test_repost_ops_write_the_last_state_of_each_repost() -> None:
+    plan = _plan(Delta.repost(20, 2, 9, (10, 1), True),
+                 Delta.repost(21, 2, 8, (11, 1), True),
+                 Delta.repost(21, 2, 8, (11, 1), False))  # shown, then hidden: hidden
+    ops = cql.repost_ops(plan.reposts, {}, 50)
+    _check_markers(ops)
+    assert ops == [("repost_set", (20, 2, 9, False, 10, 1, 50)), ("author_add", (2, 9, 20, 50)),
+                   ("repost_add", (10, 9, 20, 2, 50)),
+                   ("repost_set", (21, 2, 8, True, 11, 1, 50)), ("author_del", (50, 2, 8, 21)),
+                   ("repost_del", (50, 11, 8, 21))]
+
+
+def test_repost_moves_delete_the_rows_at_the_stored_key() -> None:
+    """A copy with a smaller (created_at, original) replaces the stored one (DESIGN §4b)."""
+    plan = _plan(Delta.repost(20, 2, 5, (10, 1), True),   # stored at 7: earlier now
+                 Delta.repost(21, 2, 6, (10, 1), True),   # stored at 6 of 11: another original
+                 Delta.repost(22, 2, 4, (10, 1), False),  # stored at 5, hidden at 4
+                 Delta.repost(23, 2, 3, (10, 1), True),   # unchanged
+                 Delta.repost(24, 2, 3, (10, 1), True),   # first written now
+                 Delta.repost(25, 2, 3, (10, 1), True))   # a forged delete's row, no time
+    states = {20: cql.TweetState(7, False, 2, 10), 21: cql.TweetState(6, False, 2, 11),
+              22: cql.TweetState(5, False, 2, 10), 23: cql.TweetState(3, False, 2, 10),
+              25: cql.TweetState(None, True, 3)}
+    ops = cql.repost_moves(plan.reposts, states, 50)
+    _check_markers(ops)
+    assert ops == [("author_del", (50, 2, 7, 20)), ("repost_del", (50, 10, 7, 20)),
+                   ("repost_del", (50, 11, 6, 21)),
+                   ("author_del", (50, 2, 5, 22)), ("repost_del", (50, 10, 5, 22))]
+
+
+def test_a_block_is_written_into_both_users_partitions() -> None:
+    plan = _plan(Delta.relation(1, 2, "block", True, 5), Delta.relation(1, 3, "mute", True, 6),
+                 Delta.relation(4, 1, "block", False, 7))
+    ops = cql.relation_ops(plan.relations.values(), 9)
+    _check_markers(ops)
+    assert ops == [("relation_on", (1, "block", 2, 5, 9)),
+                   ("relation_on", (2, "blocked_by", 1, 5, 9)),
+                   ("relation_on", (1, "mute", 3, 6, 9)),
+                   ("relation_off", (9, 4, "block", 1)), ("relation_off", (9, 1, "blocked_by", 4))]
+    with pytest.raises(StoreError, match="unknown relation 'follow'"):
+        cql.relation_ops([RelationRow(1, 2, "follow", True, 5)], 9)
+
+
+def test_a_deleted_account_gets_no_profile_written() -> None:
+    plan = _plan(Delta.profile(4, 5, "h", "n"), Delta.account_deleted(4, 6),
+                 Delta.profile(5, 5, "h5", "n5"), Delta.profile(6, 7, "h6", "n6"))
+    stored, gone = cql.stored_users({5: [(3, True)], 6: [(None, None)], 7: []})
+    assert (stored, gone) == ({5: 3}, {5})
+    ops = cql.user_ops(plan.users, stored, 8, plan.deleted_users, gone)
+    _check_markers(ops)
+    assert ops == [("user_gone", (8, 4)), ("user_set", (6, "h6", "n6", 7, 8))]
+
+
+def test_adds_at_or_below_the_horizon_are_dropped() -> None:
+    plan = _plan(Delta.timeline_add(2, 10, 1, 5), Delta.timeline_add(2, 11, 1, 3),
+                 Delta.timeline_add(3, 12, 1, 1), Delta.timeline_add(3, 12, 1, 1),
+                 *pack(0, {}, horizons={2: (3, 11)}))
+    meta = {u: cql.Meta() for u in cql.meta_users(plan)}
+    kept = cql.kept_adds(plan, meta)
+    assert kept == [(2, 5, 10, 1), (3, 1, 12, 1)]
+    assert meta[2].horizon == (3, 11)
+    ops = cql.add_ops(kept, 41)
+    _check_markers(ops)
+    assert ops == [("home_add", (2, 5, 10, 1, 41)), ("home_add", (3, 1, 12, 1, 41))]
+
+
+def test_trimming_is_amortized_by_the_size_estimate() -> None:
+    meta = {2: cql.Meta((1, 1), 3), 3: cql.Meta(size=0)}
+    adds = [(2, 9, 90, 1), (2, 8, 80, 1), (3, 7, 70, 1)]
+    assert cql.over_cap(adds, meta, cap=3, slack=1) == [2]
+    cut = cql.trim(meta[2], [(9, 90), (8, 80), (5, 50), (4, 40), (1, 1)], 3)
+    assert cut == (4, 40) and meta[2] == cql.Meta((4, 40), 3)
+    assert cql.trim(meta[3], [(7, 70)], 3) is None and meta[3].size == 1
+    ops = cql.trim_ops({2: cut}, 12) + cql.meta_ops(meta, 12)
+    _check_markers(ops)
+    assert ops == [("home_trim", (12, 2, 4, 40)), ("meta_set", (2, 4, 40, 3, -1, 12)),
+                   ("meta_set", (3, -1, -1, 1, -1, 12))]
+    assert cql.decode_meta([]) == cql.Meta()
+    assert cql.decode_meta([(5, 6, 7, None)]) == cql.Meta((5, 6), 7)  # before step 003
+    assert cql.decode_meta([(5, 6, 7, 9)]) == cql.Meta((5, 6), 7, 9)
+
+
+def test_inactive_users_go_dormant_and_come_back() -> None:
+    plan = _plan(Delta.activity(2, 50), Delta.activity(2, 40), Delta.activity(3, 5),
+                 Delta.timeline_add(3, 30, 1, 20), Delta.timeline_add(3, 31, 1, 21),
+                 Delta.timeline_add(4, 32, 1, 99), Delta.timeline_add(5, 33, 1, 99))
+    assert cql.meta_users(plan) == [2, 3, 4, 5]
+    meta = {2: cql.Meta(DORMANT, 0, 10), 3: cql.Meta((1, 1), 4, 1), 4: cql.Meta(),
+            5: cql.Meta(DORMANT, 0, 2)}
+    assert cql.record_reads(plan.activity, meta) == [2]  # dormant, and read
+    assert (meta[2].read_at, meta[3].read_at) == (50, 5)
+    entries = [Entry(9, 90, 7), Entry(8, 80, 6), Entry(7, 70, 7)]
+    assert cql.regenerated(2, entries, meta[2], 2) == [(2, 9, 90, 7), (2, 8, 80, 6)]
+    assert meta[2] == cql.Meta((7, 70), 2, 50)  # below the cap's entries: the query
+    assert cql.regenerated(2, entries[:1], meta[2], 2) == [(2, 9, 90, 7)]
+    assert meta[2] == cql.Meta(cql.NO_HORIZON, 1, 50)
+    # 20 - 5 > 10: user 3 goes dormant; 4 never read; 5 is dormant already.
+    assert cql.go_dormant(plan.adds, meta, 10) == [3]
+    assert meta[3] == cql.Meta(DORMANT, 0, 5)
+    assert cql.kept_adds(plan, meta) == [(4, 99, 32, 1)]
+    assert cql.go_dormant(plan.adds, {u: cql.Meta(read_at=0) for u in (3, 4, 5)}, 0) == []
+    ops = cql.drop_ops([3], 12) + cql.meta_ops({3: meta[3]}, 12)
+    _check_markers(ops)
+    assert ops == [("home_drop", (12, 3)), ("meta_set", (3, BIG, BIG, 0, 5, 12))]
+
+
+def test_bookkeeping_ops() -> None:
+    plan = _plan(Delta.source_offset("tweets", 1, 41),
+                 Delta.source_offset("tweets", 1, 40),
+                 Delta.dead_letter("users", 0, 3, "bad", b"x"))
+    ops = cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, 99) + cql.BatchRecord(
+        12_345, 1000, "d", 99, 3, 0.5, 7).ops() + [cql.clock_op(1000)]
+    _check_markers(ops)
+    assert ops[:2] == [("offset_set", ("tweets", 1, 41, 41)),
+                       ("dead_add", ("users", 0, 3, "bad", b"x", 99))]
+    assert ops[2] == ("batch_set", (1, 12_345, 1000, "d", 99, 3, 0.5, 7, 1000 + cql.TRIM))
+    assert ops[3:] == [("last_batch_set", (1000 + cql.TRIM, 12_345)), ("clock_set", (1000, 1000))]
+    assert cql.offset_ops({("t", 0): -1}) == []
+
+
+def test_batch_timestamps() -> None:
+    digest = cql.offsets_digest({("tweets", 0): 5, ("follows", 1): 2})
+    assert digest == cql.offsets_digest({("follows", 1): 2, ("tweets", 0): 5})
+    assert cql.offsets_digest({}) == ""
+    assert cql.batch_timestamp(100, 50, (30, digest), digest) == 30  # a replay: same cells
+    assert cql.batch_timestamp(100, 50, (30, "other"), digest) == 100  # new input: new time
+    assert cql.batch_timestamp(100, 50, (30, ""), "") == 100  # no offsets: never reused
+    assert cql.batch_timestamp(100, 500, None, digest) == 500  # a clock behind the floor
+
+
+def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
+    ops = [("home_add", (1, 5, 50, 9, 7)), ("tweet_state", (50,)), ("home_add", (2, 5, 50, 9, 7)),
+           ("home_del", (7, 1, 4, 40)), ("meta_set", (1, -1, -1, 2, 9)), ("dead_add", ("t",)),
+           ("celeb_on", (3, 7)), ("celeb_off", (7, 4))]
+    # A partition's writes together, then small partitions of one table packed (one
+    # replica set: no token map), reads and conditional writes alone.
+    assert cql.units(ops) == [[0, 3, 2], [1], [4], [5], [6, 7]]
+    def parity(user: int | None) -> int | None:  # two replica sets; None: a constant key
+        return None if user is None else user % 2
+
+    assert cql.units(ops, parity) == [[0, 3], [1], [2], [4], [5], [6, 7]]
+    many = [("home_add", (1, i, i, 9, 7)) for i in range(cql.BATCH_MAX + 1)]
+    many += [("home_add", (u, 1, 1, 9, 7)) for u in range(2, 2 + cql.PACK_MAX + 1)]
+    assert [len(g) for g in cql.units(many)] == [cql.BATCH_MAX, cql.PACK_MAX, 2]
+    packed = cql.units(many, parity)
+    assert sorted(len(g) for g in packed) == [17, 17, cql.BATCH_MAX]  # odd users, even users
+    assert sorted(i for g in packed for i in g) == list(range(len(many)))
+    # Every batched statement binds its partition key where PARTITION_KEY says it does.
+    keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
+            "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
+            "reposts_by_original": "original_id", "relations": "user_id"}
+    for name, (table, arg) in cql.PARTITION_KEY.items():
+        assert f" {table} " in cql.STATEMENTS[name] and name not in cql.NOT_IDEMPOTENT
+        assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
+
+
+def test_lookups_read_many_keys_per_request() -> None:
+    keys = list(range(cql.IN_MAX + 1))
+    queries = {"meta_get": keys, "home_all": [7, 8], "tweet_state": []}
+    ops = cql.lookup_ops(queries)
+    assert ops == [("meta_get_in", (keys[:cql.IN_MAX],)), ("meta_get_in", ([cql.IN_MAX],)),
+                   ("home_all", (7,)), ("home_all", (8,))]
+    results = [[(3, -1, -1, 2)], [], [(5, 6, 7), (4, 6, 9)], []]
+    found = cql.lookup_rows(queries, results)
+    assert found["meta_get"][3] == [(-1, -1, 2)] and found["meta_get"][cql.IN_MAX] == []
+    assert found["home_all"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []} and found["tweet_state"] == {}
+    for one, many in cql.LOOKUP_IN.items():  # the same columns, the key first
+        columns, text = cql.STATEMENTS[one].split(" FROM ")[0], cql.STATEMENTS[many]
+        key = text.split("WHERE ")[1].split(" IN")[0]
+        assert text.startswith(columns.replace("SELECT ", f"SELECT {key}, "))
+
+
+def _bound_columns(text: str) -> list[str]:
+    """The column each bind marker of a statement sets or selects on."""
+    if text.startswith("INSERT"):
+        columns = text.split("(")[1].split(")")[0].split(", ")
+        return columns + ["timestamp"] * text.count("TIMESTAMP ?")
+    return [name or "timestamp" for name in re.findall(r"(\w+) = \?|TIMESTAMP \?", text)]
+
+
+def test_batch_log_partitions() -> None:
+    assert cql.batch_bucket(cql.BATCH_BUCKET * 3 + 5) == 3
+    assert cql.batch_buckets(cql.BATCH_BUCKET * 3 + 5, 100) == [3, 2]
+    assert cql.batch_buckets(5, 100) == [0]
+
+
+# -- the schema step ---------------------------------------------------------------------------
+
+def test_schema_steps_are_numbered_and_idempotent() -> None:
+    steps = load_steps()
+    assert [s.label for s in steps][:2] == ["001_tables", "002_timeline_kinds"]
+    rerunnable = re.compile(r"CREATE TABLE IF NOT EXISTS \w+ \(|ALTER TABLE \w+ ADD IF NOT EXISTS ")
+    for step in steps:
+        for statement in step.statements:
+            assert rerunnable.match(statement), (step.label, statement)
+    assert pending(steps, {1: "tables"}) == steps[1:]
+
+
+def test_split_cql_drops_comments() -> None:
+    text = "-- a comment; with a semicolon\nCREATE TABLE a (x int PRIMARY KEY); -- tail\n\n" \
+           "CREATE TABLE b (\n  y int PRIMARY KEY\n);\n"
+    assert split_cql(text) == ["CREATE TABLE a (x int PRIMARY KEY)",
+                               "CREATE TABLE b ( y int PRIMARY KEY )"]
+
+
+@pytest.mark.parametrize("names", [["1_x.cql"], ["001_X.cql"], ["001_a.cql", "001_b.cql"],
+                                   ["000_zero.cql"]])
+def test_misnamed_schema_files_are_refused(tmp_path: Path, names: list[str]) -> None:
+    for name in names:
+        (tmp_path / name).write_text("CREATE TABLE IF NOT EXISTS t (k int PRIMARY KEY);")
+    with pytest.raises(SchemaError):
+        load_steps(tmp_path)
+
+
+def test_keyspace_ddl_takes_validated_names_only() -> None:
+    assert keyspace_cql("fanout", Replication.per_dc("dc1:3").cql_map()) == (
+        "CREATE KEYSPACE IF NOT EXISTS fanout WITH replication = "
+        "{'class': 'NetworkTopologyStrategy', 'dc1': 3} AND durable_writes = true")
+    with pytest.raises(SchemaError):
+        keyspace_cql("x; DROP KEYSPACE y", "{}")
+
+
+def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> None:
+    url = keyspace_url(cassandra_hosts, new_keyspace_name())
+    config = parse_url(url)
+    cluster, session = connect(config, wait=60)
+    try:
+        with pytest.raises(SchemaError, match="does not exist"):
+            require_current(session, config.keyspace)
+        extra = Step(99, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
+        replication = config.replication.cql_map()
+        assert [s.label for s in apply_schema(session, config.keyspace, replication,
+                                              load_steps())] == [
+            "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes"]
+        require_current(session, config.keyspace)
+        assert [s.label for s in apply_schema(session, config.keyspace, replication,
+                                              [*load_steps(), extra])] == ["099_extra"]
+        assert apply_schema(session, config.keyspace, replication, [*load_steps(), extra]) == []
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+        cluster.shutdown()
+
+
+def test_open_requires_the_schema_unless_auto(cassandra_hosts: str) -> None:
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        with pytest.raises(SchemaError, match="fanout schema apply"):
+            CassandraStore.from_url(url).open()
+        CassandraStore.from_url(f"{url}{'&' if '?' in url else '?'}schema=auto").open().close()
+        CassandraStore.from_url(url).open().close()
+
+
+def test_the_schema_command_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(["schema", "apply", "--store", f"sqlite:///{tmp_path}/s.db"])
+    assert args.func(args) == 0
+    assert (tmp_path / "s.db").exists()
+    args = _parser().parse_args(["schema", "status", "--store", f"sqlite:///{tmp_path}/s.db"])
+    assert args.func(args) == 0
+    args = _parser().parse_args(["schema", "apply", "--store", "cassandra://h/bad-ks-"])
+    assert args.func(args) == 2
+    assert "needs a keyspace" in capsys.readouterr().out
+
+
+# -- a batch's phases, on the real node ------------------------------------------------------
+
+class RecordingStore(CassandraStore):
+    """The real store, noting the name of every statement it runs, in order."""
+
+    executed: list[tuple[str, tuple[Any, ...]]]
+
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+        self.executed += ops
+        return super()._run(ops, profile)
+
+    def _rows(self, name: str, params: tuple[Any, ...] = (), **kwargs: Any) -> Any:
+        self.executed.append((name, params))
+        return super()._rows(name, params, **kwargs)
+
+
+def _with(url: str, options: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{options}"
+
+
+def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
+    store = RecordingStore(parse_url(_with(keyspace, "trim_slack=0")), cap=1)
+    store.executed = []
+    store.open()
+    u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11
+    try:
+        store.apply([Delta.tweet(t1, a, 5, "a"),
+                     Delta.timeline_add(u, t1, a, 5), Delta.timeline_add(u, t2, a, 6),
+                     *pack(a, {}, wipes=[w]),
+                     Delta.repost(t2 + 1, a, 4, (t1, a), True),
+                     Delta.relation(u, w, "mute", True, 3), Delta.account_deleted(w, 3),
+                     Delta.source_offset("phases", 0, 4)], 7)
+        names = [name for name, _ in store.executed]
+        first = {n: names.index(n) for n in reversed(names)}
+        last = {n: i for i, n in enumerate(names)}
+        assert last["clock_set"] < first["tweet_live"]
+        assert last["home_all"] < first["tweet_live"] and last["tweet_live"] < first["home_add"]
+        assert last["home_add"] < first["home_trim"] < first["offset_set"] < first["batch_set"]
+        stamps = dict(store.executed)
+        base = stamps["clock_set"][0]
+        assert stamps["tweet_live"][-1] == base + cql.REMOVE
+        assert stamps["repost_add"][-1] == stamps["relation_on"][-1] == base + cql.REMOVE
+        assert stamps["user_gone"][0] == base + cql.REMOVE
+        assert last["home_all"] < first["repost_set"] < first["home_add"]
+        assert stamps["home_add"][-1] == base + cql.ADD
+        assert stamps["home_trim"][0] == base + cql.TRIM
+        # What the node stored carries those timestamps.
+        assert session.execute("SELECT writetime(body) FROM tweets WHERE tweet_id = %s",
+                               (t1,)).one()[0] == base + cql.REMOVE
+        assert session.execute("SELECT writetime(author_id) FROM home_timeline "
+                               "WHERE user_id = %s", (u,)).one()[0] == base + cql.ADD
+        assert session.execute("SELECT writetime(size) FROM timeline_meta WHERE user_id = %s",
+                               (u,)).one()[0] == base + cql.TRIM
+        assert store.cached(u, None, 5) == [Entry(6, t2, a)]
+        # Batches are packed by replica set: the driver's token map names this node.
+        assert store._replica is not None and len(store._replica(u)) == 1
+        assert store.horizon(u) == (5, t1)
+    finally:
+        store.close()
+
+
+def test_big_ids_fit_the_bound_types() -> None:
+    plan = _plan(Delta.timeline_add(BIG, BIG - 1, BIG - 2, 2**62))
+    _check_markers(cql.add_ops(plan.adds, 1))
+    assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1
+
+
+# -- reposts, relations and deleted accounts, on the real node ----------------------------------
+
+@pytest.fixture
+def store(keyspace: str) -> Iterator[CassandraStore]:
+    opened = CassandraStore.from_url(keyspace).open()
+    yield opened
+    opened.close()
+
+
+_IDS = iter(range(1, 10**6))
+
+
+def _ids(n: int) -> list[int]:
+    """Ids no other test of this module uses (they share the keyspace)."""
+    return [2 * 10**9 + next(_IDS) for _ in range(n)]
+
+
+def test_a_late_rerun_cannot_hide_a_repost_shown_since(store: CassandraStore) -> None:
+    """A repost's hidden state is not final: write timestamps order its states by batch."""
+    a, b, orig_author, original, r1, r2 = _ids(6)
+    store.apply([Delta.tweet(original, orig_author, 5, "o"),
+                 Delta.repost(r1, a, 6, (original, orig_author), True),
+                 Delta.repost(r2, b, 7, (original, orig_author), True),
+                 Delta.source_offset("reposts", 0, 1)], 1)
+    hide = [Delta.repost(r1, a, 6, (original, orig_author), False),
+            Delta.source_offset("reposts", 0, 2)]
+    store.apply(hide, 2)
+    assert store.reposts_of([original]) == {original: [Entry(7, r2, b)]}
+    store.apply([Delta.repost(r1, a, 6, (original, orig_author), True),
+                 Delta.source_offset("reposts", 0, 3)], 3)
+    store.apply(hide, 2)  # batch 2 again (its recorded timestamp), as after a crash
+    assert store.reposts_of([original]) == {original: [Entry(7, r2, b), Entry(6, r1, a)]}
+    assert store.author_tweets([a], None, 10) == [Entry(6, r1, a)]
+    assert store.tweets([r1])[r1] == TweetRow(r1, a, 6, "", False, 0, original, orig_author)
+
+
+class CutShort(CassandraStore):
+    """The real store, dying once in the run that writes reposts' rows: only those land."""
+
+    crash = True
+
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+        if self.crash and any(name == "repost_set" for name, _ in ops):
+            self.crash = False
+            super()._run([op for op in ops if op[0] == "repost_set"], profile)
+            msg = "the process died mid-batch"
+            raise StoreError(msg)
+        return super()._run(ops, profile)
+
+
+def test_a_repost_moved_by_a_batch_cut_short_moves_when_it_runs_again(keyspace: str) -> None:
+    """The rows at the old key go before the repost's row names the new one: a batch
+    applied again after a crash still reads the old key (DESIGN §4b, §4)."""
+    a, b, r, o1, o2, rid = _ids(6)
+    store = CutShort(parse_url(keyspace))
+    store.open()
+    try:
+        store.crash = False
+        store.apply([Delta.tweet(o1, a, 3, "o1"), Delta.tweet(o2, b, 2, "o2"),
+                     Delta.repost(rid, r, 7, (o1, a), True),
+                     Delta.source_offset("moves", 0, 1)], 1)
+        moved = [Delta.repost(rid, r, 5, (o2, b), True), Delta.source_offset("moves", 0, 2)]
+        store.crash = True
+        with pytest.raises(StoreError, match="died mid-batch"):
+            store.apply(moved, 2)
+        assert store.tweets([rid])[rid].created_at == 5  # the new key is stored already
+        store.apply(moved, 2)
+        assert store.author_tweets([r], None, 10) == [Entry(5, rid, r)]
+        assert store.reposts_of([o1, o2]) == {o2: [Entry(5, rid, r)]}
+        # A hidden copy at yet another time: the rows at the stored time go too.
+        store.apply([Delta.repost(rid, r, 4, (o2, b), False), Delta.source_offset("moves", 0, 3)],
+                    3)
+        assert store.author_tweets([r], None, 10) == [] and store.reposts_of([o1, o2]) == {}
+    finally:
+        store.close()
+
+
+def test_a_forged_delete_in_the_reposts_batch_hides_nothing(store: CassandraStore) -> None:
+    """A delete naming a repost id under another user's id, in the repost's batch."""
+    a, r, forger, o, rid = _ids(5)
+    store.apply([Delta.tweet(o, a, 3, "o"), Delta.repost(rid, r, 0, (o, a), True),
+                 Delta.tweet_deleted(rid, forger)])
+    assert store.tweets([rid])[rid] == TweetRow(rid, r, 0, "", False, 0, o, a)
+    assert store.author_tweets([r], None, 10) == [Entry(0, rid, r)]
+    assert store.reposts_of([o]) == {o: [Entry(0, rid, r)]}
+
+
+def test_a_block_is_stored_in_both_users_partitions(store: CassandraStore,
+                                                    session: Any) -> None:
+    u, x, y, z = _ids(4)
+    store.apply([Delta.relation(u, x, "block", True, 5), Delta.relation(y, u, "block", True, 5),
+                 Delta.relation(u, z, "mute", True, 6), Delta.relation(z, u, "block", True, 6),
+                 Delta.relation(z, u, "block", False, 7)])  # the last of a key is written
+    rows = [row for user in (u, x, z) for row in session.execute(
+        "SELECT user_id, relation, other_id, created_at FROM relations WHERE user_id = %s",
+        (user,))]
+    assert sorted(rows) == sorted([(u, "block", x, 5), (u, "blocked_by", y, 5),
+                                   (u, "mute", z, 6), (x, "blocked_by", u, 5)])
+    assert store.relations(u) == Relations(frozenset({x, y}), frozenset({z}))
+    store.apply([Delta.relation(u, x, "block", False, 8)])
+    assert store.relations(x) == Relations() and store.relations(u).blocked == {y}
+
+
+def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
+    """A keyspace made by step 001 alone, with rows: steps 002 and 003 add to it, twice if
+    need be."""
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        config = parse_url(url)
+        cluster, session = connect(config, wait=60)
+        try:
+            old = load_steps()[:1]
+            apply_schema(session, config.keyspace, config.replication.cql_map(), old)
+            session.execute("INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted) "
+                            "VALUES (1, 2, 3, 'old', false)")
+            session.execute("INSERT INTO users (user_id, handle, name, created_at) "
+                            "VALUES (2, 'h', 'n', 3)")
+            session.execute("INSERT INTO timeline_meta (user_id, horizon_created_at, "
+                            "horizon_tweet_id, size) VALUES (4, 1, 10, 0)")
+            with pytest.raises(SchemaError, match="lacks schema step.*002_timeline_kinds"):
+                CassandraStore.from_url(url).open()
+            store = CassandraStore.from_url(_with(url, "schema=auto"), inactive_days=1e-6).open()
+            try:
+                assert store.tweets([1]) == {1: TweetRow(1, 2, 3, "old", False)}
+                assert store.users([2]) == {2: UserRow(2, "h", "n", False)}
+                assert store.relations(2) == Relations() and store.reposts_of([1]) == {}
+                # A row from before step 003 has no read: its user never goes dormant.
+                store.apply([Delta.timeline_add(4, 1, 2, 10**9)])
+                assert store.horizon(4) == (1, 10) and store.cached(4, None, 5) == [
+                    Entry(10**9, 1, 2)]
+            finally:
+                store.close()
+            # Step 002 run again, as after an apply cut short before it was recorded.
+            session.execute("DELETE FROM schema_version WHERE version = 2")
+            assert [s.label for s in apply_schema(session, config.keyspace,
+                                                  config.replication.cql_map())] == [
+                "002_timeline_kinds"]
+            CassandraStore.from_url(url).open().close()
+        finally:
+            cluster.shutdown()
+
+
+def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_hosts: str) -> None:
+    """A keyspace of steps 1-3 with celebrity edges: after step 4, home_start finds them."""
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        config = parse_url(url)
+        cluster, session = connect(config, wait=60)
+        try:
+            replication = config.replication.cql_map()
+            apply_schema(session, config.keyspace, replication, load_steps()[:3])
+            for user, celeb in ((1, 7), (1, 8), (2, 7)):
+                session.execute("INSERT INTO celebrity_follows (user_id, celebrity_id) "
+                                "VALUES (%s, %s)", (user, celeb))
+            assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
+                "004_page_changes"]
+        finally:
+            cluster.shutdown()
+        with CassandraStore.from_url(url).open() as store:
+            assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
+            assert store.home_start(2, None, 5).celebrities == [7]
+            assert store.home_start(3, None, 5).celebrities == []
+            assert store.relations(1) == Relations()
