@@ -120,6 +120,14 @@ class KafkaCluster:
     def pid(self, node: int) -> int:
         return self._processes[node].pid
 
+    @property
+    def started(self) -> dict[int, subprocess.Popen[bytes]]:
+        """The nodes this object started and has not stopped, by node id, in start order.
+
+        A failed :meth:`start` stops the nodes it started: none of them is here then.
+        """
+        return dict(self._processes)
+
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, which: list[int] | None = None) -> KafkaCluster:
         """Start nodes ``which`` (default: all); return once every one answers."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -267,43 +267,54 @@ def _apply_schema(url: str) -> None:
 
 
 def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: float) -> None:
-    if stack.running("job"):
-        if not restart:
-            return
-        stop_service(stack, "job")
-    run_dir = Path(stack.run_dir)
-    ready = run_dir / "job.ready"
-    ready.unlink(missing_ok=True)
-    _place_job_metrics(stack)
-    process = spawn(run_dir, "job", ["--ready-file", str(ready)], stack.env())
-    stack.pids["job"], stack.markers["job"] = process.pid, MARKER
-    started.append("job")
-    wait_for_file(ready, process, "the view job", timeout=timeout,
-                  watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
-                  or _died(stack, "spark-master") or _died(stack, "spark-worker"))
+    """Run the view job; its metrics port is the recorded one while free, else a free one.
 
-
-def _place_job_metrics(stack: Stack) -> None:
-    """The port the job serves its metrics on: the recorded one while free, else a free one.
-
-    Recorded in ``stack.json`` for ``fanout status``; the job is told it through
-    :meth:`Stack.env` like every other setting.
+    The port is recorded in ``stack.json`` for ``fanout status``; the job is told it
+    through :meth:`Stack.env` like every other setting.
     """
-    port = stack.job_metrics_port
-    if port and port_free(port):
+    if _stays(stack, "job", restart):
         return
-    stack.job_metrics_port = free_port()
+    stack.job_metrics_port = _placed(stack.job_metrics_port, "the view job's metrics")
+    _start_ready(stack, started, "job", "the view job", timeout=timeout,
+                 watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
+                 or _died(stack, "spark-master") or _died(stack, "spark-worker"))
+
+
+def _stays(stack: Stack, name: str, restart: bool) -> bool:
+    """Whether service ``name`` runs and goes on running; one to ``restart`` is stopped."""
+    if stack.running(name):
+        if not restart:
+            return True
+        stop_service(stack, name)
+    return False
+
+
+def _placed(port: int, whose: str) -> int:
+    """``port`` while it is free, else a free one (said when ``port`` was set)."""
+    if port and port_free(port):
+        return port
+    moved = free_port()
     if port:
-        log.warning("the view job's metrics port %d is taken: it moves to %d", port,
-                    stack.job_metrics_port)
+        log.warning("%s port %d is taken: it moves to %d", whose, port, moved)
+    return moved
+
+
+def _start_ready(stack: Stack, started: list[str], name: str, what: str, *, timeout: float,
+                 watch: Callable[[], str | None]) -> None:
+    """Start the ``fanout name`` service and wait until it writes its ready file."""
+    run_dir = Path(stack.run_dir)
+    ready = run_dir / f"{name}.ready"
+    ready.unlink(missing_ok=True)
+    process = spawn(run_dir, name, ["--ready-file", str(ready)], stack.env())
+    stack.pids[name], stack.markers[name] = process.pid, MARKER
+    started.append(name)
+    wait_for_file(ready, process, what, timeout=timeout, watch=watch)
 
 
 def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
                 port: int | None) -> None:
-    if stack.running("api"):
-        if not restart:
-            return
-        stop_service(stack, "api")
+    if _stays(stack, "api", restart):
+        return
     run_dir = Path(stack.run_dir)
     host, old = stack.api_url.removeprefix("http://").rsplit(":", 1)
     if not port_free(int(old), host):
@@ -329,24 +340,11 @@ def _ensure_verifier(stack: Stack, started: list[str], *, restart: bool,
     if not verifier_enabled(stack.settings):
         stop_service(stack, "verifier")
         return
-    if stack.running("verifier"):
-        if not restart:
-            return
-        stop_service(stack, "verifier")
-    run_dir = Path(stack.run_dir)
-    ready = run_dir / "verifier.ready"
-    ready.unlink(missing_ok=True)
-    port = stack.verifier_port
-    if not port or not port_free(port):
-        stack.verifier_port = free_port()
-        if port:
-            log.warning("the live verifier's port %d is taken: it moves to %d", port,
-                        stack.verifier_port)
-    process = spawn(run_dir, "verifier", ["--ready-file", str(ready)], stack.env())
-    stack.pids["verifier"], stack.markers["verifier"] = process.pid, MARKER
-    started.append("verifier")
-    wait_for_file(ready, process, "the live verifier", timeout=60,
-                  watch=lambda: _died(stack, "api"))
+    if _stays(stack, "verifier", restart):
+        return
+    stack.verifier_port = _placed(stack.verifier_port, "the live verifier's")
+    _start_ready(stack, started, "verifier", "the live verifier", timeout=60,
+                 watch=lambda: _died(stack, "api"))
 
 
 def _died(stack: Stack, name: str) -> str | None:

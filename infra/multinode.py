@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from infra.errors import InfraError
 from infra.settings import SPARK_MASTER_ENV
@@ -43,6 +43,10 @@ from infra.sparkcluster import (
 from infra.stack import SPARK_WORKERS, Stack, stop_service
 from ingest.settings import BOOTSTRAP_ENV, REPLICATION_ENV
 from views.settings import STORE_ENV
+
+if TYPE_CHECKING:
+    from infra.cassandraring import CassandraRing
+    from infra.kafkacluster import KafkaCluster
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +164,45 @@ def ensure_nodes(stack: Stack, started: list[str]) -> bool:
     applied), then Spark. ``started`` gets the name of each node started, so that a
     failed ``up`` stops what it started.
     """
-    _ensure_kafka(stack, started)
-    _ensure_cassandra(stack, started)
+    from infra.cassandraring import CassandraRing
+    from infra.kafkacluster import KafkaCluster
+
+    run_dir = Path(stack.run_dir)
+    kafka = KafkaCluster(run_dir / "kafka", run_dir / "logs", nodes=stack.nodes,
+                         heap_mb=KAFKA_HEAP_MB)
+    if _ensure_cluster(stack, started, "broker", "kafka", kafka, kafka.config_path):
+        stack.bootstrap = kafka.bootstrap
+        stack.save()
+    ring = CassandraRing(run_dir / "cassandra", run_dir / "logs", nodes=stack.nodes,
+                         heap_mb=CASSANDRA_HEAP_MB)
+    if _ensure_cluster(stack, started, "cassandra", "cassandra", ring,
+                       lambda node: ring.started[node].config_path):
+        stack.store_url = ring.url(KEYSPACE, f"retry={STORE_RETRY_S}")
+        stack.save()
+        _apply_schema(stack.store_url)
     return _ensure_spark(stack, started)
+
+
+def _ensure_cluster(stack: Stack, started: list[str], service: str, prefix: str,
+                    cluster: KafkaCluster | CassandraRing,
+                    marker: Callable[[int], Path]) -> bool:
+    """Start ``cluster``'s nodes of ``service`` that are not running; False if all run.
+
+    Each node the start left running is recorded as the service ``<prefix>-<node>``,
+    with its pid and ``marker(node)`` (the config file its command line names), even
+    when the start failed, so that a failed ``up`` stops what did start.
+    """
+    dead = _dead(stack, service)
+    if not dead:
+        return False
+    try:
+        cluster.start(dead)
+    finally:
+        for node, process in cluster.started.items():
+            name = f"{prefix}-{node}"
+            stack.pids[name], stack.markers[name] = process.pid, str(marker(node))
+            started.append(name)
+    return True
 
 
 def _dead(stack: Stack, service: str) -> list[int]:
@@ -171,47 +211,13 @@ def _dead(stack: Stack, service: str) -> list[int]:
             if not stack.running(name)]
 
 
-def _ensure_kafka(stack: Stack, started: list[str]) -> None:
-    from infra.kafkacluster import KafkaCluster
-
-    dead = _dead(stack, "broker")
-    if not dead:
-        return
-    run_dir = Path(stack.run_dir)
-    cluster = KafkaCluster(run_dir / "kafka", run_dir / "logs", nodes=stack.nodes,
-                           heap_mb=KAFKA_HEAP_MB)
-    cluster.start(dead)
-    for node in dead:
-        name = f"kafka-{node}"
-        stack.pids[name], stack.markers[name] = cluster.pid(node), str(cluster.config_path(node))
-        started.append(name)
-    stack.bootstrap = cluster.bootstrap
-    stack.save()
-
-
-def _ensure_cassandra(stack: Stack, started: list[str]) -> None:
-    from infra.cassandraring import CassandraRing
+def _apply_schema(url: str) -> None:
+    """The keyspace's missing schema steps, waiting for the ring to answer."""
     from views.stores.cassandra.schema import apply_at
 
-    dead = _dead(stack, "cassandra")
-    if not dead:
-        return
-    run_dir = Path(stack.run_dir)
-    ring = CassandraRing(run_dir / "cassandra", run_dir / "logs", nodes=stack.nodes,
-                         heap_mb=CASSANDRA_HEAP_MB)
-    try:
-        ring.start(dead)
-    finally:  # record what did start, so that a failed `up` stops it
-        for node, started_node in ring.started.items():
-            name = f"cassandra-{node}"
-            stack.pids[name] = started_node.pid
-            stack.markers[name] = str(started_node.config_path)
-            started.append(name)
-    stack.store_url = ring.url(KEYSPACE, f"retry={STORE_RETRY_S}")
-    stack.save()
-    done = apply_at(stack.store_url, wait=120)
+    done = apply_at(url, wait=120)
     if done:
-        log.info("store %s: applied %s", stack.store_url, [s.label for s in done])
+        log.info("store %s: applied %s", url, [s.label for s in done])
 
 
 def _ensure_spark(stack: Stack, started: list[str]) -> bool:

@@ -39,7 +39,7 @@ from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
 from views.join import DEFAULT_LATENESS_MS
 from views.reference import HomeRow, Reference
-from views.stores.base import Store
+from views.stores.base import Store, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class VerifyResult:
         return "\n".join(lines)
 
 
-def lagging(store: Store, ends: dict[tuple[str, int], int]) -> list[str]:
+def lagging(store: TimelineReader, ends: dict[tuple[str, int], int]) -> list[str]:
     """Partitions whose last record the store has not applied yet."""
     applied = store.applied_offsets()
     return [f"{t}[{p}] applied {applied.get((t, p), -1)} of {end - 1}"
@@ -82,7 +82,7 @@ def lagging(store: Store, ends: dict[tuple[str, int], int]) -> list[str]:
             if end > 0 and applied.get((t, p), -1) < end - 1]
 
 
-def wait_caught_up(store: Store, ends: dict[tuple[str, int], int], timeout: float) -> bool:
+def wait_caught_up(store: TimelineReader, ends: dict[tuple[str, int], int], timeout: float) -> bool:
     """Wait (bounded) until the store has applied every record up to ``ends``."""
     deadline = time.monotonic() + timeout
     while lagging(store, ends):
@@ -184,7 +184,7 @@ def _check(result: VerifyResult, user: int, want: list[HomeRow], got: Served,
 
 
 @contextlib.contextmanager
-def _reads(store: Store, users: list[int], n: int, opener: Callable[[], Store] | None,
+def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[], Store] | None,
            workers: int | None) -> Iterator[Iterator[Served]]:
     """Each user's served rows, in ``users``' order, read while the caller recomputes.
 
@@ -212,7 +212,7 @@ def _reads(store: Store, users: list[int], n: int, opener: Callable[[], Store] |
         pool.shutdown(cancel_futures=True)
 
 
-def served(store: Store, user: int, n: int) -> Served:
+def served(store: TimelineReader, user: int, n: int) -> Served:
     """``user``'s first ``n`` entries as the API serves them, page by page."""
     try:
         entries = home_top(store, user, n)

@@ -62,7 +62,7 @@ from views import pointer
 from views.pointer import ViewRecord
 from views.settings import TIMELINE_CAP_ENV
 from views.stores import store_from_url
-from views.stores.base import PageVersions, Store
+from views.stores.base import PageVersions, Store, TimelineReader
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 
@@ -295,7 +295,7 @@ def _install(state: Any, view: Served) -> Served:
 
 
 def _follow_views(settings: ServingSettings, state: Any,
-                  cache: Callable[[Store, PageVersions], CelebrityCache | None]
+                  cache: Callable[[TimelineReader, PageVersions], CelebrityCache | None]
                   ) -> ViewFollower | None:
     """Open the store to serve: the pointer file's view if there is one, else store_url.
 
@@ -318,7 +318,7 @@ def _follow_views(settings: ServingSettings, state: Any,
                         lambda: getattr(state, "served", None), grace).start()
 
 
-def _celebrity_cache(settings: ServingSettings, store: Store,
+def _celebrity_cache(settings: ServingSettings, store: TimelineReader,
                      versions: PageVersions) -> CelebrityCache | None:
     """The in-process cache of celebrities' tweets (none in fan-out-on-read mode)."""
     if settings.read_mode != "fanout" or settings.celebrity_refresh_s <= 0:
@@ -327,7 +327,7 @@ def _celebrity_cache(settings: ServingSettings, store: Store,
                           refresh_s=settings.celebrity_refresh_s).start()
 
 
-def _store(request: Request) -> Store:
+def _store(request: Request) -> TimelineReader:
     return _served(request).store
 
 
@@ -420,7 +420,7 @@ def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> R
     return response
 
 
-def hydrate(store: Store, entries: list[HomeEntry]) -> list[TimelineEntry]:
+def hydrate(store: TimelineReader, entries: list[HomeEntry]) -> list[TimelineEntry]:
     """Entries with their tweets and users, in two bulk reads; tweets gone meanwhile are dropped.
 
     The models of the schema, for callers outside the hot path (the routes serialize

@@ -17,7 +17,8 @@ offers the repost itself — for at most one refresh.
 
 **Incremental refresh.** Reloading every celebrity's ``depth`` tweets twice a second
 costs about a core on a large graph, so a refresh does only what changed. When the
-store's ``version`` (the position of :meth:`Store.page_versions`) has not moved, it does
+store's ``version`` (the position of
+:meth:`~views.stores.base.TimelineReader.page_versions`) has not moved, it does
 nothing. Otherwise it reads the celebrity list, loads new celebrities whole, drops
 demoted ones, and reads each held celebrity's newest ``window`` tweets: those above
 the newest held one are added, held ones inside the window that are gone (deleted)
@@ -57,7 +58,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from views.delta import Key
-from views.stores.base import Entry, Store
+from views.stores.base import Entry, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class _Recent:
 class CelebrityCache:
     """See the module docstring. Thread-safe; start() runs the refresher."""
 
-    def __init__(self, store: Store, depth: int = 800, refresh_s: float = 0.5,
+    def __init__(self, store: TimelineReader, depth: int = 800, refresh_s: float = 0.5,
                  walk_from: int = WALK_FROM, *, version: Callable[[], Hashable] | None = None,
                  window: int = 16, full_every_s: float = FULL_RELOAD_S) -> None:
         self.store = store

@@ -3,7 +3,7 @@
 A write's consistency token names the changelog record it produced (logical topic,
 partition, offset; :mod:`ingest.consistency`). The store keeps the highest applied
 offset per (logical topic, partition), so the read polls
-:meth:`~views.stores.base.Store.applied_offsets` until the token's offset is
+:meth:`~views.stores.base.TimelineReader.applied_offsets` until the token's offset is
 applied or ``timeout`` passes, and then reads; the answer says which happened
 (``consistent``). The wait runs on a worker thread (sync endpoints), never on the
 event loop, and at most ``max_waiters`` reads wait at once: the rest answer at once
@@ -19,7 +19,7 @@ from typing import Final
 from ingest.consistency import Applied, decode_token
 from ingest.errors import InvalidToken
 from serving.errors import BadRequest
-from views.stores.base import Store
+from views.stores.base import TimelineReader
 
 _FIRST_POLL: Final = 0.005
 _MAX_POLL: Final = 0.05
@@ -32,7 +32,7 @@ class Freshness:
         self.timeout = timeout
         self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters > 0 else None
 
-    def wait(self, store: Store, token: str) -> bool:
+    def wait(self, store: TimelineReader, token: str) -> bool:
         """Whether the view has applied ``token``'s write, waiting up to ``timeout``."""
         position = parse_token(token)
         if applied(store, position):
@@ -44,7 +44,7 @@ class Freshness:
         finally:
             self._slots.release()
 
-    def _poll(self, store: Store, position: Applied) -> bool:
+    def _poll(self, store: TimelineReader, position: Applied) -> bool:
         deadline = time.monotonic() + self.timeout
         pause = _FIRST_POLL
         while (left := deadline - time.monotonic()) > 0:
@@ -63,7 +63,7 @@ def parse_token(token: str) -> Applied:
         raise BadRequest(str(exc), field="after") from None
 
 
-def applied(store: Store, position: Applied) -> bool:
+def applied(store: TimelineReader, position: Applied) -> bool:
     """Whether the store has applied the record at ``position``."""
     done = store.applied_offsets().get((position.topic, position.partition), -1)
     return done >= position.offset

@@ -7,11 +7,12 @@ read still asks the store whether anything was committed since — one cheap que
 instead of the page's queries, hydration and serialization — so a delete, a new
 tweet or a profile change is seen by the very next read, exactly as without the cache.
 
-**Tokens** are the store's to give (:meth:`views.stores.base.Store.page_versions`):
-one for the whole store on SQLite (a version only page-visible writes move), one per
-page on Cassandra (moved by the batches that touch the page's user or the rows it was
-decided on). A page is kept only if nothing was committed while it was rendered, so a
-page never carries a token older than its contents.
+**Tokens** are the store's to give
+(:meth:`views.stores.base.TimelineReader.page_versions`): one for the whole store, or
+one per page (moved by the batches that touch the page's user or the rows it was
+decided on), as far as the backend can tell what a batch touched. A page is kept only
+if nothing was committed while it was rendered, so a page never carries a token older
+than its contents.
 
 **ETags** are a hash of the body, so every API process gives the same page the
 same tag and a client revalidating against another process still gets its 304.

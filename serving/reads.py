@@ -19,9 +19,10 @@ route would answer 200 (or 304) with the same body, so the contract has one owne
 in the ASGI stack, and :class:`serving.protocol.ReadsProtocol` gives it inside
 uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process.
 
-A store read in process (SQLite: microseconds, :attr:`Store.reads_in_process`) is read
-on the event loop (a worker thread would cost more than the read); a network store's
-reads and every ``?after=`` wait run on worker threads.
+A store whose reads are answered in process (in microseconds, as its
+:attr:`~views.stores.base.TimelineReader.reads_in_process` declares) is read on the
+event loop (a worker thread would cost more than the read); a network store's reads
+and every ``?after=`` wait run on worker threads.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from serving.pagecache import Cached, PageCache, etag_of, matches
 from serving.render import hydrated, page_body
 from serving.timeline import Page, PageFn, author_page, home_page, read_time_page
 from views.delta import Key
-from views.stores.base import PageVersions, Store
+from views.stores.base import PageVersions, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> P
 class Read:
     """One page request: parse everything first, then wait (if asked), then read."""
 
-    def __init__(self, store: Store, user: int, cursor: str | None, limit: int,
+    def __init__(self, store: TimelineReader, user: int, cursor: str | None, limit: int,
                  after: str | None, view: Any = None) -> None:
         self.store, self.user, self.limit, self.after = store, user, limit, after
         #: The view ``store`` is part of (:class:`serving.switch.Served`), when the
@@ -170,7 +171,7 @@ class Pages:
         return page
 
 
-def in_process(store: Store) -> bool:
+def in_process(store: TimelineReader) -> bool:
     """Whether ``store`` is read in this process (microseconds, no network: run inline)."""
     return store.reads_in_process
 

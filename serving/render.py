@@ -23,7 +23,7 @@ import orjson
 from serving.cursor import encode_cursor
 from serving.visibility import HomeEntry
 from views.delta import Key
-from views.stores.base import Store, TweetRow, UserRow
+from views.stores.base import TimelineReader, TweetRow, UserRow
 
 _EPOCH = datetime(1970, 1, 1)  # naive UTC, rendered with a "Z" suffix
 
@@ -33,7 +33,7 @@ def iso_millis(ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds") + "Z"
 
 
-def hydrated(store: Store, entries: Sequence[HomeEntry],
+def hydrated(store: TimelineReader, entries: Sequence[HomeEntry],
              tweets: Mapping[int, TweetRow] | None = None,
              users: Mapping[int, UserRow] | None = None) -> list[dict[str, Any]]:
     """Entries in the shape of :class:`serving.app.TimelineEntry`, page order.

@@ -31,7 +31,7 @@ from typing import Final
 from serving.celebrities import CelebrityCache
 from views import pointer
 from views.pointer import ViewRecord
-from views.stores.base import PageVersions, Store
+from views.stores.base import PageVersions, Store, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ _serials = itertools.count(1)
 class Served:
     """One view, opened: what a request reads, all of it from the same store."""
 
+    #: The whole store: requests read it (a :class:`TimelineReader`), the metrics its
+    #: admin side, and the view closes it.
     store: Store
     versions: PageVersions
     celebrities: CelebrityCache | None
@@ -65,8 +67,9 @@ class Served:
             self.store.close()
 
 
-def served(store: Store, label: str, celebrities: Callable[[Store, PageVersions],
-           CelebrityCache | None], record: ViewRecord | None = None) -> Served:
+def served(store: Store, label: str,
+           celebrities: Callable[[TimelineReader, PageVersions], CelebrityCache | None],
+           record: ViewRecord | None = None) -> Served:
     """An opened ``store`` with its versions and celebrity cache, under a new serial."""
     versions = store.page_versions()
     return Served(store, versions, celebrities(store, versions), label, next(_serials), record)

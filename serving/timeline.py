@@ -14,7 +14,8 @@ newest ``limit`` entries that DESIGN §4b serves. They are drawn from a stream o
 
 What depends on the reader alone — the horizon, the celebrities followed, blocks and
 mutes, and the first batch's cached entries — is read together up front
-(:meth:`Store.home_start`), one round trip on a networked store.
+(:meth:`~views.stores.base.TimelineReader.home_start`), one round trip on a networked
+store.
 
 Each batch of candidates goes through :class:`serving.visibility.Viewer` (blocks,
 mutes, deleted accounts and originals, reply visibility, one entry per original).
@@ -30,12 +31,21 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from serving.celebrities import CelebrityCache
 from serving.errors import NotFound
 from serving.visibility import HomeEntry, Viewer
 from views.delta import TOP, Key
-from views.stores.base import Entry, HomeStart, Store, TweetRow, UserRow
+from views.stores.base import (
+    Entry,
+    HomeStart,
+    Relations,
+    Store,
+    TimelineReader,
+    TweetRow,
+    UserRow,
+)
 
 __all__ = ("HomeEntry", "Page", "PageFn", "author_page", "home_page", "home_top",
            "read_time_page")
@@ -70,7 +80,7 @@ class Page:
     asked: frozenset[tuple[str, int]] = frozenset()
 
 
-def home_page(store: Store, user: int, below: Key | None, limit: int,
+def home_page(store: TimelineReader, user: int, below: Key | None, limit: int,
               celebrities: CelebrityCache | None = None) -> Page:
     """One page of ``user``'s home timeline strictly older than ``below``.
 
@@ -81,19 +91,19 @@ def home_page(store: Store, user: int, below: Key | None, limit: int,
     with store.snapshot():
         first = (below or TOP, _first_batch(limit))
         start = store.home_start(user, *first)
-        viewer = Viewer(store, user, start.relations)
+        viewer = _viewer(store, user, start.relations)
         source = _Home(store, user, viewer, celebrities, start, first)
         return _page(viewer, source.batch, below, limit, viewer.home)
 
 
-def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Page:
+def read_time_page(store: TimelineReader, user: int, below: Key | None, limit: int) -> Page:
     """The same page evaluated at read time from the follow graph: fan-out on read.
 
     No cache and no celebrity path: the baseline that load tests put beside the
     materialized view (DESIGN §8). Equal to :func:`home_page` on the same data.
     """
     with store.snapshot():
-        viewer = Viewer(store, user)
+        viewer = _viewer(store, user)
 
         def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
             entries = viewer.author_tweets(sorted(viewer.followees()), below, n)
@@ -102,14 +112,14 @@ def read_time_page(store: Store, user: int, below: Key | None, limit: int) -> Pa
         return _page(viewer, batch, below, limit, viewer.home)
 
 
-def author_page(store: Store, author: int, below: Key | None, limit: int) -> Page:
+def author_page(store: TimelineReader, author: int, below: Key | None, limit: int) -> Page:
     """One page of an author's own posts and reposts, newest first.
 
     A repost is listed while its original is live and its author's account is not
     deleted; a deleted account's page is not served (:class:`AccountGone`).
     """
     with store.snapshot():
-        viewer = Viewer(store, None)
+        viewer = _viewer(store, None)
         viewer.load_users([author])
         if viewer.deleted(author):
             raise _gone(author)
@@ -140,6 +150,16 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
                 frozenset(viewer.asked))
 
 
+def _viewer(store: TimelineReader, user: int | None,
+            relations: Relations | None = None) -> Viewer:
+    """A :class:`Viewer` of ``store`` for ``user``.
+
+    :mod:`serving.visibility` annotates its store as the whole :class:`Store`, but
+    reads it only through :class:`TimelineReader`'s methods, so a reader is enough.
+    """
+    return Viewer(cast("Store", store), user, relations)
+
+
 def _first_batch(limit: int) -> int:
     """Candidates read first: a page and a half.
 
@@ -161,8 +181,9 @@ class _Home:
     stream's first batch, ``first`` (position, size).
     """
 
-    def __init__(self, store: Store, user: int, viewer: Viewer, cache: CelebrityCache | None,
-                 start: HomeStart, first: tuple[Key, int]) -> None:
+    def __init__(self, store: TimelineReader, user: int, viewer: Viewer,
+                 cache: CelebrityCache | None, start: HomeStart,
+                 first: tuple[Key, int]) -> None:
         self.store, self.user, self.viewer, self.cache = store, user, viewer, cache
         self.horizon = start.horizon
         self.floor = self.horizon or (-1, -1)
@@ -218,10 +239,10 @@ def _newest(a: list[Entry], b: list[Entry], limit: int) -> list[Entry]:
     return out
 
 
-PageFn = Callable[[Store, int, Key | None, int], Page]
+PageFn = Callable[[TimelineReader, int, Key | None, int], Page]
 
 
-def home_top(store: Store, user: int, n: int, page_size: int = 200,
+def home_top(store: TimelineReader, user: int, n: int, page_size: int = 200,
              page_fn: PageFn | None = None) -> list[HomeEntry]:
     """The first ``n`` entries, read page by page as a client would."""
     out: list[HomeEntry] = []

@@ -59,7 +59,7 @@ from serving.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailabl
 from serving.handlers import ErrorBody
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.query import only_query
-from views.stores.base import Store, TweetRow
+from views.stores.base import TimelineReader, TweetRow
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ _UNKNOWN: dict[int | str, dict[str, Any]] = {
 
 # -- the routes ---------------------------------------------------------------------------
 def write_router(get_producer: Callable[[], Sender], current_user: Callable[..., int], *,
-                 store_of: Callable[[Request], Store], timeout: float = 5.0,
+                 store_of: Callable[[Request], TimelineReader], timeout: float = 5.0,
                  retry_after: int = 2, ids: Snowflake | None = None,
                  clock: Callable[[], int] = now_ms) -> APIRouter:
     """The write routes; see the module docstring.
@@ -266,7 +266,7 @@ def write_router(get_producer: Callable[[], Sender], current_user: Callable[...,
 _VERBS = {None: ("follow", "unfollow"), BLOCK: ("block", "unblock"), MUTE: ("mute", "unmute")}
 
 
-def _shown_tweet(store: Store, tweet_id: int, field: str) -> TweetRow:
+def _shown_tweet(store: TimelineReader, tweet_id: int, field: str) -> TweetRow:
     """The live post ``tweet_id`` names (its original, for a repost), or 404."""
     row = store.tweets([tweet_id]).get(tweet_id)
     if row is not None and row.is_repost and not row.deleted:
@@ -277,7 +277,7 @@ def _shown_tweet(store: Store, tweet_id: int, field: str) -> TweetRow:
     return row
 
 
-def _owned(store: Store, tweet_id: int, user: int, field: str) -> TweetRow | None:
+def _owned(store: TimelineReader, tweet_id: int, user: int, field: str) -> TweetRow | None:
     """The row the views know for ``tweet_id`` (None if none); 403 if another user's."""
     row = store.tweets([tweet_id]).get(tweet_id)
     if row is not None and row.author_id != user:

@@ -34,7 +34,7 @@ from views.processor import JoinProcessor
 from views.settings import CHECKPOINT_DIR_ENV, STORE_ENV, ViewSettings
 from views.sink import Sink, SpoolingSink
 from views.source import FORMAT as PYTHON_FORMAT
-from views.stores.base import Store
+from views.stores.base import ViewWriter
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "fanout_views"
@@ -77,7 +77,7 @@ def _started(checkpoint: Path) -> bool:
     return any(checkpoint.glob("offsets/*"))
 
 
-def spooling_sink(view: ViewSettings, store: Store) -> SpoolingSink:
+def spooling_sink(view: ViewSettings, store: ViewWriter) -> SpoolingSink:
     """The job's sink, after applying any batch an earlier run left spooled."""
     sink = SpoolingSink(store, checkpoint_path(view) / "spool")
     recovered = sink.recover()
@@ -86,12 +86,13 @@ def spooling_sink(view: ViewSettings, store: Store) -> SpoolingSink:
     return sink
 
 
-def job_sink(view: ViewSettings, store: Store, *, spool: bool = True) -> Sink:
-    """The sink for ``store``: Cassandra is written from the executors, SQLite from here.
+def job_sink(view: ViewSettings, store: ViewWriter, *, spool: bool = True) -> Sink:
+    """The sink for ``store``: the backend's own, else the driver's.
 
-    SQLite has one writer, so its batches come to the driver (spooled, with
-    ``spool``; see :mod:`views.sink`); Cassandra takes writes from every executor at
-    once, so its batches never leave them (:meth:`~views.stores.base.Store.job_sink`).
+    A backend that takes writes from many clients at once builds its own sink for
+    the checkpoint (:meth:`~views.stores.base.ViewWriter.job_sink`), so its batches
+    never leave the executors; any other store's batches come to the driver and are
+    applied there (spooled, with ``spool``; see :mod:`views.sink`).
     """
     own = store.job_sink(checkpoint_path(view))
     if own is not None:
@@ -101,12 +102,13 @@ def job_sink(view: ViewSettings, store: Store, *, spool: bool = True) -> Sink:
     return spooling_sink(view, store) if spool else Sink(store)
 
 
-def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings, store: Store,
-                *, available_now: bool = False, sink: Sink | None = None) -> StreamingQuery:
+def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
+                store: ViewWriter, *, available_now: bool = False,
+                sink: Sink | None = None) -> StreamingQuery:
     """Start the view query; ``available_now`` drains what is there and stops.
 
     Without a ``sink`` it writes synchronously (:func:`job_sink` without spooling),
-    so a drained query has applied everything; :func:`run` spools SQLite's batches.
+    so a drained query has applied everything; :func:`run` spools the driver's batches.
     Raises :class:`~views.errors.ViewError` beside a checkpoint of another state
     layout (:func:`other_layout`).
     """

@@ -2,7 +2,7 @@
 
 Each call runs exactly one action on the batch (``toArrow``), so the stateful step
 above it is computed once (DESIGN §10), then hands the deltas to
-:meth:`Store.apply`, which writes them in one transaction.
+:meth:`~views.stores.base.ViewWriter.apply`, which writes them in one transaction.
 
 :class:`Sink` applies before returning. :class:`SpoolingSink` (what the job uses)
 overlaps the store write with Spark's next micro-batch: it writes the batch's deltas
@@ -45,7 +45,7 @@ import pyarrow.ipc as ipc
 from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, unpack_deltas
 from views.errors import StoreError
 from views.row import arrow_schema
-from views.stores.base import BatchStats, Store
+from views.stores.base import BatchStats, ViewWriter
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def unpacked_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBat
 class Sink:
     """Callable for ``foreachBatch`` that applies before returning."""
 
-    store: Store
+    store: ViewWriter
     on_batch: OnBatch | None = None
     #: The most recent batches (bounded: the job runs for days).
     history: deque[tuple[int, float, BatchStats]] = field(
@@ -113,7 +113,7 @@ class Sink:
 class SpoolingSink(Sink):
     """Spool, queue and return; a writer thread applies (see the module docstring)."""
 
-    def __init__(self, store: Store, spool_dir: Path, *, max_pending: int = 1,
+    def __init__(self, store: ViewWriter, spool_dir: Path, *, max_pending: int = 1,
                  fsync: bool = False, on_batch: OnBatch | None = None) -> None:
         super().__init__(store, on_batch)
         self.spool_dir = spool_dir

@@ -1,11 +1,25 @@
 """The store contract: what the sink writes and what the read path reads.
 
-:meth:`Store.apply` does the fixed work for every backend — it folds a micro-batch's
-deltas into a :class:`WritePlan` (netting, ordering, per-partition offsets) and hands
-it to the backend's one I/O hook, :meth:`Store._write`, which applies the plan
-atomically and idempotently and trims timelines to the cap. Backends implement that
-hook and the read methods; nothing else. Constructors never touch the network or the
-disk: :meth:`Store.open` does.
+A store has three sides, each a small abstract class, so that every caller types
+against the side it uses and none asks which backend it holds:
+
+- :class:`TimelineReader`, what serving reads (a page's rows, the celebrities, the
+  applied offsets), with the capabilities a server needs: whether reads are answered
+  in process (:attr:`~TimelineReader.reads_in_process`) and the page caches' tokens
+  (:meth:`~TimelineReader.page_versions`);
+- :class:`ViewWriter`, what the view job writes through (:meth:`~ViewWriter.apply`,
+  or the sink a backend builds for the job's checkpoint, :meth:`~ViewWriter.job_sink`);
+- :class:`StoreAdmin`, what operators, metrics and ``verify`` read about the store
+  itself (dead letters, the batch log, row counts, the users to check).
+
+:class:`Store` is all three, with the lifecycle: constructors never touch the network
+or the disk, :meth:`Store.open` does.
+
+:meth:`ViewWriter.apply` does the fixed work for every backend — it folds a
+micro-batch's deltas into a :class:`WritePlan` (netting, ordering, per-partition
+offsets) and hands it to the backend's one I/O hook, :meth:`ViewWriter._write`, which
+applies the plan atomically and idempotently and trims timelines to the cap. Backends
+implement that hook and the read methods; nothing else.
 
 Applying the same plan twice leaves the store as applying it once (every write is an
 upsert or a delete keyed by its primary key), which is what makes a micro-batch
@@ -50,7 +64,7 @@ if TYPE_CHECKING:
 
 #: The horizon of a *dormant* user's timeline: above every key, so every read of it is
 #: evaluated at read time (exact) and no fan-out write lands in it. A user becomes
-#: dormant when an entry arrives more than ``Store.inactive_ms`` after their newest
+#: dormant when an entry arrives more than ``ViewWriter.inactive_ms`` after their newest
 #: read (the ``activity`` log); their next read's record regenerates the cache.
 DORMANT: Key = TOP
 
@@ -111,7 +125,7 @@ class Relations(NamedTuple):
 
 
 class HomeStart(NamedTuple):
-    """What a home page reads before it knows any entry (:meth:`Store.home_start`)."""
+    """What a home page reads before it knows any entry (:meth:`TimelineReader.home_start`)."""
 
     horizon: Key | None
     celebrities: list[int]
@@ -186,7 +200,7 @@ class BatchInfo(NamedTuple):
 
 @dataclass
 class WritePlan:
-    """One micro-batch's deltas as typed rows, netted and in apply order (:meth:`Store.plan`)."""
+    """One micro-batch's deltas as typed rows, netted and in apply order (:meth:`ViewWriter.plan`)."""
 
     #: tweet_id → the tweet to write (``deleted``: hide it; ``created_at`` 0: not known)
     tweets: dict[int, TweetRow] = field(default_factory=dict)
@@ -277,7 +291,7 @@ class WritePlan:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What one :meth:`Store.apply` did."""
+    """What one :meth:`ViewWriter.apply` did."""
 
     batch_id: int
     deltas: int
@@ -309,7 +323,7 @@ class PageVersions:
     change feed).
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: TimelineReader) -> None:
         self.store = store
 
     def position(self) -> Position:
@@ -330,62 +344,18 @@ class PageVersions:
         """Release what the tokens hold (connections, indexes)."""
 
 
-class Store(abc.ABC):
-    """A materialized-view store; see the module docstring."""
+class TimelineReader(abc.ABC):
+    """What serving reads: a page's rows, the celebrities, and how far the view has applied.
+
+    Reads see committed rows only. Besides the reads, a reader declares what a server
+    needs to know of it, so that no caller asks which backend it holds:
+    :attr:`reads_in_process` and :meth:`page_versions`.
+    """
 
     #: Whether reads are answered in this process in microseconds (no network), so a
     #: server may run them inline rather than on a worker thread.
     reads_in_process: bool = False
 
-    def __init__(self, cap: int = 800, inactive_days: float = 0.0) -> None:
-        self.cap = cap
-        #: Inactive users (DESIGN §4b): a user whose newest read is older than this
-        #: (in event time) than an entry meant for them gets no more fan-out writes
-        #: until they read again (0: off). See :data:`DORMANT`.
-        self.inactive_ms = round(inactive_days * 86_400_000)
-
-    # -- lifecycle ---------------------------------------------------------------
-    @abc.abstractmethod
-    def open(self) -> Store:
-        """Connect and create the schema if needed; return self."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release connections."""
-
-    def __enter__(self) -> Store:
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- write side ----------------------------------------------------------------
-    def apply(self, deltas: Iterable[Delta], batch_id: int = -1) -> BatchStats:
-        """Apply one micro-batch of deltas atomically and idempotently."""
-        start = time.perf_counter()
-        plan = self.plan(deltas)
-        self._write(plan, batch_id)
-        return BatchStats(batch_id, plan.rows(), len(plan.adds), len(plan.removes),
-                          len(plan.dead), time.perf_counter() - start)
-
-    @staticmethod
-    def plan(deltas: Iterable[Delta]) -> WritePlan:
-        """Fold deltas into a plan: last write per row wins, deletes of tweets stick.
-
-        Timeline changes apply as wipes, then removes, then adds. They need no netting
-        here: a (user, tweet) pair only ever comes from the tweet's author's key, which
-        the join already netted (and it cancelled any add a later wipe undoes).
-        """
-        plan = WritePlan()
-        for d in deltas:
-            fold(plan, d)
-        return plan
-
-    @abc.abstractmethod
-    def _write(self, plan: WritePlan, batch_id: int) -> None:
-        """Apply ``plan`` in one atomic step and trim touched timelines to ``cap``."""
-
-    # -- read side -------------------------------------------------------------------
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
         """Reads inside see one committed state (where the backend can offer it)."""
         return contextlib.nullcontext()
@@ -460,7 +430,60 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def applied_offsets(self) -> dict[tuple[str, int], int]:
-        """Highest applied offset per (logical topic, partition)."""
+        """Highest applied offset per (logical topic, partition).
+
+        Where the view stands: what an ``?after=`` read waits for, what ``verify`` and
+        the health check report, and the default page token (:class:`PageVersions`).
+        """
+
+    def page_versions(self) -> PageVersions:
+        """The page caches' validity tokens for this store (see :class:`PageVersions`).
+
+        One per reading process, built after the store is opened; close it before the
+        store.
+        """
+        return PageVersions(self)
+
+
+class ViewWriter(abc.ABC):
+    """What the view job writes through: one micro-batch of deltas at a time.
+
+    :meth:`apply` does the fixed work (module docstring) and hands the plan to the
+    backend's one I/O hook, :meth:`_write`. A backend that takes its writes another
+    way builds its own sink for the job (:meth:`job_sink`).
+    """
+
+    #: Entries a user's cached timeline keeps; older ones are trimmed below a horizon.
+    cap: int
+    #: Inactive users (DESIGN §4b): a user whose newest read is older than this (in
+    #: event time) than an entry meant for them gets no more fan-out writes until they
+    #: read again (0: off). See :data:`DORMANT`.
+    inactive_ms: int
+
+    def apply(self, deltas: Iterable[Delta], batch_id: int = -1) -> BatchStats:
+        """Apply one micro-batch of deltas atomically and idempotently."""
+        start = time.perf_counter()
+        plan = self.plan(deltas)
+        self._write(plan, batch_id)
+        return BatchStats(batch_id, plan.rows(), len(plan.adds), len(plan.removes),
+                          len(plan.dead), time.perf_counter() - start)
+
+    @staticmethod
+    def plan(deltas: Iterable[Delta]) -> WritePlan:
+        """Fold deltas into a plan: last write per row wins, deletes of tweets stick.
+
+        Timeline changes apply as wipes, then removes, then adds. They need no netting
+        here: a (user, tweet) pair only ever comes from the tweet's author's key, which
+        the join already netted (and it cancelled any add a later wipe undoes).
+        """
+        plan = WritePlan()
+        for d in deltas:
+            fold(plan, d)
+        return plan
+
+    @abc.abstractmethod
+    def _write(self, plan: WritePlan, batch_id: int) -> None:
+        """Apply ``plan`` in one atomic step and trim touched timelines to ``cap``."""
 
     def job_sink(self, checkpoint: Path) -> Sink | None:
         """The sink the view job writes this store through, when the backend has its own.
@@ -471,24 +494,17 @@ class Store(abc.ABC):
         """
         return None
 
-    def page_versions(self) -> PageVersions:
-        """The page caches' validity tokens for this store (see :class:`PageVersions`).
 
-        One per reading process, built after :meth:`open`; close it before the store.
-        """
-        return PageVersions(self)
+class StoreAdmin(abc.ABC):
+    """What operators, metrics and ``verify`` read about the store rather than a page."""
 
     @abc.abstractmethod
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest dead letters."""
 
     @abc.abstractmethod
-    def counts(self) -> dict[str, int]:
-        """Row counts per table (for summaries and metrics)."""
-
-    @abc.abstractmethod
-    def home_users(self) -> list[int]:
-        """Users with at least one followee (what verify walks)."""
+    def dead_letter_count(self) -> int:
+        """How many dead letters the store holds; read on every metrics scrape."""
 
     @abc.abstractmethod
     def batches(self, limit: int = 100) -> list[BatchInfo]:
@@ -500,8 +516,34 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def dead_letter_count(self) -> int:
-        """How many dead letters the store holds; read on every metrics scrape."""
+    def counts(self) -> dict[str, int]:
+        """Row counts per table (for summaries and metrics)."""
+
+    @abc.abstractmethod
+    def home_users(self) -> list[int]:
+        """Users with at least one followee (what verify walks)."""
+
+
+class Store(TimelineReader, ViewWriter, StoreAdmin):
+    """A materialized-view store: its three sides and its lifecycle (module docstring)."""
+
+    def __init__(self, cap: int = 800, inactive_days: float = 0.0) -> None:
+        self.cap = cap
+        self.inactive_ms = round(inactive_days * 86_400_000)
+
+    @abc.abstractmethod
+    def open(self) -> Store:
+        """Connect and create the schema if needed; return self."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def outranks(row: TweetRow, created_at: int | None, author_id: int | None) -> bool:

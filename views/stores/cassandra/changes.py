@@ -43,7 +43,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from views.stores.base import PageVersions, Position, Store, WritePlan
+from views.stores.base import PageVersions, Position, TimelineReader, WritePlan
 from views.stores.cassandra import statements as cql
 
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
@@ -130,7 +130,7 @@ Run = Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
 class FeedVersions(PageVersions):
     """Per-page tokens kept current from the change feed (see the module docstring)."""
 
-    def __init__(self, store: Store, run: Run, fresh_s: float = 0.0,
+    def __init__(self, store: TimelineReader, run: Run, fresh_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(store)
         self._run, self._clock, self.fresh_s = run, clock, fresh_s

@@ -71,7 +71,7 @@ from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
-from views.stores.base import BatchStats, Store, WritePlan, fold
+from views.stores.base import BatchStats, ViewWriter, WritePlan, fold
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import CassandraConfig
 from views.stores.cassandra.store import CassandraStore
@@ -202,7 +202,7 @@ def tweet_stage(config: CassandraConfig, cap: int, ts: int,
     out = _Routed()
     tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
     if tweet_side:
-        plan = Store.plan(tweet_side)
+        plan = ViewWriter.plan(tweet_side)
         removes, _ = writer(config, cap).write_tweets(plan, ts)
         if removes:
             cols = np.array([params for _, params in removes], dtype=np.int64)

@@ -164,7 +164,7 @@ class TaskWriter(CassandraStore):
     def write_users(self, plan: WritePlan, ts: int, inactive_ms: int = 0) -> UserCounts:
         """Write everything of the plan's users, phase by phase (removes already resolved).
 
-        ``inactive_ms`` is the job's store's (:attr:`Store.inactive_ms`; 0: off): one
+        ``inactive_ms`` is the job's store's (:attr:`ViewWriter.inactive_ms`; 0: off): one
         writer per process serves whatever job runs there.
         """
         found = self._lookup({"home_all": sorted(cql.wipe_users(plan.wipes)),
