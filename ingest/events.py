@@ -1,4 +1,4 @@
-"""The changelog contract: event types, validation, JSON encoding, topics and keys.
+"""The changelog contract: event types, the table of record kinds, validation, encoding.
 
 Everything that crosses Kafka is defined here and nowhere else (DESIGN §3, §4b). Four
 topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``,
@@ -7,6 +7,18 @@ topics, co-partitioned on the join key: ``tweets`` keyed by ``author_id``,
 same partitioner (murmur2, the Java default) puts one author's tweets and follower
 edges in the same partition number.
 
+**Kinds of record.** A record's kind is its ``op`` on its topic, and each one is
+declared once, as a row of :data:`KINDS`: its :class:`Kind` code (what the view
+carries and keeps), its event class (whose fields are the record's body), how its
+body is validated, and its *flat form*, the eight columns every kind shares in which
+the view carries it (``ingest.kinds``, which derives from a row what the rest needs).
+Everything else that depends on the kinds — encoding and decoding, the ops of each
+topic, the view's rows and back (:func:`flatten`, :func:`unflatten`), history files,
+the API's edge verbs — is derived from this table. What a new kind adds besides its
+row is its meaning: the join's rule for it (``views.join``), the reference's
+(``views.reference``), and the stores' rows if it needs new ones. The rules every
+field follows (ids, event times, text) are in ``ingest.fields``.
+
 ``decode`` is total: it returns an event or raises :class:`InvalidEvent` with a
 reason a person can act on. Callers turn that into a dead-letter record; nothing
 here ever drops a record silently.
@@ -14,20 +26,20 @@ here ever drops a record silently.
 
 from __future__ import annotations
 
-import json
-import json.scanner
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Final
 
 from ingest.errors import InvalidEvent
+from ingest.fields import MAX_CREATED_AT as MAX_CREATED_AT  # the contract's value rules
+from ingest.fields import MAX_ID as MAX_ID
+from ingest.fields import id_of, load_object, only, text_of, time_of
+from ingest.kinds import Columns, Flat, Record, RecordKind, by_class, flattener, writer
 
 VERSION: Final = 1
-MAX_ID: Final = 2**63 - 1
 MAX_TEXT: Final = 280
 MAX_HANDLE: Final = 50
 MAX_NAME: Final = 100
-#: Event times are epoch milliseconds; anything past year 9999 is a unit mistake.
-MAX_CREATED_AT: Final = 253_402_300_799_999
 
 TWEETS: Final = "tweets"
 FOLLOWS: Final = "follows"
@@ -39,8 +51,32 @@ TOPICS: Final = (TWEETS, FOLLOWS, USERS, ACTIVITY)
 TOPIC_RANK: Final = {FOLLOWS: 0, TWEETS: 1, USERS: 2, ACTIVITY: 3}
 
 
+class Kind(IntEnum):
+    """The code of a kind of record, as the view carries and keeps it (:data:`KINDS`).
+
+    Source rows, the join's packed input and checkpointed state hold these numbers:
+    a code is never changed or reused, a new kind takes the next one. 0 is a record
+    that failed validation (a dead letter), which carries no event.
+    """
+
+    INVALID = 0
+    POST = 1
+    DELETE = 2
+    FOLLOW = 3
+    UNFOLLOW = 4
+    USER = 5
+    REPOST = 6
+    UNREPOST = 7
+    BLOCK = 8
+    UNBLOCK = 9
+    MUTE = 10
+    UNMUTE = 11
+    USER_DELETE = 12
+    ACTIVITY = 13
+
+
 @dataclass(frozen=True, slots=True)
-class Post:
+class Post(Record):
     """A tweet posted by ``author_id``; a reply names the user replied to (0: not a reply)."""
 
     tweet_id: int
@@ -57,7 +93,7 @@ class Post:
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(Record):
     """A tweet deleted by its author; ``created_at`` is the time of the delete."""
 
     tweet_id: int
@@ -72,7 +108,7 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
-class Repost:
+class Repost(Record):
     """``author_id`` reposts ``original_tweet_id``; ``tweet_id`` is the repost's own id."""
 
     tweet_id: int
@@ -89,7 +125,7 @@ class Repost:
 
 
 @dataclass(frozen=True, slots=True)
-class Unrepost:
+class Unrepost(Record):
     """``author_id`` takes back the repost ``tweet_id``."""
 
     tweet_id: int
@@ -103,8 +139,22 @@ class Unrepost:
         return self.author_id
 
 
+#: The edges a user sets on another: following, and besides it (DESIGN §4b) blocking
+#: and muting. The relations' order is their code in the join's state
+#: (``views.codec``): append only.
+FOLLOW: Final = "follow"
+BLOCK: Final = "block"
+MUTE: Final = "mute"
+RELATIONS: Final = (BLOCK, MUTE)
+
+
+def edge_op(edge: str, active: bool) -> str:
+    """The op of an edge record: ``edge`` (follow, block or mute) set, or undone."""
+    return edge if active else "un" + edge
+
+
 @dataclass(frozen=True, slots=True)
-class Follow:
+class Follow(Record):
     """``follower_id`` starts (``active``) or stops following ``followee_id``."""
 
     follower_id: int
@@ -115,20 +165,15 @@ class Follow:
 
     @property
     def op(self) -> str:
-        return "follow" if self.active else "unfollow"
+        return edge_op(FOLLOW, self.active)
 
     @property
     def key(self) -> int:
         return self.followee_id
 
 
-#: The relations a user sets on another besides following (DESIGN §4b).
-BLOCK: Final = "block"
-MUTE: Final = "mute"
-
-
 @dataclass(frozen=True, slots=True)
-class Relation:
+class Relation(Record):
     """``follower_id`` blocks or mutes (``active``), or unblocks or unmutes, ``followee_id``.
 
     On the follows topic, keyed by the user acted on, like a follow edge.
@@ -143,13 +188,13 @@ class Relation:
 
     def __post_init__(self) -> None:
         # Any other word would encode as another op: "follow" would decode as a Follow.
-        if self.relation not in (BLOCK, MUTE):
-            msg = f"a relation is {BLOCK} or {MUTE}, not {self.relation!r}"
+        if self.relation not in RELATIONS:
+            msg = f"a relation is {' or '.join(RELATIONS)}, not {self.relation!r}"
             raise ValueError(msg)
 
     @property
     def op(self) -> str:
-        return self.relation if self.active else "un" + self.relation
+        return edge_op(self.relation, self.active)
 
     @property
     def key(self) -> int:
@@ -157,7 +202,7 @@ class Relation:
 
 
 @dataclass(frozen=True, slots=True)
-class UserUpsert:
+class UserUpsert(Record):
     """A user's profile, as of ``created_at`` (compacted topic: latest wins)."""
 
     user_id: int
@@ -173,7 +218,7 @@ class UserUpsert:
 
 
 @dataclass(frozen=True, slots=True)
-class AccountDelete:
+class AccountDelete(Record):
     """The account ``user_id`` is gone for good (a later upsert of it is ignored)."""
 
     user_id: int
@@ -187,7 +232,7 @@ class AccountDelete:
 
 
 @dataclass(frozen=True, slots=True)
-class Activity:
+class Activity(Record):
     """``user_id`` read their home timeline at ``created_at``.
 
     The log that inactive users are derived from (DESIGN §4b), so that which users get
@@ -206,34 +251,139 @@ class Activity:
 
 Event = (Post | Delete | Repost | Unrepost | Follow | Relation | UserUpsert | AccountDelete
          | Activity)
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+# --- the table of kinds ----------------------------------------------------------------
+
+# Each parser validates the fields in a fixed order, and the first problem found is
+# the reason given: keep the order when changing one, or dead letters read differently.
+
+def _parse_post(body: dict[str, Any], kind: RecordKind) -> Event:
+    only(body, kind.allowed)
+    author = id_of(body, "author_id")
+    reply_to = id_of(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
+    if reply_to == author:
+        msg = f"in_reply_to_user_id={reply_to} is the author: a self-reply carries none"
+        raise InvalidEvent(msg)
+    return Post(id_of(body, "tweet_id"), author, time_of(body),
+                text_of(body, "text", MAX_TEXT, allow_empty=False), reply_to)
+
+
+def _parse_repost(body: dict[str, Any], kind: RecordKind) -> Event:
+    only(body, kind.allowed)
+    tweet, original = id_of(body, "tweet_id"), id_of(body, "original_tweet_id")
+    if tweet == original:
+        msg = f"repost tweet_id={tweet} equals original_tweet_id: a repost has its own id"
+        raise InvalidEvent(msg)
+    return Repost(tweet, id_of(body, "author_id"), original, id_of(body, "original_author_id"),
+                  time_of(body))
+
+
+def _parse_tweet_id(body: dict[str, Any], kind: RecordKind) -> Event:
+    """A record naming one of its author's tweets: a delete or an unrepost."""
+    only(body, kind.allowed)
+    return kind.make(id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body))
+
+
+def _parse_edge(body: dict[str, Any], kind: RecordKind) -> Event:
+    only(body, kind.allowed)
+    follower, followee = id_of(body, "follower_id"), id_of(body, "followee_id")
+    if follower == followee:
+        msg = f"user {follower} cannot {kind.op} themselves"
+        raise InvalidEvent(msg)
+    return kind.make(follower, followee, time_of(body), **kind.implied)
+
+
+def _parse_upsert(body: dict[str, Any], kind: RecordKind) -> Event:
+    only(body, kind.allowed)
+    return UserUpsert(id_of(body, "user_id"),
+                      text_of(body, "handle", MAX_HANDLE, allow_empty=False),
+                      text_of(body, "name", MAX_NAME, allow_empty=True), time_of(body))
+
+
+def _parse_user_id(body: dict[str, Any], kind: RecordKind) -> Event:
+    """A record naming only its user: an account's delete, a read."""
+    only(body, kind.allowed)
+    return kind.make(id_of(body, "user_id"), time_of(body))
+
+
+_TWEET: Final = Columns("author_id", tweet_id="tweet_id")
+_EDGE: Final = Columns("followee_id", other_id="follower_id")
+_USER: Final = Columns("user_id")
+
+
+def _edge(kind: Kind, edge: str, active: bool) -> RecordKind:
+    """The kind of an edge record: ``edge`` (follow, block or mute) set, or undone."""
+    if edge == FOLLOW:
+        return RecordKind(kind, edge_op(edge, active), Follow, _parse_edge, _EDGE,
+                          {"active": active})
+    return RecordKind(kind, edge_op(edge, active), Relation, _parse_edge, _EDGE,
+                      {"relation": edge, "active": active})
+
+
+#: Every kind of record (module docstring). A topic's kinds are listed here in the order
+#: its "unknown op" reason names their ops.
+KINDS: Final = (
+    RecordKind(Kind.POST, Post.op, Post, _parse_post,
+               Columns("author_id", tweet_id="tweet_id", other_id="in_reply_to_user_id",
+                       text="text")),
+    RecordKind(Kind.DELETE, Delete.op, Delete, _parse_tweet_id, _TWEET),
+    RecordKind(Kind.REPOST, Repost.op, Repost, _parse_repost,
+               Columns("author_id", tweet_id="tweet_id", other_id="original_author_id",
+                       ref_id="original_tweet_id")),
+    RecordKind(Kind.UNREPOST, Unrepost.op, Unrepost, _parse_tweet_id, _TWEET),
+    _edge(Kind.FOLLOW, FOLLOW, True),
+    _edge(Kind.UNFOLLOW, FOLLOW, False),
+    _edge(Kind.BLOCK, BLOCK, True),
+    _edge(Kind.UNBLOCK, BLOCK, False),
+    _edge(Kind.MUTE, MUTE, True),
+    _edge(Kind.UNMUTE, MUTE, False),
+    RecordKind(Kind.USER, UserUpsert.op, UserUpsert, _parse_upsert,
+               Columns("user_id", text="handle", name="name")),
+    RecordKind(Kind.USER_DELETE, AccountDelete.op, AccountDelete, _parse_user_id, _USER),
+    RecordKind(Kind.ACTIVITY, Activity.op, Activity, _parse_user_id, _USER),
+)
+#: Each topic's kinds by op.
+OPS: Final = {topic: {k.op: k for k in KINDS if k.topic == topic} for topic in TOPICS}
+#: Each kind's row of :data:`KINDS`, by code.
+BY_CODE: Final[dict[int, RecordKind]] = {int(k.kind): k for k in KINDS}
+#: The body field that holds each topic's join key.
+KEY_FIELDS: Final = {k.topic: k.columns.key for k in KINDS}
+#: Every field a body of some kind holds (besides ``v`` and ``op``), and its JSON type.
+FIELDS: Final = {name: kind for k in KINDS for name, kind in k.field_types().items()}
+
+
+_FLATTEN: Final = {cls: flattener(kinds) for cls, kinds in by_class(KINDS).items()}
+
+
+def flatten(event: Event) -> Flat:
+    """The flat form of ``event`` (:class:`Columns`): how the view carries a record."""
+    try:
+        return _FLATTEN[type(event)](event)
+    except KeyError:
+        msg = f"no row layout for event {event!r}: no kind of record has its class"
+        raise TypeError(msg) from None
+
+
+def unflatten(kind: int, key: int, created_at: int, tweet_id: int, other_id: int,
+              ref_id: int, text: str | None, name: str | None) -> Event:
+    """The (already validated) event of a flat form: the inverse of :func:`flatten`."""
+    found = BY_CODE.get(kind)
+    if found is None:
+        msg = f"row kind {kind} carries no event"
+        raise ValueError(msg)
+    return found.event_of((key, created_at, tweet_id, other_id, ref_id, text, name))
+
+
+_WRITE: Final = {cls: writer(kinds[0], VERSION) for cls, kinds in by_class(KINDS).items()}
 
 
 def encode(event: Event) -> tuple[bytes, bytes]:
-    """Return the Kafka (key, value) of ``event``; the value is compact JSON."""
-    body: dict[str, Any] = {"v": VERSION, "op": event.op}
-    if isinstance(event, Post):
-        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
-                 "created_at": event.created_at, "text": event.text}
-        if event.in_reply_to_user_id:
-            body["in_reply_to_user_id"] = event.in_reply_to_user_id
-    elif isinstance(event, Delete | Unrepost):
-        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
-                 "created_at": event.created_at}
-    elif isinstance(event, Repost):
-        body |= {"tweet_id": event.tweet_id, "author_id": event.author_id,
-                 "original_tweet_id": event.original_tweet_id,
-                 "original_author_id": event.original_author_id,
-                 "created_at": event.created_at}
-    elif isinstance(event, Follow | Relation):
-        body |= {"follower_id": event.follower_id, "followee_id": event.followee_id,
-                 "created_at": event.created_at}
-    elif isinstance(event, AccountDelete | Activity):
-        body |= {"user_id": event.user_id, "created_at": event.created_at}
-    else:
-        body |= {"user_id": event.user_id, "handle": event.handle, "name": event.name,
-                 "created_at": event.created_at}
-    return encode_key(event.key), _ENCODER.encode(body).encode()
+    """Return the Kafka (key, value) of ``event``; the value is compact JSON.
+
+    The body is ``v``, ``op`` and the fields of its kind's body (:class:`RecordKind`).
+    """
+    return encode_key(event.key), _WRITE[type(event)](event)
 
 
 def encode_key(join_key: int) -> bytes:
@@ -243,7 +393,8 @@ def encode_key(join_key: int) -> bytes:
 
 def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     """Parse and validate one changelog record, or raise :class:`InvalidEvent`."""
-    if topic not in TOPICS:
+    ops = OPS.get(topic)
+    if ops is None:
         msg = f"unknown topic {topic!r}"
         raise InvalidEvent(msg)
     if value is None:
@@ -253,182 +404,16 @@ def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     if type(body.get("v")) is not int or body["v"] != VERSION:
         msg = f"unsupported version v={body.get('v')!r} (expected {VERSION})"
         raise InvalidEvent(msg)
-    event = _PARSERS[topic](body)
+    op = body.get("op")
+    kind = ops.get(op) if type(op) is str else None
+    if kind is None:
+        *others, last = ops
+        expected = f"{', '.join(others)} or {last}" if others else last
+        msg = f"unknown op {op!r} on topic {topic} (expected {expected})"
+        raise InvalidEvent(msg)
+    event = kind.parse(body, kind)
     _check_key(key, event.key)
     return event
-
-
-_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined,arg-type]
-
-
-def load_object(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object from ``raw``, or :class:`InvalidEvent` saying why not.
-
-    What ``json.loads(raw)`` returns, by a shorter road for the usual record: UTF-8
-    bytes holding exactly one object. ``json.loads`` would guess the encoding and
-    match whitespace with a regular expression before and after the object, a third
-    of a record's decode; anything else takes that road as before.
-    """
-    if type(raw) is bytes and raw[:1] == b"{" and raw[1:2] != b"\x00":
-        try:
-            text = raw.decode("utf-8", "surrogatepass")  # what json.loads would pick
-            body, end = _SCAN(text, 0)
-        except (UnicodeDecodeError, StopIteration, ValueError):
-            pass  # json.loads below says why
-        else:
-            if end == len(text):
-                return body  # type: ignore[no-any-return]  # an object: it began with {
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        msg = f"value is not JSON: {exc}"
-        raise InvalidEvent(msg) from None
-    if not isinstance(body, dict):
-        msg = f"value is JSON {type(body).__name__}, not an object"
-        raise InvalidEvent(msg)
-    return body
-
-
-# The fields each kind of record may carry (built once: a set literal is built per call).
-_POST_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "created_at", "text",
-                                  "in_reply_to_user_id"})
-_TWEET_ID_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "created_at"})
-_REPOST_FIELDS: Final = frozenset({"v", "op", "tweet_id", "author_id", "original_tweet_id",
-                                    "original_author_id", "created_at"})
-_EDGE_FIELDS: Final = frozenset({"v", "op", "follower_id", "followee_id", "created_at"})
-_USER_ID_FIELDS: Final = frozenset({"v", "op", "user_id", "created_at"})
-_UPSERT_FIELDS: Final = frozenset({"v", "op", "user_id", "handle", "name", "created_at"})
-
-
-def _parse_tweet(body: dict[str, Any]) -> Event:
-    op = body.get("op")
-    if op == "post":
-        _only(body, _POST_FIELDS)
-        author = _id(body, "author_id")
-        reply_to = _id(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
-        if reply_to == author:
-            msg = f"in_reply_to_user_id={reply_to} is the author: a self-reply carries none"
-            raise InvalidEvent(msg)
-        return Post(_id(body, "tweet_id"), author, _time(body),
-                    _text(body, "text", MAX_TEXT, allow_empty=False), reply_to)
-    if op in ("delete", "unrepost"):
-        _only(body, _TWEET_ID_FIELDS)
-        kind = Delete if op == "delete" else Unrepost
-        return kind(_id(body, "tweet_id"), _id(body, "author_id"), _time(body))
-    if op == "repost":
-        _only(body, _REPOST_FIELDS)
-        tweet, original = _id(body, "tweet_id"), _id(body, "original_tweet_id")
-        if tweet == original:
-            msg = f"repost tweet_id={tweet} equals original_tweet_id: a repost has its own id"
-            raise InvalidEvent(msg)
-        return Repost(tweet, _id(body, "author_id"), original,
-                      _id(body, "original_author_id"), _time(body))
-    msg = f"unknown op {op!r} on topic tweets (expected post, delete, repost or unrepost)"
-    raise InvalidEvent(msg)
-
-
-_EDGE_OPS: Final = ("follow", "unfollow", "block", "unblock", "mute", "unmute")
-
-
-def _parse_follow(body: dict[str, Any]) -> Event:
-    op = body.get("op")
-    if op not in _EDGE_OPS:
-        msg = f"unknown op {op!r} on topic follows (expected {', '.join(_EDGE_OPS)})"
-        raise InvalidEvent(msg)
-    _only(body, _EDGE_FIELDS)
-    follower, followee = _id(body, "follower_id"), _id(body, "followee_id")
-    if follower == followee:
-        msg = f"user {follower} cannot {op} themselves"
-        raise InvalidEvent(msg)
-    active = not op.startswith("un")
-    if op in ("follow", "unfollow"):
-        return Follow(follower, followee, _time(body), active=active)
-    return Relation(follower, followee, _time(body), op.removeprefix("un"), active=active)
-
-
-def _parse_user(body: dict[str, Any]) -> Event:
-    op = body.get("op")
-    if op == "delete":
-        _only(body, _USER_ID_FIELDS)
-        return AccountDelete(_id(body, "user_id"), _time(body))
-    if op != "upsert":
-        msg = f"unknown op {op!r} on topic users (expected upsert or delete)"
-        raise InvalidEvent(msg)
-    _only(body, _UPSERT_FIELDS)
-    return UserUpsert(_id(body, "user_id"), _text(body, "handle", MAX_HANDLE, allow_empty=False),
-                      _text(body, "name", MAX_NAME, allow_empty=True), _time(body))
-
-
-def _parse_activity(body: dict[str, Any]) -> Event:
-    op = body.get("op")
-    if op != "read":
-        msg = f"unknown op {op!r} on topic activity (expected read)"
-        raise InvalidEvent(msg)
-    _only(body, _USER_ID_FIELDS)
-    return Activity(_id(body, "user_id"), _time(body))
-
-
-_PARSERS = {TWEETS: _parse_tweet, FOLLOWS: _parse_follow, USERS: _parse_user,
-            ACTIVITY: _parse_activity}
-
-
-def _only(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    if body.keys() <= allowed:
-        return
-    extra = sorted(body.keys() - allowed)
-    if extra:
-        msg = f"unexpected field(s) {', '.join(extra)}"
-        raise InvalidEvent(msg)
-
-
-def _int(body: dict[str, Any], field: str) -> int:
-    if field not in body:
-        msg = f"missing field {field}"
-        raise InvalidEvent(msg)
-    value = body[field]
-    # bool is an int subclass in Python; JSON true is never an id.
-    if not isinstance(value, int) or isinstance(value, bool):
-        msg = f"{field} must be an integer, got {type(value).__name__}"
-        raise InvalidEvent(msg)
-    return value
-
-
-def _id(body: dict[str, Any], field: str) -> int:
-    value = _int(body, field)
-    if not 1 <= value <= MAX_ID:
-        msg = f"{field}={value} is not a positive 64-bit id"
-        raise InvalidEvent(msg)
-    return value
-
-
-def _time(body: dict[str, Any]) -> int:
-    value = _int(body, "created_at")
-    if not 0 <= value <= MAX_CREATED_AT:
-        msg = f"created_at={value} is not epoch milliseconds"
-        raise InvalidEvent(msg)
-    return value
-
-
-def _text(body: dict[str, Any], field: str, limit: int, *, allow_empty: bool) -> str:
-    if field not in body:
-        msg = f"missing field {field}"
-        raise InvalidEvent(msg)
-    value = body[field]
-    if not isinstance(value, str):
-        msg = f"{field} must be a string, got {type(value).__name__}"
-        raise InvalidEvent(msg)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        msg = f"{field} is not valid Unicode text (lone surrogate)"
-        raise InvalidEvent(msg) from None
-    if len(value) > limit:
-        msg = f"{field} is {len(value)} characters, over the limit of {limit}"
-        raise InvalidEvent(msg)
-    if not allow_empty and not value.strip():
-        msg = f"{field} is empty"
-        raise InvalidEvent(msg)
-    return value
 
 
 def _check_key(key: bytes | None, expected: int) -> None:

@@ -49,8 +49,9 @@ import numpy as np
 
 from ingest.errors import InvalidEvent
 from ingest.events import (
-    ACTIVITY,
-    FOLLOWS,
+    FIELDS,
+    KEY_FIELDS,
+    KINDS,
     MAX_CREATED_AT,
     MAX_ID,
     TOPIC_RANK,
@@ -66,17 +67,20 @@ from ingest.generator import DEFAULT_START_MS, FILES, FollowEdges
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES: Final = 5
-_TOPIC_OF_OP: Final = {
-    "post": TWEETS, "repost": TWEETS, "unrepost": TWEETS,
-    "follow": FOLLOWS, "unfollow": FOLLOWS, "block": FOLLOWS, "unblock": FOLLOWS,
-    "mute": FOLLOWS, "unmute": FOLLOWS, "upsert": USERS, "read": ACTIVITY}
-_KEY_FIELD: Final = {TWEETS: "author_id", FOLLOWS: "followee_id", USERS: "user_id",
-                     ACTIVITY: "user_id"}
+
+
+def _topic_of_op() -> dict[str, str]:
+    """The topic of each op only one topic has (``delete`` is two topics': :func:`topic_of`)."""
+    topics: dict[str, set[str]] = {}
+    for kind in KINDS:
+        topics.setdefault(kind.op, set()).add(kind.topic)
+    return {op: found.pop() for op, found in topics.items() if len(found) == 1}
+
+
+_TOPIC_OF_OP: Final = _topic_of_op()
 #: The contract's fields, for the header of a CSV of records; these hold integers.
-_INT_FIELDS: Final = ("v", "created_at", "tweet_id", "author_id", "in_reply_to_user_id",
-                      "original_tweet_id", "original_author_id", "follower_id",
-                      "followee_id", "user_id")
-_RECORD_FIELDS: Final = frozenset({*_INT_FIELDS, "op", "text", "handle", "name"})
+_INT_FIELDS: Final = frozenset({"v", *(name for name, kind in FIELDS.items() if kind is int)})
+_RECORD_FIELDS: Final = frozenset({"v", "op", *FIELDS})
 _JSONL_SUFFIXES: Final = {".jsonl", ".ndjson", ".json"}
 _CSV_HEADER: Final = ("follower_id", "followee_id", "created_at")
 #: What to do about node id 0, said with every such line and in the report.
@@ -243,7 +247,7 @@ def topic_of(body: dict[str, Any]) -> str:
 def _decode_body(body: dict[str, Any], raw: bytes) -> Event:
     topic = topic_of(body)
     # The file has no Kafka key: derive it, so decode checks everything else.
-    key = str(body.get(_KEY_FIELD[topic])).encode()
+    key = str(body.get(KEY_FIELDS[topic])).encode()
     return decode(topic, key, raw)
 
 

@@ -40,17 +40,19 @@ from ingest.consistency import encode_token
 from ingest.errors import IngestError, InvalidEvent
 from ingest.events import (
     BLOCK,
+    FOLLOW,
+    FOLLOWS,
     MAX_TEXT,
     MUTE,
+    OPS,
     AccountDelete,
     Delete,
     Event,
-    Follow,
     Post,
-    Relation,
     Repost,
     Unrepost,
     decode,
+    edge_op,
     encode,
 )
 from ingest.producer import Position
@@ -234,15 +236,15 @@ def write_router(get_producer: Callable[[], Sender], current_user: Callable[...,
             raise NotFound(msg, field="repost_id")
         return writes.send(Unrepost(repost_id_, user, writes.now()))
 
-    def edge_routes(path: str, relation: str | None) -> None:
+    def edge_routes(path: str, edge: str) -> None:
         """PUT and DELETE ``/v1/users/{user_id}/<path>/{other_id}`` for one kind of edge."""
-        on, off = _VERBS[relation]
+        on, off = edge_op(edge, True), edge_op(edge, False)
 
         def put(user_id: id_t, other_id: id_t, user: user_t) -> Accepted:
-            return writes.edge(user, user_id, other_id, relation, active=True)
+            return writes.edge(user, user_id, other_id, edge, active=True)
 
         def delete(user_id: id_t, other_id: id_t, user: user_t) -> Accepted:
-            return writes.edge(user, user_id, other_id, relation, active=False)
+            return writes.edge(user, user_id, other_id, edge, active=False)
 
         for method, verb, handler in (("PUT", on, put), ("DELETE", off, delete)):
             router.add_api_route(
@@ -251,8 +253,8 @@ def write_router(get_producer: Callable[[], Sender], current_user: Callable[...,
                 description=f"The caller (``user_id``) {verb}s ``other_id`` (not "
                             "themselves: 400).", response_model=Accepted)
 
-    for path, relation in (("following", None), ("blocks", BLOCK), ("mutes", MUTE)):
-        edge_routes(path, relation)
+    for path, edge in (("following", FOLLOW), ("blocks", BLOCK), ("mutes", MUTE)):
+        edge_routes(path, edge)
 
     @router.delete("/v1/users/{user_id}", status_code=202, summary="Delete the caller's account")
     def delete_account(user_id: id_t, user: user_t) -> Accepted:
@@ -261,9 +263,6 @@ def write_router(get_producer: Callable[[], Sender], current_user: Callable[...,
         return writes.send(AccountDelete(user, writes.now()))
 
     return router
-
-
-_VERBS = {None: ("follow", "unfollow"), BLOCK: ("block", "unblock"), MUTE: ("mute", "unmute")}
 
 
 def _shown_tweet(store: TimelineReader, tweet_id: int, field: str) -> TweetRow:
@@ -317,17 +316,16 @@ class _Writes:
             msg = f"the caller is user {user}; cannot {what} user {named}"
             raise Forbidden(msg, field="user_id")
 
-    def edge(self, user: int, raw_user: str, raw_other: str, relation: str | None, *,
+    def edge(self, user: int, raw_user: str, raw_other: str, edge: str, *,
              active: bool) -> Accepted:
         actor, other = parse_id(raw_user, "user_id"), parse_id(raw_other, "other_id")
-        verb = _VERBS[relation][0 if active else 1]
+        verb = edge_op(edge, active)
         self.acting(user, actor, f"{verb} on behalf of")
         if actor == other:
             msg = f"a user cannot {verb} themselves"
             raise BadRequest(msg, field="other_id")
-        event: Event = Follow(actor, other, self.now(), active=active) if relation is None \
-            else Relation(actor, other, self.now(), relation, active=active)
-        return self.send(event)
+        kind = OPS[FOLLOWS][verb]  # the contract's kind of that op: a Follow or a Relation
+        return self.send(kind.make(actor, other, self.now(), **kind.implied))
 
     def _send(self, event: Event) -> str:
         _check_contract(event)

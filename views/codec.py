@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Final
 
+from ingest.events import RELATIONS
 from views.join import AuthorState, live_reposts
 
 VERSION: Final = 3
@@ -45,8 +46,9 @@ LAYOUT: Final = 4
 #: than it would with fewer, larger pages (``benchmarks/bench_codec.py --state-users``).
 DEFAULT_PAGE_BYTES: Final = 16_384
 _HEAD = struct.Struct("<BBBqqqqqIIIIII")
-_RELATION_CODES = {"block": 0, "mute": 1}
-_RELATION_NAMES = ("block", "mute")
+#: A relation's byte in the state: its place in the contract's list (append only).
+_RELATION_NAMES: Final = RELATIONS
+_RELATION_CODES: Final = {relation: code for code, relation in enumerate(RELATIONS)}
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 

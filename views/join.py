@@ -42,14 +42,14 @@ from ``author_tweets`` at read time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from ingest.events import FOLLOWS, TOPIC_RANK, TWEETS, Event, encode
+from ingest.events import FOLLOWS, KINDS, TOPIC_RANK, TWEETS, Event, Kind, Relation, encode
 from views.delta import Delta, Key, pack
-from views.row import Kind, event_fields, to_event
+from views.row import event_fields, to_event
 
 NO_KEY: Key = (-1, -1)
 DAY_MS = 86_400_000
@@ -254,8 +254,9 @@ def apply_batch(
     if lateness is not None:
         changes = _on_time(state, key, changes, lateness, out)
     originals: set[int] = set()
+    rules = _RULES
     for change in sorted(changes, key=_ORDER):
-        _apply(state, key, change, config, out, originals)
+        rules[change.kind](state, key, change, config, out, originals)
     _settle_reposts(state, key, originals, config, out)
     _settle_path(state, key, config, out)
     if lateness is not None:
@@ -324,32 +325,11 @@ def _prune(state: AuthorState, lateness: int) -> None:
                 state.reposts.pop(entry, None)
 
 
-def _apply(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
-           originals: set[int]) -> None:
-    kind = change.kind
-    if kind == Kind.POST:
-        _post(state, key, change, cfg, out)
-    elif kind == Kind.DELETE:
-        _delete(state, key, change, out)
-        _undo(state, change.tweet_id, originals)
-    elif kind == Kind.REPOST:
-        _repost(state, key, change, cfg, out, originals)
-    elif kind == Kind.UNREPOST:
-        _unrepost(state, change)
-        _undo(state, change.tweet_id, originals)
-    elif kind in (Kind.FOLLOW, Kind.UNFOLLOW):
-        _follow(state, key, change, out)
-    elif kind in _RELATIONS:
-        _relation(state, key, change, out)
-    elif kind == Kind.USER_DELETE:
-        _account_delete(state, key, change, out)
-    elif kind == Kind.ACTIVITY:
-        out.read_at = max(out.read_at, change.created_at)
-    else:
-        _profile(state, key, change, out)
+# -- the rules: one per kind of record, dispatched by _RULES; all take the same arguments;
+# ``originals`` collects the original tweets whose shown repost the batch may change.
 
-
-def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out) -> None:
+def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out,
+          originals: set[int]) -> None:
     dead_at = state.tombstones.get(post.tweet_id)
     if dead_at is not None:
         # Deleted before it arrived: not shown, but the store learns its time, which
@@ -375,8 +355,10 @@ def _keep(state: AuthorState, tweet_id: int, created_at: int, cap: int) -> None:
         state.evicted = max(state.evicted, (oldest[1], oldest[0]))
 
 
-def _delete(state: AuthorState, key: int, delete: Change, out: _Out) -> None:
+def _delete(state: AuthorState, key: int, delete: Change, cfg: JoinConfig, out: _Out,
+            originals: set[int]) -> None:
     tweet_id = delete.tweet_id
+    _undo(state, tweet_id, originals)  # a delete naming a repost undoes it
     dead_at = state.tombstones.get(tweet_id)
     if dead_at is not None:
         state.tombstones[tweet_id] = max(dead_at, delete.created_at)
@@ -393,7 +375,8 @@ def _delete(state: AuthorState, key: int, delete: Change, out: _Out) -> None:
             out.remove(follower, delete.tweet_id, created_at)
 
 
-def _follow(state: AuthorState, key: int, follow: Change, out: _Out) -> None:
+def _follow(state: AuthorState, key: int, follow: Change, cfg: JoinConfig, out: _Out,
+            originals: set[int]) -> None:
     user, active = follow.other_id, follow.kind == Kind.FOLLOW
     previous = state.followers.get(user)
     # Newest event wins; at equal times an unfollow wins (rank 1 > 0).
@@ -448,8 +431,10 @@ def _repost(state: AuthorState, key: int, repost: Change, cfg: JoinConfig, out: 
     out.claimed.add(repost.tweet_id)
 
 
-def _unrepost(state: AuthorState, unrepost: Change) -> None:
+def _unrepost(state: AuthorState, key: int, unrepost: Change, cfg: JoinConfig, out: _Out,
+              originals: set[int]) -> None:
     repost_id = unrepost.tweet_id
+    _undo(state, repost_id, originals)
     seen = state.reposts.get(repost_id)
     state.undone[repost_id] = max(state.undone.get(repost_id, unrepost.created_at),
                                   unrepost.created_at, seen[0] if seen is not None else 0)
@@ -527,13 +512,16 @@ def _show_repost(state: AuthorState, key: int, repost_id: int, shown: bool, cfg:
                 out.remove(follower, repost_id, created_at)
 
 
-_RELATIONS = {Kind.BLOCK: ("block", True), Kind.UNBLOCK: ("block", False),
-              Kind.MUTE: ("mute", True), Kind.UNMUTE: ("mute", False)}
+#: (relation, on) of each kind of block or mute record, by code: its row of the table
+#: of kinds.
+_RELATIONS: Final[dict[int, tuple[str, bool]]] = {
+    k.kind: (k.implied["relation"], k.implied["active"]) for k in KINDS if k.event is Relation}
 
 
-def _relation(state: AuthorState, key: int, change: Change, out: _Out) -> None:
+def _relation(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
+              originals: set[int]) -> None:
     """A block or mute of this key by ``other_id``: the newest event wins, an un-op a tie."""
-    relation, on = _RELATIONS[Kind(change.kind)]
+    relation, on = _RELATIONS[change.kind]
     slot = (change.other_id, relation)
     previous = state.relations.get(slot)
     if previous is not None and _edge_rank(previous) >= _edge_rank((change.created_at, on)):
@@ -543,17 +531,65 @@ def _relation(state: AuthorState, key: int, change: Change, out: _Out) -> None:
         out.emit(Delta.relation(change.other_id, key, relation, on, change.created_at))
 
 
-def _account_delete(state: AuthorState, key: int, change: Change, out: _Out) -> None:
+def _account_delete(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
+                    originals: set[int]) -> None:
     if not state.deleted:
         state.deleted = True
         out.emit(Delta.account_deleted(key, change.created_at))
 
 
-def _profile(state: AuthorState, key: int, user: Change, out: _Out) -> None:
+def _profile(state: AuthorState, key: int, user: Change, cfg: JoinConfig, out: _Out,
+             originals: set[int]) -> None:
     if state.deleted or user.created_at < state.profile_at:
         return
     state.profile_at = user.created_at
     out.emit(Delta.profile(key, user.created_at, user.text, user.name))
+
+
+def _read(state: AuthorState, key: int, read: Change, cfg: JoinConfig, out: _Out,
+          originals: set[int]) -> None:
+    """A home-timeline read: the batch passes the newest on (inactive users)."""
+    out.read_at = max(out.read_at, read.created_at)
+
+
+Rule = Callable[[AuthorState, int, Change, JoinConfig, _Out, set[int]], None]
+
+
+def _by_code(rules: Mapping[Kind, Rule]) -> list[Rule]:
+    """``rules`` as a list indexed by kind code; every kind of record must have one."""
+    missing = [k.kind.name for k in KINDS if k.kind not in rules]
+    if missing:
+        msg = f"no join rule for the record kind(s) {', '.join(missing)} (ingest.events.KINDS)"
+        raise TypeError(msg)
+    table: list[Rule] = [_no_event] * (max(rules) + 1)
+    for kind, rule in rules.items():
+        table[kind] = rule
+    return table
+
+
+def _no_event(state: AuthorState, key: int, change: Change, cfg: JoinConfig, out: _Out,
+              originals: set[int]) -> None:
+    msg = f"row kind {change.kind} carries no event: it never reaches the join"
+    raise ValueError(msg)
+
+
+#: The join's rule for each kind of record (``ingest.events.KINDS``), by code: what a new
+#: kind adds to the join is a rule and its line here.
+_RULES: Final = _by_code({
+    Kind.POST: _post,
+    Kind.DELETE: _delete,
+    Kind.REPOST: _repost,
+    Kind.UNREPOST: _unrepost,
+    Kind.FOLLOW: _follow,
+    Kind.UNFOLLOW: _follow,
+    Kind.BLOCK: _relation,
+    Kind.UNBLOCK: _relation,
+    Kind.MUTE: _relation,
+    Kind.UNMUTE: _relation,
+    Kind.USER: _profile,
+    Kind.USER_DELETE: _account_delete,
+    Kind.ACTIVITY: _read,
+})
 
 
 def _settle_path(state: AuthorState, key: int, cfg: JoinConfig, out: _Out) -> None:

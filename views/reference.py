@@ -37,13 +37,17 @@ import heapq
 import logging
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final, NamedTuple
 
 from ingest.events import (
+    BLOCK,
     FOLLOWS,
+    KINDS,
+    RELATIONS,
     TWEETS,
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Follow,
@@ -193,27 +197,9 @@ class Reference:
         return False
 
     def _fold(self, event: Event) -> None:
-        if isinstance(event, Post):
-            self._post(event)
-        elif isinstance(event, Delete):
-            self._deletes.add((event.tweet_id, event.author_id))
-        elif isinstance(event, Repost):
-            self._repost(event)
-        elif isinstance(event, Unrepost):
-            self._unreposts.add((event.tweet_id, event.author_id))
-        elif isinstance(event, Follow):
-            _newest(self._edges, (event.follower_id, event.followee_id),
-                    _rank(event.created_at, event.active))
-        elif isinstance(event, Relation):
-            _newest(self._relations, (event.follower_id, event.followee_id, event.relation),
-                    _rank(event.created_at, event.active))
-        elif isinstance(event, AccountDelete):
-            self.deleted_accounts.add(event.user_id)
-        elif isinstance(event, UserUpsert):
-            self._profile(event)
-        # Anything else (home-timeline reads, for inactive users) is not part of §4b's
-        # tables: an optimization of how the view is kept, not of what it means.
+        _FOLDS[type(event)](self, event)
 
+    # -- the folds: one per event class, dispatched by _FOLDS ---------------------------
     def _post(self, post: Post) -> None:
         key = (post.tweet_id, post.author_id)
         old = self._claims.get(key)
@@ -221,11 +207,34 @@ class Reference:
         if old is None or order < (old.created_at, old.text, old.in_reply_to_user_id):
             self._claims[key] = post
 
+    def _delete(self, delete: Delete) -> None:
+        self._deletes.add((delete.tweet_id, delete.author_id))
+
     def _repost(self, repost: Repost) -> None:
         key = (repost.author_id, repost.tweet_id)
         old = self._all_reposts.get(key)
         if old is None or _repost_order(repost) < _repost_order(old):
             self._all_reposts[key] = repost
+
+    def _unrepost(self, unrepost: Unrepost) -> None:
+        self._unreposts.add((unrepost.tweet_id, unrepost.author_id))
+
+    def _follow(self, follow: Follow) -> None:
+        _newest(self._edges, (follow.follower_id, follow.followee_id),
+                _rank(follow.created_at, follow.active))
+
+    def _relation(self, relation: Relation) -> None:
+        _newest(self._relations, (relation.follower_id, relation.followee_id, relation.relation),
+                _rank(relation.created_at, relation.active))
+
+    def _account_delete(self, delete: AccountDelete) -> None:
+        self.deleted_accounts.add(delete.user_id)
+
+    def _read(self, read: Activity) -> None:
+        """Home-timeline reads (for inactive users) are not part of §4b's tables.
+
+        They are an optimization of how the view is kept, not of what it means.
+        """
 
     @property
     def _posts(self) -> dict[int, Post]:
@@ -338,7 +347,7 @@ class Reference:
              r.original_author_id) for r in self.live_reposts()])
         db.executemany("INSERT INTO follows VALUES (?, ?)",
                        [pair for pair, (_, un) in self._edges.items() if not un])
-        for relation in ("block", "mute"):
+        for relation in RELATIONS:
             db.executemany(f"INSERT INTO {relation}s VALUES (?, ?)", [  # noqa: S608
                 (u, x) for (u, x, kind), (_, un) in self._relations.items()
                 if kind == relation and not un])
@@ -359,6 +368,34 @@ class Reference:
             yield (t, "repost", a, r.created_at, None, int(undone))
 
 
+Fold = Callable[[Reference, Any], None]
+
+
+def _covering(folds: Mapping[type, Fold]) -> dict[type, Fold]:
+    """``folds``, checked to cover the event class of every kind of record."""
+    missing = {k.event for k in KINDS} - folds.keys()
+    if missing:
+        names = ", ".join(sorted(c.__name__ for c in missing))
+        msg = f"the reference folds no {names} (ingest.events.KINDS)"
+        raise TypeError(msg)
+    return dict(folds)
+
+
+#: How the reference folds each kind's events (``ingest.events.KINDS``), by event class:
+#: what a new kind adds to the reference is a fold and its line here.
+_FOLDS: Final = _covering({
+    Post: Reference._post,
+    Delete: Reference._delete,
+    Repost: Reference._repost,
+    Unrepost: Reference._unrepost,
+    Follow: Reference._follow,
+    Relation: Reference._relation,
+    UserUpsert: Reference._profile,
+    AccountDelete: Reference._account_delete,
+    Activity: Reference._read,
+})
+
+
 class _Index:
     """The folded tables arranged for :meth:`Reference.home_fast`: per-reader lookups."""
 
@@ -374,7 +411,7 @@ class _Index:
         for (u, x, kind), (_, un) in ref._relations.items():
             if un:
                 continue
-            if kind == "block":
+            if kind == BLOCK:
                 self.blocked[u].add(x)
                 self.blocked[x].add(u)
             else:

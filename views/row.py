@@ -1,11 +1,13 @@
 """The source row: what every changelog record becomes, declared once.
 
 This module owns the row a record turns into between Kafka and the join (DESIGN §3,
-§5): its columns (:data:`SOURCE_COLUMNS`), the :class:`Kind` codes saying which event
-it carries (0 for a record that failed validation and must be dead-lettered), and the
-two mappings between events and rows, side by side (:func:`event_fields`,
-:func:`to_event`). Both stream sources, ``fanout verify`` and the join go through
-them, so a change to the contract (a new event) is made here.
+§5): its columns (:data:`SOURCE_COLUMNS`). Which event a row carries and how its
+fields fill the event columns is the contract's (``ingest.events``: each kind's
+:class:`~ingest.events.Kind` code, 0 for a record that failed validation and must be
+dead-lettered, and its flat form in the table of kinds), so a new kind of record is
+declared there, not here; :func:`event_fields` and :func:`to_event` are the two
+mappings it derives. Both stream sources, ``fanout verify`` and the join go through
+them.
 
 Every schema of a row that crosses between Python and Spark (DDL, StructType, Arrow)
 is derived from its :class:`Column` list by :func:`ddl`, :func:`struct_type` and
@@ -20,21 +22,11 @@ without Spark.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from enum import IntEnum
 from typing import TYPE_CHECKING, Final, NamedTuple, get_args, get_type_hints
 
-from ingest.events import (
-    AccountDelete,
-    Activity,
-    Delete,
-    Event,
-    Follow,
-    Post,
-    Relation,
-    Repost,
-    Unrepost,
-    UserUpsert,
-)
+# Kind is the contract's, imported from here too: the code of the event a row carries.
+from ingest.events import Kind, flatten, unflatten
+from ingest.kinds import Flat
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,31 +97,6 @@ def arrow_schema(columns: Iterable[Column]) -> pa.Schema:
 
 # --- the source row --------------------------------------------------------------------
 
-class Kind(IntEnum):
-    """The event a source row carries."""
-
-    INVALID = 0
-    POST = 1
-    DELETE = 2
-    FOLLOW = 3
-    UNFOLLOW = 4
-    USER = 5
-    REPOST = 6
-    UNREPOST = 7
-    BLOCK = 8
-    UNBLOCK = 9
-    MUTE = 10
-    UNMUTE = 11
-    USER_DELETE = 12
-    ACTIVITY = 13
-
-
-#: Relation events by (relation, active), and back.
-_RELATION_KINDS: Final = {("block", True): Kind.BLOCK, ("block", False): Kind.UNBLOCK,
-                          ("mute", True): Kind.MUTE, ("mute", False): Kind.UNMUTE}
-_RELATIONS: Final = {kind: pair for pair, kind in _RELATION_KINDS.items()}
-
-
 #: Where the record was read, the event it carries (:data:`EVENT_COLUMNS`), and for an
 #: invalid record the reason and its value bytes (cut to ``views.source.MAX_RAW``).
 SOURCE_COLUMNS: Final = (
@@ -139,8 +106,8 @@ SOURCE_COLUMNS: Final = (
     Column("text", STRING, nullable=True), Column("name", STRING, nullable=True),
     Column("error", STRING, nullable=True), Column("raw", BINARY, nullable=True),
 )
-#: The columns that carry the event: the fields of :func:`event_fields` and
-#: :func:`to_event`, in that order.
+#: The columns that carry the event: a record's flat form (``ingest.kinds.Columns``),
+#: the fields of :func:`event_fields` and :func:`to_event`, in that order.
 EVENT_COLUMNS: Final = tuple(c.name for c in SOURCE_COLUMNS[3:11])
 
 #: One source row, in SOURCE_COLUMNS order. Rows are plain tuples, not a NamedTuple:
@@ -148,67 +115,18 @@ EVENT_COLUMNS: Final = tuple(c.name for c in SOURCE_COLUMNS[3:11])
 Row = tuple[str, int, int, int, int, int, int, int, int, str | None, str | None, str | None,
             bytes | None]
 #: The :data:`EVENT_COLUMNS` of one row.
-EventFields = tuple[int, int, int, int, int, int, str | None, str | None]
+EventFields = Flat
 #: The event columns of a row that carries no event (a record that failed validation).
 NO_EVENT: Final[EventFields] = (Kind.INVALID, 0, 0, 0, 0, 0, None, None)
 
 
-# --- events ↔ rows: the two mappings, side by side ---------------------------------------
+# --- events ↔ rows: the two mappings, derived from the table of kinds --------------------
 
-def event_fields(event: Event) -> EventFields:
-    """The :data:`EVENT_COLUMNS` of ``event``.
-
-    ``key`` is its join key and ``text`` a post's text or a user's handle.
-    ``other_id`` is a post's ``in_reply_to_user_id`` (0: not a reply), a repost's
-    original author, or the acting user of a follow, block or mute; ``ref_id`` is a
-    repost's original tweet.
-    """
-    if isinstance(event, Post):
-        return (Kind.POST, event.author_id, event.created_at, event.tweet_id,
-                event.in_reply_to_user_id, 0, event.text, None)
-    if isinstance(event, Delete | Unrepost):
-        kind = Kind.DELETE if isinstance(event, Delete) else Kind.UNREPOST
-        return (kind, event.author_id, event.created_at, event.tweet_id, 0, 0, None, None)
-    if isinstance(event, Repost):
-        return (Kind.REPOST, event.author_id, event.created_at, event.tweet_id,
-                event.original_author_id, event.original_tweet_id, None, None)
-    if isinstance(event, Follow):
-        kind = Kind.FOLLOW if event.active else Kind.UNFOLLOW
-        return (kind, event.followee_id, event.created_at, 0, event.follower_id, 0, None, None)
-    if isinstance(event, Relation):
-        kind = _RELATION_KINDS[(event.relation, event.active)]
-        return (kind, event.followee_id, event.created_at, 0, event.follower_id, 0, None, None)
-    if isinstance(event, UserUpsert):
-        return (Kind.USER, event.user_id, event.created_at, 0, 0, 0, event.handle, event.name)
-    if isinstance(event, AccountDelete):
-        return (Kind.USER_DELETE, event.user_id, event.created_at, 0, 0, 0, None, None)
-    if isinstance(event, Activity):
-        return (Kind.ACTIVITY, event.user_id, event.created_at, 0, 0, 0, None, None)
-    msg = f"no row layout for event {event!r}"
-    raise TypeError(msg)
-
-
-def to_event(kind: int, key: int, created_at: int, tweet_id: int, other_id: int,
-             ref_id: int, text: str | None, name: str | None) -> Event:
-    """The (already validated) event a row carries: the inverse of :func:`event_fields`."""
-    if kind == Kind.POST:
-        return Post(tweet_id, key, created_at, text or "", other_id)
-    if kind == Kind.DELETE:
-        return Delete(tweet_id, key, created_at)
-    if kind == Kind.UNREPOST:
-        return Unrepost(tweet_id, key, created_at)
-    if kind == Kind.REPOST:
-        return Repost(tweet_id, key, ref_id, other_id, created_at)
-    if kind in (Kind.FOLLOW, Kind.UNFOLLOW):
-        return Follow(other_id, key, created_at, active=kind == Kind.FOLLOW)
-    if kind in _RELATIONS:
-        relation, active = _RELATIONS[Kind(kind)]
-        return Relation(other_id, key, created_at, relation, active=active)
-    if kind == Kind.USER:
-        return UserUpsert(key, text or "", name or "", created_at)
-    if kind == Kind.USER_DELETE:
-        return AccountDelete(key, created_at)
-    if kind == Kind.ACTIVITY:
-        return Activity(key, created_at)
-    msg = f"row kind {kind} carries no event"
-    raise ValueError(msg)
+#: The :data:`EVENT_COLUMNS` of an event. ``key`` is its join key; which field fills
+#: each other column is its kind's (``ingest.events.KINDS``): for example ``other_id``
+#: is a post's ``in_reply_to_user_id`` (0: not a reply), a repost's original author, or
+#: the acting user of a follow, block or mute, and ``ref_id`` a repost's original tweet.
+event_fields = flatten
+#: The (already validated) event a row's event columns carry: the inverse of
+#: :func:`event_fields`.
+to_event = unflatten

@@ -9,7 +9,7 @@ live in Spark's checkpoint as ``{"<physical topic>:<partition>": next_offset}``,
 serialized with sorted keys because Spark compares offsets as JSON text.
 
 Every record becomes exactly one row of :data:`SOURCE_SCHEMA` through the pure
-function :func:`event_row`: a valid event gets its :class:`~views.row.Kind` and
+function :func:`event_row`: a valid event gets its :class:`~ingest.events.Kind` and
 fields, anything else (a tombstone, bad JSON, a wrong key, a contract violation) a
 ``Kind.INVALID`` row with the reason and the raw bytes, for the dead-letter table.
 The row's columns, and the schemas here, come from :mod:`views.row`.
