@@ -180,7 +180,11 @@ def main() -> int:
     ap.add_argument("--max-records", type=int, default=20_000)
     ap.add_argument("--name", default="scale")
     args = ap.parse_args()
-    sizes = [one_size(users, args) for users in sorted(args.users)]
+    sizes: list[dict[str, Any]] = []
+    for users in sorted(args.users):
+        sizes.append(one_size(users, args))
+        # each size is saved as it ends: a 1M-user size runs for most of an hour
+        save(args.name, {"args": vars(args), "sizes": sizes, "ratios": ratios(sizes)})
     grown = ratios(sizes)
     print(f"\nagainst {sizes[0]['users']:,} users, at " +
           ", ".join(f"{r['users']:,}" for r in sizes) + " users:")

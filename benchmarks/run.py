@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/run.py list
     .venv/bin/python benchmarks/run.py run freshness --rate 500 --seconds 60
+    .venv/bin/python benchmarks/run.py run nodes             # one node of each against three
     .venv/bin/python benchmarks/run.py micro                 # the micro-benchmarks (pytest-benchmark)
     .venv/bin/python benchmarks/run.py compare freshness [--against REV] [--match batch]
 
