@@ -49,7 +49,7 @@ from typing import Any
 
 import psutil
 from bench_api import HOST, _get_once, _read_response, _request, build
-from harness import ROOT, save
+from harness import ROOT, WRK_THREADS_LUA, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -57,18 +57,7 @@ sys.path.insert(0, str(ROOT))
 from infra.broker import free_port  # noqa: E402
 from infra.load import children_cpu, cpu_of  # noqa: E402
 
-# Each wrk thread draws its own users (a Lua state per thread, seeded by its index):
-# with one seed for all, every thread asked for the same users in the same order.
-WRK_LUA = """
-local threads = 0
-setup = function(thread)
-  threads = threads + 1
-  thread:set("index", threads)
-end
-init = function(args)
-  math.randomseed(%(seed)d * 1000 + index)
-end
-request = function()
+WRK_LUA = WRK_THREADS_LUA + """request = function()
   return wrk.format("GET", "/v1/users/" .. math.random(1, %(users)d) .. "/home?limit=20")
 end
 done = function(summary, latency, requests)

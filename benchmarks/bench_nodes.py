@@ -61,7 +61,7 @@ from typing import Any
 
 import httpx
 import psutil
-from harness import ROOT, save
+from harness import ROOT, WRK_THREADS_LUA, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -436,16 +436,7 @@ def first_pages(api: str, keys: list[str], n: int, seed: int) -> dict[str, Any]:
 
 
 WRK_LUA = """
-local tokens = {%(tokens)s}
-local threads = 0
-setup = function(thread)
-  threads = threads + 1
-  thread:set("index", threads)
-end
-init = function(args)
-  math.randomseed(%(seed)d * 1000 + index)
-end
-request = function()
+local tokens = {%(tokens)s}""" + WRK_THREADS_LUA + """request = function()
   local u = math.random(1, #tokens)
   return wrk.format("GET", "/v1/users/" .. u .. "/home?limit=20",
                     {["Authorization"] = "Bearer " .. tokens[u]})

@@ -123,3 +123,18 @@ def describe(stamped: dict[str, Any]) -> str:
     dirty = "+changes" if s.get("dirty") else ""
     return (f"{s.get('commit', '?')}{dirty} on {s.get('machine', '?')} "
             f"({s.get('cores', '?')} cores, load {load_1}) at {s.get('date', '?')}")
+
+
+#: The start of a wrk script whose threads each draw their own users (a Lua state per
+#: thread, seeded by its index): with one seed for all, every thread asked for the same
+#: users in the same order. ``%(seed)d`` is the run's seed.
+WRK_THREADS_LUA = """
+local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("index", threads)
+end
+init = function(args)
+  math.randomseed(%(seed)d * 1000 + index)
+end
+"""
