@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
 
 from serving.celebrities import CelebrityCache
 from serving.errors import NotFound
@@ -40,8 +39,6 @@ from views.delta import TOP, Key
 from views.stores.base import (
     Entry,
     HomeStart,
-    Relations,
-    Store,
     TimelineReader,
     TweetRow,
     UserRow,
@@ -91,7 +88,7 @@ def home_page(store: TimelineReader, user: int, below: Key | None, limit: int,
     with store.snapshot():
         first = (below or TOP, _first_batch(limit))
         start = store.home_start(user, *first)
-        viewer = _viewer(store, user, start.relations)
+        viewer = Viewer(store, user, start.relations)
         source = _Home(store, user, viewer, celebrities, start, first)
         return _page(viewer, source.batch, below, limit, viewer.home)
 
@@ -103,7 +100,7 @@ def read_time_page(store: TimelineReader, user: int, below: Key | None, limit: i
     materialized view (DESIGN §8). Equal to :func:`home_page` on the same data.
     """
     with store.snapshot():
-        viewer = _viewer(store, user)
+        viewer = Viewer(store, user)
 
         def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
             entries = viewer.author_tweets(sorted(viewer.followees()), below, n)
@@ -119,7 +116,7 @@ def author_page(store: TimelineReader, author: int, below: Key | None, limit: in
     deleted; a deleted account's page is not served (:class:`AccountGone`).
     """
     with store.snapshot():
-        viewer = _viewer(store, None)
+        viewer = Viewer(store, None)
         viewer.load_users([author])
         if viewer.deleted(author):
             raise _gone(author)
@@ -148,16 +145,6 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
     out = out[:limit]
     return Page(out, out[-1].key if more else None, viewer.tweets, viewer.users,
                 frozenset(viewer.asked))
-
-
-def _viewer(store: TimelineReader, user: int | None,
-            relations: Relations | None = None) -> Viewer:
-    """A :class:`Viewer` of ``store`` for ``user``.
-
-    :mod:`serving.visibility` annotates its store as the whole :class:`Store`, but
-    reads it only through :class:`TimelineReader`'s methods, so a reader is enough.
-    """
-    return Viewer(cast("Store", store), user, relations)
 
 
 def _first_batch(limit: int) -> int:

@@ -20,7 +20,7 @@ For an entry of user ``u`` to be served (the pinned semantics of DESIGN §4b):
 - a reply is served if it answers ``u``, its own author, or someone in ``F(u)``
   (``u``'s live followees minus deleted accounts and blocks either way);
 - and no *visible appearance* of the same original is newer: neither a shown repost
-  by someone in ``F(u)`` (:meth:`Store.reposts_of`) nor the original post itself.
+  by someone in ``F(u)`` (:meth:`TimelineReader.reposts_of`) nor the original post itself.
 
 The last check reads the store, never the page, so whether an entry is served does
 not depend on the cursor: pages concatenate to the query. Rows are read in bulk and
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from views.delta import Key
-from views.stores.base import Entry, Relations, Store, TweetRow, UserRow
+from views.stores.base import Entry, Relations, TimelineReader, TweetRow, UserRow
 
 
 class HomeEntry(NamedTuple):
@@ -71,7 +71,7 @@ class Viewer:
     further reads (:mod:`serving.render`).
     """
 
-    def __init__(self, store: Store, user: int | None,
+    def __init__(self, store: TimelineReader, user: int | None,
                  relations: Relations | None = None) -> None:
         """``relations``: the reader's, when read already (else read on first use)."""
         self.store, self.user = store, user
@@ -104,7 +104,7 @@ class Viewer:
         return self._asked
 
     def author_tweets(self, authors: Sequence[int], below: Key, n: int) -> list[Entry]:
-        """The store's :meth:`~Store.author_tweets`, the authors noted as read."""
+        """The store's :meth:`~TimelineReader.author_tweets`, the authors noted as read."""
         self._asked.update(("a", a) for a in authors)
         return self.store.author_tweets(authors, below, n)
 
