@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -32,9 +32,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from infra.errors import InfraError
 from ingest.events import (
     FOLLOWS,
+    KINDS,
     TWEETS,
     USERS,
     AccountDelete,
+    Activity,
     Delete,
     Event,
     Follow,
@@ -189,14 +191,36 @@ def _event(topic: str, key: bytes | None, value: bytes | None) -> Event | None:
         return None
 
 
+def _author(event: Any) -> tuple[int, ...]:
+    return (event.author_id,)
+
+
+def _edge(event: Any) -> tuple[int, ...]:
+    return (event.follower_id, event.followee_id)
+
+
+def _user(event: Any) -> tuple[int, ...]:
+    return (event.user_id,)
+
+
+#: The users each kind's events name (``ingest.events.KINDS``), by event class: whose
+#: timelines, or whose entries, they can change. A read changes neither.
+_NAMED: Final[dict[type, Callable[[Any], tuple[int, ...]]]] = {
+    Post: _author,
+    Delete: _author,
+    Unrepost: _author,
+    Repost: lambda event: (event.author_id, event.original_author_id),
+    Follow: _edge,
+    Relation: _edge,
+    AccountDelete: _user,
+    UserUpsert: _user,
+    Activity: lambda _event: (),
+}
+if _MISSING := sorted(c.__name__ for c in {k.event for k in KINDS} - _NAMED.keys()):
+    _MSG = f"logtail names no users for {', '.join(_MISSING)} (ingest.events.KINDS)"
+    raise TypeError(_MSG)
+
+
 def named_users(event: Event) -> tuple[int, ...]:
     """The users an event names: whose timelines, or whose entries, it can change."""
-    if isinstance(event, Post | Delete | Unrepost):
-        return (event.author_id,)
-    if isinstance(event, Repost):
-        return (event.author_id, event.original_author_id)
-    if isinstance(event, Follow | Relation):
-        return (event.follower_id, event.followee_id)
-    if isinstance(event, AccountDelete | UserUpsert):
-        return (event.user_id,)
-    return ()
+    return _NAMED[type(event)](event)
