@@ -464,8 +464,13 @@ class SQLiteStore(Store):
             [row[:3] for r in off for row in _relation_rows(r)])
 
     def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
-        db.executemany("DELETE FROM home_timeline WHERE user_id = ? AND author_id = ?",
-                       sorted(plan.wipes))
+        # Not a row another author's claim owns at its time: two claims of one id at one
+        # time share a row, and the wipe of the author it lists leaves the owner's entry.
+        db.executemany(
+            "DELETE FROM home_timeline WHERE user_id = ? AND author_id = ? AND NOT EXISTS ("
+            "SELECT 1 FROM tweets WHERE tweets.tweet_id = home_timeline.tweet_id "
+            "AND tweets.author_id != home_timeline.author_id "
+            "AND tweets.created_at = home_timeline.created_at)", sorted(plan.wipes))
         # A remove whose time the join did not know takes it from the tweets table.
         db.executemany(
             "DELETE FROM home_timeline WHERE user_id = ? AND tweet_id = ? AND author_id = ? "

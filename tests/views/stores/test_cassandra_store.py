@@ -289,9 +289,21 @@ def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
 def test_wipes_delete_the_authors_rows_found() -> None:
     wipes = cql.wipe_users([(2, 1), (2, 5), (3, 1)])
     partitions = {2: [(9, 90, 1), (8, 80, 4), (7, 70, 5)], 3: []}
-    ops = cql.wipe_ops(wipes, partitions, 3)
+    rows = cql.wiped_rows(wipes, partitions)
+    assert rows == [(2, 9, 90, 1), (2, 7, 70, 5)]
+    ops = cql.wipe_ops(rows, {}, 3)
     _check_markers(ops)
     assert ops == [("home_del", (3, 2, 9, 90)), ("home_del", (3, 2, 7, 70))]
+
+
+def test_a_wipe_leaves_a_row_another_authors_claim_owns() -> None:
+    rows = [(2, 9, 90, 1), (2, 7, 70, 1), (2, 6, 60, 1), (2, 5, 50, 1)]
+    # 90: author 4 owns the id at the row's time; 70: author 4's claim is at another
+    # time (the row is author 1's); 60: author 1's own; 50: no stored row.
+    stored = {90: (9, 4), 70: (3, 4), 60: (6, 1)}
+    assert cql.wipe_ops(rows, stored, 3) == [("home_del", (3, 2, 7, 70)),
+                                             ("home_del", (3, 2, 6, 60)),
+                                             ("home_del", (3, 2, 5, 50))]
 
 
 def test_graph_and_profile_ops() -> None:

@@ -623,6 +623,20 @@ def test_two_authors_claims_of_one_id_keep_the_earliest_and_a_dead_letter(
             for t, r in letters.items()} == {late: (a, b), early: (b, a)}
 
 
+def test_a_wipe_leaves_a_row_another_authors_claim_owns(backend: Backend, space: Space) -> None:
+    # Two claims of one id at one time share a reader's row; the owner is the earlier
+    # (created_at, author_id). The row lists the other author (its fan-out reached the
+    # reader first): unfollowing that author leaves the owner's entry.
+    store = backend.store()
+    u, owner, other, mine = space(1), space(2), space(3), space(4)
+    t, t2 = space(10), space(11)
+    store.apply([post(t, owner, 5, "owned"), post(t, other, 5, "claim"),
+                 post(t2, other, 6, "its own")], space.batch())
+    store.apply([add(u, t, other, 5), add(u, t2, other, 6)], space.batch(1))
+    store.apply([wipe(u, other), wipe(u, mine)], space.batch(2))
+    assert ids(store.cached(u, None, 10)) == [t]
+
+
 def test_counts_and_home_users_see_new_rows(backend: Backend, space: Space) -> None:
     store = backend.store()
     u, a, t1, t2 = space(1), space(2), space(11), space(12)

@@ -569,13 +569,38 @@ def stored_users(rows: Mapping[int, list[tuple[Any, ...]]]) -> tuple[dict[int, i
     return times, {u for u, r in rows.items() if r and r[0][1]}
 
 
-def wipe_ops(wipes: Mapping[int, set[int]], partitions: Mapping[int, list[tuple[int, int, int]]],
-             ts: int) -> list[Op]:
-    """Row deletes for the wiped authors' entries found in each user's partition."""
-    return [("home_del", (ts, user, created_at, tweet))
+def wiped_rows(wipes: Mapping[int, set[int]],
+               partitions: Mapping[int, list[tuple[int, int, int]]]
+               ) -> list[tuple[int, int, int, int]]:
+    """The wiped authors' rows found in each user's partition: (user, created_at, tweet, author)."""
+    return [(user, created_at, tweet, author)
             for user, authors in sorted(wipes.items())
             for created_at, tweet, author in partitions.get(user, ())
             if author in authors]
+
+
+def wipe_ops(rows: Iterable[tuple[int, int, int, int]],
+             stored: Mapping[int, tuple[int | None, int | None]], ts: int) -> list[Op]:
+    """Row deletes for wiped rows (:func:`wiped_rows`), but not a row another author owns.
+
+    Two claims of one id at one time share one timeline row, which lists whichever
+    author was written last; ``stored`` (tweet_id → the ``tweets`` row's created_at and
+    author, :func:`claims`) says whose it is. A row owned by another author at its own
+    time is that owner's entry (served if the reader follows the owner,
+    :mod:`serving.visibility`), so the wipe of the listed author leaves it.
+    """
+    return [("home_del", (ts, user, created_at, tweet))
+            for user, created_at, tweet, author in rows
+            if not owned_elsewhere(stored.get(tweet), created_at, author)]
+
+
+def owned_elsewhere(stored: tuple[int | None, int | None] | None, created_at: int,
+                    author: int) -> bool:
+    """Whether a row listing ``author`` at ``created_at`` is another author's claim."""
+    if stored is None:
+        return False
+    at, owner = stored
+    return owner is not None and owner != author and at == created_at
 
 
 def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int, int],

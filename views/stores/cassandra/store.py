@@ -341,12 +341,21 @@ class CassandraStore(Store):
         resolved ``removes``. ``found`` holds the reads this needs (``home_all`` of the wiped users,
         ``user_time``, ``meta_get``); returns each user's ``timeline_meta``.
         """
-        wipes = cql.wipe_users(plan.wipes)
+        wiped = cql.wiped_rows(cql.wipe_users(plan.wipes), found["home_all"])
         stored, gone = cql.stored_users(found["user_time"])
         self._run(cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
-                  + cql.wipe_ops(wipes, found["home_all"], ts) + removes)
+                  + cql.wipe_ops(wiped, self._claims({t for _, _, t, _ in wiped}), ts)
+                  + removes)
         return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+
+    def _claims(self, tweets: set[int]) -> dict[int, tuple[int | None, int | None]]:
+        """The stored claims (created_at, author) on these tweet ids (one ``IN`` read a 100)."""
+        if not tweets:
+            return {}
+        found = self._lookup({"tweet_state": sorted(tweets)})["tweet_state"]
+        return cql.claims({t: s for t, rows in found.items()
+                           if (s := cql.TweetState.decode(rows)) is not None})
 
     def _write_adds(self, plan: WritePlan, meta: dict[int, cql.Meta], ts: int,
                     inactive_ms: int) -> tuple[list[tuple[int, int, int, int]], int]:
