@@ -96,18 +96,21 @@ class Read:
         """The page as JSON (waiting for ``after`` first, if given)."""
         return self.rendered(page_fn, freshness)[0]
 
-    def rendered(self, page_fn: PageFn, freshness: Freshness | None) -> tuple[bytes, Page]:
+    def rendered(self, page_fn: PageFn, freshness: Freshness | None,
+                 reader: TimelineReader | None = None) -> tuple[bytes, Page]:
         """The page as JSON, and the page with the rows it was decided on.
 
         The page carries those rows, so rendering reads nothing: an entry filtered
         out (a celebrity tweet deleted since the celebrity cache last looked, say) was
-        replaced by the next candidate, and the page is not short.
+        replaced by the next candidate, and the page is not short. ``reader``: what to
+        read instead of the store (a page cache's, :meth:`PageVersions.reader`).
         """
         consistent = None
         if self.after is not None and freshness is not None:
             consistent = freshness.wait(self.store, self.after)
-        page = page_fn(self.store, self.user, self.below, self.limit)
-        entries = hydrated(self.store, page.entries, page.tweets, page.users)
+        store = reader or self.store
+        page = page_fn(store, self.user, self.below, self.limit)
+        entries = hydrated(store, page.entries, page.tweets, page.users)
         return page_body(self.user, entries, page.next_key, consistent), page
 
 
@@ -162,7 +165,7 @@ class Pages:
         key, token = (kind, read.user, read.below, read.limit), (token, generation, view)
         page = self.cache.get(key, token)
         if page is None:
-            body, rendered = read.rendered(page_fn, None)
+            body, rendered = read.rendered(page_fn, None, versions.reader(read.store))
             page = Cached(body, etag_of(body), token)
             # Kept only if nothing was committed while rendering: the page is the token's.
             unchanged = generation == (celebrities.generation if celebrities else 0)

@@ -106,6 +106,28 @@ def test_a_deleted_original_leaves_every_page_that_showed_it(store) -> None:
     assert b'"original"' not in _read(pages, state, 30, kind=OWN)
 
 
+def test_rows_kept_across_pages_go_when_a_batch_names_them(store) -> None:
+    # Users 1 and 2 follow 10: user 2's first page reads the rows user 1's page read
+    # from the kept ones, unless a batch renamed 10 or deleted 100 in between.
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([*(Follow(u, 10, T0) for u in (1, 2, 3)),
+              *(UserUpsert(u, f"u{u}", f"U{u}", T0) for u in (1, 2, 3)),
+              UserUpsert(10, "ten", "Ten", T0), Post(100, 10, T0 + 1, "kept"),
+              Post(101, 10, T0 + 2, "other")])
+    pages, state = _pages(store)
+    assert b"kept" in _read(pages, state, 1)
+    misses, hits = state.versions.row_misses, state.versions.row_hits
+    assert b"kept" in _read(pages, state, 2)
+    # Only its reader's own profile was not kept; tweets 100, 101 and profile 10 were.
+    assert state.versions.row_misses == misses + 1
+    assert state.versions.row_hits == hits + 3
+    join.run([UserUpsert(10, "ten", "Ten renamed", T0 + 5), Delete(101, 10, T0 + 6)])
+    page = _read(pages, state, 3)
+    assert b"Ten renamed" in page and b"kept" in page and b"other" not in page
+    assert state.versions.row_misses == misses + 3  # its reader's profile, and 10's again
+    state.versions.close()
+
+
 def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
     plan = WritePlan()
     plan.follows[(1, 2)] = None  # type: ignore[assignment]

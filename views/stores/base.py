@@ -340,6 +340,17 @@ class PageVersions:
         """Whether a page rendered from ``position`` may be kept under its token."""
         return self.position() == position
 
+    def reader(self, store: TimelineReader) -> TimelineReader:
+        """What a page of ``store`` rendered for the page cache reads.
+
+        ``store`` itself, or (for the store these tokens are of) a backend's reader that
+        keeps rows across pages while the tokens say they stand (Cassandra:
+        :class:`~views.stores.cassandra.changes.CachedRows`). Such a reader lags the
+        store as a cached page does, by the backend's answer window: ``?after=`` reads
+        do not go through it.
+        """
+        return store
+
     def close(self) -> None:
         """Release what the tokens hold (connections, indexes)."""
 
@@ -443,6 +454,61 @@ class TimelineReader(abc.ABC):
         store.
         """
         return PageVersions(self)
+
+
+class ReaderProxy(TimelineReader):
+    """A :class:`TimelineReader` that passes every read to ``inner``; subclasses override some."""
+
+    def __init__(self, inner: TimelineReader) -> None:
+        self.inner = inner
+        self.reads_in_process = inner.reads_in_process
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        return self.inner.snapshot()
+
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        return self.inner.cached(user, below, limit)
+
+    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
+        return self.inner.home_start(user, below, limit)
+
+    def horizon(self, user: int) -> Key | None:
+        return self.inner.horizon(user)
+
+    def celebrities_followed(self, user: int) -> list[int]:
+        return self.inner.celebrities_followed(user)
+
+    def followees(self, user: int) -> list[int]:
+        return self.inner.followees(user)
+
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        return self.inner.author_tweets(authors, below, limit)
+
+    def recent_by_author(self, authors: Sequence[int], n: int) -> dict[int, list[Entry]]:
+        return self.inner.recent_by_author(authors, n)
+
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        return self.inner.tweets(ids)
+
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        return self.inner.users(ids)
+
+    def relations(self, user: int) -> Relations:
+        return self.inner.relations(user)
+
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
+        return self.inner.reposts_of(originals, above, reader)
+
+    def celebrities(self) -> list[int]:
+        return self.inner.celebrities()
+
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        return self.inner.applied_offsets()
+
+    def page_versions(self) -> PageVersions:
+        return self.inner.page_versions()
 
 
 class ViewWriter(abc.ABC):

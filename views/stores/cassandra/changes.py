@@ -24,6 +24,14 @@ touched it, within an *epoch*: everything of an earlier epoch is forgotten whole
 when the indexes grow past their bound). Activity records and trims touch no page: a
 page is a function of the query, which neither changes.
 
+**Rows across pages.** Tweet and profile rows change only by the batches that name
+them in the feed (a delete, a repost shown or hidden, a profile, an account deleted),
+so :meth:`FeedVersions.reader` gives the page renders a reader
+(:class:`CachedRows`) that keeps the rows it read, up to :data:`MAX_ROWS`, and forgets
+each as soon as a batch taken in names it; a row read while a batch was being taken
+in is not kept (it may predate that batch). A page of 200 entries whose tweets other
+pages read already costs no ``tweets`` or ``users`` request.
+
 Reads share questions: a read takes the last answer if it was asked for at most
 ``fresh_s`` before the read arrived (the store URL's ``page_fresh_ms``, 20 ms by
 default; 0: only an answer asked for after it arrived), else waits for the next. The
@@ -39,11 +47,19 @@ import hashlib
 import threading
 import time
 from array import array
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from views.stores.base import PageVersions, Position, TimelineReader, WritePlan
+from views.stores.base import (
+    PageVersions,
+    Position,
+    ReaderProxy,
+    TimelineReader,
+    TweetRow,
+    UserRow,
+    WritePlan,
+)
 from views.stores.cassandra import statements as cql
 
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
@@ -54,6 +70,8 @@ EVERYTHING: Final = 250_000
 MAX_BUCKETS: Final = 20
 #: Pages (and dependent ids) an API process indexes before forgetting everything.
 MAX_INDEXED: Final = 500_000
+#: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them.
+MAX_ROWS: Final = 200_000
 
 HOME: Final = "home"
 OWN: Final = "tweets"
@@ -140,7 +158,12 @@ class FeedVersions(PageVersions):
         self._epoch = 0
         self._touched: dict[tuple[str, int], int] = {}
         self._watchers: dict[tuple[str, int], set[tuple[str, int]]] = {}
+        self._tweets: dict[int, TweetRow] = {}
+        self._users: dict[int, UserRow] = {}
+        self._generation = 0  # moves whenever a kept row may have gone stale
+        self._reader = CachedRows(store, self)
         self.questions = self.catch_ups = self.resets = 0
+        self.row_hits = self.row_misses = 0
 
     def position(self) -> Position:
         """The committed batch timestamp, the indexes brought up to it first.
@@ -173,6 +196,32 @@ class FeedVersions(PageVersions):
                 self._reset()
             return True
 
+    def reader(self, store: TimelineReader) -> TimelineReader:
+        return self._reader if store is self.store else store
+
+    def rows(self, ids: Sequence[int], table: str,
+             fetch: Callable[[Sequence[int]], dict[int, Any]]) -> dict[int, Any]:
+        """Rows of ``table`` ("t" tweets, "u" profiles) by id: kept ones, the rest fetched.
+
+        Fetched rows are kept only if no batch was taken in while they were read.
+        """
+        kept: dict[int, Any] = self._tweets if table == "t" else self._users
+        with self._lock:
+            found = {i: row for i in ids if (row := kept.get(i)) is not None}
+            generation = self._generation
+            missing = [i for i in dict.fromkeys(ids) if i not in found]
+            self.row_hits += len(found)
+            self.row_misses += len(missing)
+        if missing:
+            fetched = fetch(missing)
+            found.update(fetched)
+            with self._lock:
+                if generation == self._generation:
+                    if len(kept) + len(fetched) > MAX_ROWS:
+                        kept.clear()
+                    kept.update(fetched)
+        return found
+
     def _committed(self) -> int:
         self.questions += 1
         rows = self._run("committed_get", ())
@@ -198,6 +247,12 @@ class FeedVersions(PageVersions):
         if changes.everything:
             self._reset()
             return
+        if changes.tweets or changes.users:
+            self._generation += 1
+            for t in changes.tweets:
+                self._tweets.pop(t, None)
+            for u in changes.users:
+                self._users.pop(u, None)
         pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
         for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users),
                     *(("a", a) for a in changes.authors)):
@@ -211,5 +266,22 @@ class FeedVersions(PageVersions):
         """Every page kept so far is stale: a new epoch, and the indexes dropped."""
         self.resets += 1
         self._epoch += 1
+        self._generation += 1
         self._touched.clear()
         self._watchers.clear()
+        self._tweets.clear()
+        self._users.clear()
+
+
+class CachedRows(ReaderProxy):
+    """The store, with ``tweets`` and ``users`` kept across pages by :class:`FeedVersions`."""
+
+    def __init__(self, inner: TimelineReader, versions: FeedVersions) -> None:
+        super().__init__(inner)
+        self.versions = versions
+
+    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
+        return self.versions.rows(ids, "t", self.inner.tweets)
+
+    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
+        return self.versions.rows(ids, "u", self.inner.users)
