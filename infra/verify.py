@@ -39,7 +39,7 @@ from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
 from views.join import DEFAULT_LATENESS_MS
 from views.reference import HomeRow, Reference
-from views.stores.base import Store, TimelineReader
+from views.stores.base import PageVersions, Store, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +195,14 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
     serially, at a quarter more CPU a user), so it is read by ``workers`` processes
     when there is an ``opener``, and inline otherwise.
     """
+    versions = None
     if not store.reads_in_process:
+        # Rows shared by many timelines are read once, as the API's page renders do
+        # (PageVersions.reader); the tokens are brought current before each user.
+        versions = store.page_versions()
         pool: Executor = ThreadPoolExecutor(READERS)
-        rows = pool.map(functools.partial(served, store, n=n), users)
+        rows = pool.map(functools.partial(_served_current, versions, versions.reader(store),
+                                          n=n), users)
     elif opener is not None:
         pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
                                    mp_context=multiprocessing.get_context("spawn"),
@@ -210,6 +215,15 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
         yield rows
     finally:
         pool.shutdown(cancel_futures=True)
+        if versions is not None:
+            versions.close()
+
+
+def _served_current(versions: PageVersions, reader: TimelineReader, user: int, n: int) -> Served:
+    """:func:`served` through ``versions``' reader, its tokens brought current first."""
+    if reader is not versions.store:
+        versions.position()
+    return served(reader, user, n)
 
 
 def served(store: TimelineReader, user: int, n: int) -> Served:
