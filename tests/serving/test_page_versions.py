@@ -118,14 +118,29 @@ def test_rows_kept_across_pages_go_when_a_batch_names_them(store) -> None:
     assert b"kept" in _read(pages, state, 1)
     misses, hits = state.versions.row_misses, state.versions.row_hits
     assert b"kept" in _read(pages, state, 2)
-    # Only its reader's own profile was not kept; tweets 100, 101 and profile 10 were.
+    # Only its reader's own profile was not kept; tweets 100, 101, profile 10, and that
+    # neither tweet has a repost, were.
     assert state.versions.row_misses == misses + 1
-    assert state.versions.row_hits == hits + 3
+    assert state.versions.row_hits == hits + 5
     join.run([UserUpsert(10, "ten", "Ten renamed", T0 + 5), Delete(101, 10, T0 + 6)])
     page = _read(pages, state, 3)
     assert b"Ten renamed" in page and b"kept" in page and b"other" not in page
     assert state.versions.row_misses == misses + 3  # its reader's profile, and 10's again
     state.versions.close()
+
+
+def test_a_new_repost_undoes_the_kept_answer_that_its_original_had_none(store) -> None:
+    # Users 1 and 2 follow 10 and 20. User 1's page asks whether 100 has reposts (none:
+    # kept); then 20 reposts it, and user 2's first page shows the repost, not the post.
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([*(Follow(u, a, T0) for u in (1, 2) for a in (10, 20)),
+              *(UserUpsert(u, f"u{u}", f"U{u}", T0) for u in (1, 2, 10, 20)),
+              Post(100, 10, T0 + 1, "original")])
+    pages, state = _pages(store)
+    assert b'"post"' in _read(pages, state, 1)
+    join.run([Repost(101, 20, 100, 10, T0 + 2)])
+    page = _read(pages, state, 2)
+    assert b'"repost"' in page and b'"post"' not in page
 
 
 def test_changes_of_a_plan_name_users_authors_and_rows() -> None:

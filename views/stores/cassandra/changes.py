@@ -29,8 +29,11 @@ them in the feed (a delete, a repost shown or hidden, a profile, an account dele
 so :meth:`FeedVersions.reader` gives the page renders a reader
 (:class:`CachedRows`) that keeps the rows it read, up to :data:`MAX_ROWS`, and forgets
 each as soon as a batch taken in names it; a row read while a batch was being taken
-in is not kept (it may predate that batch). A page of 200 entries whose tweets other
-pages read already costs no ``tweets`` or ``users`` request.
+in is not kept (it may predate that batch). It keeps one more answer: that an
+original has no shown repost above a key (most tweets are never reposted, and every
+page asks of each of its entries). A batch that writes a repost names its original,
+which forgets that. A page of 200 entries whose tweets other pages read already costs
+no ``tweets``, ``users`` or ``reposts_by_original`` request.
 
 Reads share questions: a read takes the last answer if it was asked for at most
 ``fresh_s`` before the read arrived (the store URL's ``page_fresh_ms``, 20 ms by
@@ -47,11 +50,13 @@ import hashlib
 import threading
 import time
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from views.delta import Key
 from views.stores.base import (
+    Entry,
     PageVersions,
     Position,
     ReaderProxy,
@@ -61,6 +66,7 @@ from views.stores.base import (
     WritePlan,
 )
 from views.stores.cassandra import statements as cql
+from views.stores.cassandra.rows import FLOOR
 
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
 BUCKET_US: Final = 3_600_000_000
@@ -97,9 +103,11 @@ class Changes:
                  *plan.deleted_users}
         homes.update(who for user, other, _ in plan.relations for who in (user, other))
         rows = (*plan.tweets.values(), *plan.reposts.values(), *plan.foreign_deletes)
+        # A repost written names its original too: the original's list of reposts changed.
+        originals = {r.original_id for r in plan.reposts.values() if r.original_id}
         changes = cls(frozenset(homes), frozenset({r.author_id for r in rows}
                                                   | set(plan.deleted_users)),
-                      frozenset(r.tweet_id for r in rows),
+                      frozenset({r.tweet_id for r in rows} | originals),
                       frozenset(plan.users.keys() | plan.deleted_users.keys()))
         if changes.size() > EVERYTHING:
             return cls(everything=True)
@@ -160,6 +168,7 @@ class FeedVersions(PageVersions):
         self._watchers: dict[tuple[str, int], set[tuple[str, int]]] = {}
         self._tweets: dict[int, TweetRow] = {}
         self._users: dict[int, UserRow] = {}
+        self._unreposted: dict[int, Key] = {}  # original → no shown repost above this key
         self._generation = 0  # moves whenever a kept row may have gone stale
         self._reader = CachedRows(store, self)
         self.questions = self.catch_ups = self.resets = 0
@@ -222,6 +231,32 @@ class FeedVersions(PageVersions):
                     kept.update(fetched)
         return found
 
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key],
+                   fetch: Callable[[list[int]], dict[int, list[Entry]]]
+                   ) -> dict[int, list[Entry]]:
+        """Shown reposts above each original's bound; the kept "none above" answers first.
+
+        ``fetch`` reads the rest, with the same bounds (and its answer must not depend
+        on the reader: the Cassandra store's does not).
+        """
+        unique = list(dict.fromkeys(originals))
+        with self._lock:
+            asked = [o for o in unique if not ((k := self._unreposted.get(o)) is not None
+                                               and above.get(o, FLOOR) >= k)]
+            generation = self._generation
+            self.row_hits += len(unique) - len(asked)
+            self.row_misses += len(asked)
+        found = fetch(asked) if asked else {}
+        with self._lock:
+            if generation == self._generation:
+                if len(self._unreposted) + len(asked) > MAX_ROWS:
+                    self._unreposted.clear()
+                for o in asked:
+                    if o not in found:
+                        bound = above.get(o, FLOOR)
+                        self._unreposted[o] = min(bound, self._unreposted.get(o, bound))
+        return found
+
     def _committed(self) -> int:
         self.questions += 1
         rows = self._run("committed_get", ())
@@ -251,6 +286,7 @@ class FeedVersions(PageVersions):
             self._generation += 1
             for t in changes.tweets:
                 self._tweets.pop(t, None)
+                self._unreposted.pop(t, None)
             for u in changes.users:
                 self._users.pop(u, None)
         pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
@@ -271,6 +307,7 @@ class FeedVersions(PageVersions):
         self._watchers.clear()
         self._tweets.clear()
         self._users.clear()
+        self._unreposted.clear()
 
 
 class CachedRows(ReaderProxy):
@@ -285,3 +322,9 @@ class CachedRows(ReaderProxy):
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
         return self.versions.rows(ids, "u", self.inner.users)
+
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
+        bounds = above or {}
+        return self.versions.reposts_of(
+            originals, bounds, lambda asked: self.inner.reposts_of(asked, bounds, reader))
