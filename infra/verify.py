@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ingest.progress import progress as progress_bar
 from ingest.settings import KafkaSettings
@@ -188,26 +189,33 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
            workers: int | None) -> Iterator[Iterator[Served]]:
     """Each user's served rows, in ``users``' order, read while the caller recomputes.
 
-    A store whose reads wait on the network is read by :data:`READERS` threads. A
-    store that answers reads in this process (``reads_in_process``) is CPU work under
-    this process's one GIL: threads only take turns with the recomputation and each
-    other (on SQLite, 8 threads checked fewer users a second than the same reads done
-    serially, at a quarter more CPU a user), so it is read by ``workers`` processes
-    when there is an ``opener``, and inline otherwise.
+    Reading a timeline is CPU work in Python (assembling it entry by entry) under this
+    process's one GIL, beside the recomputation; so with an ``opener`` the reads run in
+    ``workers`` processes (default: one per core). A store that answers reads in process
+    (``reads_in_process``: SQLite) is read serially in each (on SQLite, 8 threads checked
+    fewer users a second than the same reads done serially, at a quarter more CPU a
+    user). A store whose reads wait on the network is read by :data:`READERS` threads in
+    each, whose waits overlap, through the store's page reader (rows shared by many
+    timelines read once, as the API's page renders do: :meth:`PageVersions.reader`).
+    Without an opener: those threads in this process, or inline.
     """
     versions = None
-    if not store.reads_in_process:
-        # Rows shared by many timelines are read once, as the API's page renders do
-        # (PageVersions.reader); the tokens are brought current before each user.
-        versions = store.page_versions()
-        pool: Executor = ThreadPoolExecutor(READERS)
-        rows = pool.map(functools.partial(_served_current, versions, versions.reader(store),
-                                          n=n), users)
-    elif opener is not None:
+    pool: Executor
+    if opener is not None:
         pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
                                    mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_open_reader, initargs=(opener,))
-        rows = pool.map(_served_here, users, itertools.repeat(n), chunksize=CHUNK)
+        if store.reads_in_process:
+            rows = pool.map(_served_here, users, itertools.repeat(n), chunksize=CHUNK)
+        else:
+            chunks = [users[i:i + CHUNK] for i in range(0, len(users), CHUNK)]
+            rows = itertools.chain.from_iterable(
+                pool.map(_served_chunk, chunks, itertools.repeat(n)))
+    elif not store.reads_in_process:
+        versions = store.page_versions()
+        pool = ThreadPoolExecutor(READERS)
+        rows = pool.map(functools.partial(_served_current, versions, versions.reader(store),
+                                          n=n), users)
     else:
         yield (served(store, user, n) for user in users)
         return
@@ -248,6 +256,20 @@ def _open_reader(opener: Callable[[], Store]) -> None:
 
 def _served_here(user: int, n: int) -> Served:
     return served(_reader[0], user, n)
+
+
+#: In a reader process of a network store: its page tokens, their reader, its threads.
+_network: list[Any] = []
+
+
+def _served_chunk(users: list[int], n: int) -> list[Served]:
+    """A reader process's share of a network store's users, :data:`READERS` at once."""
+    if not _network:
+        versions = _reader[0].page_versions()
+        atexit.register(versions.close)  # before the store's (atexit runs last-in first)
+        _network.extend((versions, versions.reader(_reader[0]), ThreadPoolExecutor(READERS)))
+    versions, reader, threads = _network
+    return list(threads.map(functools.partial(_served_current, versions, reader, n=n), users))
 
 
 def _describe(user: int, want: list[HomeRow], got: list[HomeRow] | str) -> str:

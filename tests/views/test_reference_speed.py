@@ -103,7 +103,8 @@ def test_entries_checks_only_the_first_entries(tmp_path):
 
 
 def test_every_way_of_reading_finds_the_same(tmp_path):
-    """Inline, in two reader processes, and in threads (a store that reads over a network)."""
+    """Inline, in two reader processes; and as a store that reads over a network: in
+    threads here, or in threads in each of two reader processes."""
     history = list(generate(60, 500, 400, seed=3, mix=SOCIAL).events())
     store, url = stored(tmp_path, history[: len(history) * 9 // 10])
     log_ = Changelog(events=history)
@@ -112,9 +113,11 @@ def test_every_way_of_reading_finds_the_same(tmp_path):
     opener = functools.partial(store_from_url, url, cap=CAP)
     in_processes = compare(log_, store, CAP, max_samples=100, opener=opener, workers=2)
     store.reads_in_process = False
-    in_threads = compare(log_, store, CAP, max_samples=100, opener=opener)
+    in_threads = compare(log_, store, CAP, max_samples=100)
+    in_process_threads = compare(log_, store, CAP, max_samples=100, opener=opener, workers=2)
     assert in_processes == inline
     assert in_threads == inline
+    assert in_process_threads == inline
 
 
 def test_entries_must_be_positive(tmp_path):
