@@ -30,7 +30,7 @@ from tests.support.histories import USERS, histories, split
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.stores import store_from_url
-from views.stores.base import WritePlan
+from views.stores.base import TweetRow, WritePlan
 from views.stores.cassandra.changes import HOME, OWN, Changes
 
 T0 = 1_700_000_000_000
@@ -129,18 +129,70 @@ def test_rows_kept_across_pages_go_when_a_batch_names_them(store) -> None:
     state.versions.close()
 
 
-def test_a_new_repost_undoes_the_kept_answer_that_its_original_had_none(store) -> None:
-    # Users 1 and 2 follow 10 and 20. User 1's page asks whether 100 has reposts (none:
-    # kept); then 20 reposts it, and user 2's first page shows the repost, not the post.
+def test_a_new_repost_drops_its_originals_kept_reposts_and_only_its_readers_pages(
+        store) -> None:
+    # Users 1 and 2 follow 10 and 20, user 3 only 10. User 1's page asks for 100's
+    # reposts (none: kept); then 20 reposts it: user 2's first page shows the repost, not
+    # the post, while user 3's page, which cannot see 20's repost, stays valid.
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
-    join.run([*(Follow(u, a, T0) for u in (1, 2) for a in (10, 20)),
-              *(UserUpsert(u, f"u{u}", f"U{u}", T0) for u in (1, 2, 10, 20)),
+    join.run([*(Follow(u, a, T0) for u in (1, 2) for a in (10, 20)), Follow(3, 10, T0),
+              *(UserUpsert(u, f"u{u}", f"U{u}", T0) for u in (1, 2, 3, 10, 20)),
               Post(100, 10, T0 + 1, "original")])
     pages, state = _pages(store)
     assert b'"post"' in _read(pages, state, 1)
+    assert b'"post"' in _read(pages, state, 3)
+    token = state.versions.check(HOME, 3)[1]
     join.run([Repost(101, 20, 100, 10, T0 + 2)])
     page = _read(pages, state, 2)
     assert b'"repost"' in page and b'"post"' not in page
+    assert state.versions.check(HOME, 3)[1] == token
+    hits = pages.cache.hits
+    assert b'"post"' in _read(pages, state, 3) and pages.cache.hits == hits + 1
+    state.versions.close()
+
+
+def test_kept_reposts_answer_any_bound_at_or_above_their_own(store) -> None:
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([Post(100, 10, T0 + 1, "original"),
+              *(Repost(100 + i, 10 + i, 100, 10, T0 + 10 * i) for i in range(1, 4))])
+    versions = store.page_versions()
+    reader = versions.reader(store)
+    versions.position()
+    keys = [(T0 + 10 * i, 100 + i) for i in range(1, 4)]
+    assert [e.tweet_id for e in reader.reposts_of([100], {100: keys[0]})[100]] == [103, 102]
+    misses, hits = versions.row_misses, versions.row_hits
+    assert [e.tweet_id for e in reader.reposts_of([100], {100: keys[1]})[100]] == [103]
+    assert reader.reposts_of([100], {100: keys[2]}) == {}
+    assert (versions.row_misses, versions.row_hits) == (misses, hits + 2)
+    # A lower bound than the kept one is read again, and kept instead.
+    assert [e.tweet_id for e in reader.reposts_of([100], {100: (T0, 0)})[100]] == [103, 102,
+                                                                                   101]
+    assert versions.row_misses == misses + 1
+    assert [e.tweet_id for e in reader.reposts_of([100], {100: keys[0]})[100]] == [103, 102]
+    assert versions.row_misses == misses + 1
+    join.run([Repost(105, 15, 100, 10, T0 + 50)])
+    versions.position()
+    assert [e.tweet_id for e in reader.reposts_of([100], {100: keys[2]})[100]] == [105]
+    versions.close()
+
+
+def test_kept_followees_go_when_their_reader_follows_or_unfollows(store) -> None:
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    join.run([Follow(1, 10, T0), Follow(2, 10, T0)])
+    versions = store.page_versions()
+    reader = versions.reader(store)
+    versions.position()
+    assert reader.followees(1) == [10] and reader.followees(2) == [10]
+    misses = versions.row_misses
+    assert reader.followees(1) == [10] and versions.row_misses == misses
+    join.run([Follow(1, 20, T0 + 1)])
+    versions.position()
+    assert sorted(reader.followees(1)) == [10, 20] and versions.row_misses == misses + 1
+    assert reader.followees(2) == [10] and versions.row_misses == misses + 1
+    join.run([Follow(1, 10, T0 + 2, active=False)])
+    versions.position()
+    assert reader.followees(1) == [20]
+    versions.close()
 
 
 def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
@@ -150,8 +202,13 @@ def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
     plan.users[5] = None  # type: ignore[assignment]
     changes = Changes.of(plan)
     assert changes.homes == {1, 3, 4} and changes.users == {5} and not changes.tweets
-    assert Changes.decode(changes.op(7)[1][3:8]) == changes
+    assert Changes.decode(changes.op(7)[1][3:9]) == changes
     assert not Changes.of(WritePlan())
+    plan = WritePlan()
+    plan.reposts[11] = TweetRow(11, 2, 5, "", False, original_id=10, original_author=1)
+    changes = Changes.of(plan, moved={9})
+    assert changes.tweets == {11} and changes.originals == {9, 10} and changes.homes == set()
+    assert Changes.decode(changes.op(7)[1][3:9]) == changes
 
 
 @settings(max_examples=8, deadline=None,

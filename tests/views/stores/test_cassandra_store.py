@@ -347,6 +347,7 @@ def test_repost_moves_delete_the_rows_at_the_stored_key() -> None:
     assert ops == [("author_del", (50, 2, 7, 20)), ("repost_del", (50, 10, 7, 20)),
                    ("repost_del", (50, 11, 6, 21)),
                    ("author_del", (50, 2, 5, 22)), ("repost_del", (50, 10, 5, 22))]
+    assert cql.moved_originals(ops) == {10, 11}
 
 
 def test_a_block_is_written_into_both_users_partitions() -> None:
@@ -552,7 +553,8 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         replication = config.replication.cql_map()
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               load_steps())] == [
-            "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes"]
+            "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
+            "005_repost_changes"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -801,7 +803,7 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
                 session.execute("INSERT INTO celebrity_follows (user_id, celebrity_id) "
                                 "VALUES (%s, %s)", (user, celeb))
             assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
-                "004_page_changes"]
+                "004_page_changes", "005_repost_changes"]
         finally:
             cluster.shutdown()
         with CassandraStore.from_url(url).open() as store:

@@ -27,13 +27,17 @@ page is a function of the query, which neither changes.
 **Rows across pages.** Tweet and profile rows change only by the batches that name
 them in the feed (a delete, a repost shown or hidden, a profile, an account deleted),
 so :meth:`FeedVersions.reader` gives the page renders a reader
-(:class:`CachedRows`) that keeps the rows it read, up to :data:`MAX_ROWS`, and forgets
-each as soon as a batch taken in names it; a row read while a batch was being taken
-in is not kept (it may predate that batch). It keeps one more answer: that an
-original has no shown repost above a key (most tweets are never reposted, and every
-page asks of each of its entries). A batch that writes a repost names its original,
-which forgets that. A page of 200 entries whose tweets other pages read already costs
-no ``tweets``, ``users`` or ``reposts_by_original`` request.
+(:class:`CachedRows`) that keeps the rows it read, up to :data:`MAX_ROWS` each, and
+forgets each as soon as a batch taken in names it; a row read while a batch was being
+taken in is not kept (it may predate that batch). It keeps two more answers the same
+way. An original's shown reposts above a key (every page asks it of each entry, and a
+tweet is on the pages of all its author's followers): a batch that shows, hides or
+moves a repost names its original in the feed's ``originals``, which no page watches —
+a repost that can change what a reader sees reaches that reader's page through its
+timeline or its reposter's list of tweets. And a reader's followees (read when a page
+holds a reply to a third user, or a newer appearance of an original): a batch that
+writes a follow edge names its follower among the ``homes``. A page of 200 entries
+whose tweets other pages read already costs only its ``home_start`` round.
 
 Reads share questions: a read takes the last answer if it was asked for at most
 ``fresh_s`` before the read arrived (the store URL's ``page_fresh_ms``, 20 ms by
@@ -76,8 +80,12 @@ EVERYTHING: Final = 250_000
 MAX_BUCKETS: Final = 20
 #: Pages (and dependent ids) an API process indexes before forgetting everything.
 MAX_INDEXED: Final = 500_000
-#: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them.
+#: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them;
+#: also the reposts, and the followees, it keeps (entries, all lists together).
 MAX_ROWS: Final = 200_000
+#: An original's reposts, or a reader's followees, are kept up to this many (a viral
+#: tweet's or a prolific follower's list is read each time).
+MAX_LIST: Final = 2_000
 
 HOME: Final = "home"
 OWN: Final = "tweets"
@@ -92,10 +100,16 @@ class Changes:
     tweets: frozenset[int] = frozenset()
     users: frozenset[int] = frozenset()
     everything: bool = False
+    #: originals whose shown reposts changed: no page depends on them (module docstring)
+    originals: frozenset[int] = frozenset()
 
     @classmethod
-    def of(cls, plan: WritePlan) -> Changes:
-        """The pages and rows ``plan`` may change; timeline trims and reads change none."""
+    def of(cls, plan: WritePlan, moved: Iterable[int] = ()) -> Changes:
+        """The pages and rows ``plan`` may change; timeline trims and reads change none.
+
+        ``moved``: originals a repost of the plan was stored under before
+        (:func:`~views.stores.cassandra.statements.moved_originals`).
+        """
         if len(plan.adds) + len(plan.removes) > EVERYTHING:  # a bulk batch: no set built
             return cls(everything=True)
         homes = {*plan.adds.users, *(r[0] for r in plan.removes), *(w[0] for w in plan.wipes),
@@ -103,18 +117,19 @@ class Changes:
                  *plan.deleted_users}
         homes.update(who for user, other, _ in plan.relations for who in (user, other))
         rows = (*plan.tweets.values(), *plan.reposts.values(), *plan.foreign_deletes)
-        # A repost written names its original too: the original's list of reposts changed.
         originals = {r.original_id for r in plan.reposts.values() if r.original_id}
         changes = cls(frozenset(homes), frozenset({r.author_id for r in rows}
                                                   | set(plan.deleted_users)),
-                      frozenset({r.tweet_id for r in rows} | originals),
-                      frozenset(plan.users.keys() | plan.deleted_users.keys()))
+                      frozenset({r.tweet_id for r in rows}),
+                      frozenset(plan.users.keys() | plan.deleted_users.keys()),
+                      originals=frozenset(originals.union(moved)))
         if changes.size() > EVERYTHING:
             return cls(everything=True)
         return changes
 
     def size(self) -> int:
-        return len(self.homes) + len(self.authors) + len(self.tweets) + len(self.users)
+        return len(self.homes) + len(self.authors) + len(self.tweets) + len(self.users) \
+            + len(self.originals)
 
     def __bool__(self) -> bool:
         return self.everything or self.size() > 0
@@ -122,16 +137,19 @@ class Changes:
     def op(self, ts: int) -> cql.Op:
         """The ``page_changes`` row at batch timestamp ``ts``, keyed by its contents."""
         blobs = [_pack(ids) for ids in (self.homes, self.authors, self.tweets, self.users)]
-        digest = hashlib.blake2b(b"|".join(blobs) + bytes([self.everything]), digest_size=8)
+        originals = _pack(self.originals)
+        hashed = [*blobs, originals] if self.originals else blobs
+        digest = hashlib.blake2b(b"|".join(hashed) + bytes([self.everything]), digest_size=8)
         part = int.from_bytes(digest.digest(), "little") & (2 ** 63 - 1)
-        return ("changes_add", (ts // BUCKET_US, ts, part, *blobs, self.everything, ts))
+        return ("changes_add", (ts // BUCKET_US, ts, part, *blobs, self.everything, originals,
+                                ts))
 
     @classmethod
     def decode(cls, row: tuple[Any, ...]) -> Changes:
-        """A row of ``changes_get`` (``homes, authors, tweets, users, everything``)."""
-        homes, authors, tweets, users, everything = row
+        """A row of ``changes_get`` (``homes, authors, tweets, users, everything, originals``)."""
+        homes, authors, tweets, users, everything, originals = row
         return cls(_unpack(homes), _unpack(authors), _unpack(tweets), _unpack(users),
-                   bool(everything))
+                   bool(everything), _unpack(originals))
 
 
 def committed_op(ts: int) -> cql.Op:
@@ -168,7 +186,10 @@ class FeedVersions(PageVersions):
         self._watchers: dict[tuple[str, int], set[tuple[str, int]]] = {}
         self._tweets: dict[int, TweetRow] = {}
         self._users: dict[int, UserRow] = {}
-        self._unreposted: dict[int, Key] = {}  # original → no shown repost above this key
+        # original → (bound, its shown reposts strictly above the bound, newest first)
+        self._reposts: dict[int, tuple[Key, list[Entry]]] = {}
+        self._followees: dict[int, list[int]] = {}
+        self._listed = 0  # entries in the kept lists (reposts and followees)
         self._generation = 0  # moves whenever a kept row may have gone stale
         self._reader = CachedRows(store, self)
         self.questions = self.catch_ups = self.resets = 0
@@ -234,28 +255,70 @@ class FeedVersions(PageVersions):
     def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key],
                    fetch: Callable[[list[int]], dict[int, list[Entry]]]
                    ) -> dict[int, list[Entry]]:
-        """Shown reposts above each original's bound; the kept "none above" answers first.
+        """Shown reposts strictly above each original's bound: kept lists, the rest fetched.
 
-        ``fetch`` reads the rest, with the same bounds (and its answer must not depend
-        on the reader: the Cassandra store's does not).
+        A kept list answers a bound at or above its own. ``fetch`` reads the rest, with
+        the same bounds (its answer must not depend on the reader: the Cassandra store's
+        does not); each is kept with its bound unless a batch was taken in meanwhile, or
+        a list with a lower bound is kept already.
         """
         unique = list(dict.fromkeys(originals))
+        out: dict[int, list[Entry]] = {}
+        asked: list[int] = []
         with self._lock:
-            asked = [o for o in unique if not ((k := self._unreposted.get(o)) is not None
-                                               and above.get(o, FLOOR) >= k)]
+            for o in unique:
+                bound = above.get(o, FLOOR)
+                kept = self._reposts.get(o)
+                if kept is None or bound < kept[0]:
+                    asked.append(o)
+                elif kept[1]:
+                    if newer := [e for e in kept[1] if e.key > bound]:
+                        out[o] = newer
             generation = self._generation
             self.row_hits += len(unique) - len(asked)
             self.row_misses += len(asked)
-        found = fetch(asked) if asked else {}
+        if not asked:
+            return out
+        found = fetch(asked)
+        out.update(found)
         with self._lock:
             if generation == self._generation:
-                if len(self._unreposted) + len(asked) > MAX_ROWS:
-                    self._unreposted.clear()
                 for o in asked:
-                    if o not in found:
-                        bound = above.get(o, FLOOR)
-                        self._unreposted[o] = min(bound, self._unreposted.get(o, bound))
-        return found
+                    got, bound = found.get(o, []), above.get(o, FLOOR)
+                    kept = self._reposts.get(o)
+                    if len(got) <= MAX_LIST and (kept is None or bound < kept[0]):
+                        self._keep_list(self._reposts, o, (bound, got), len(got))
+        return out
+
+    def followees(self, user: int, fetch: Callable[[int], list[int]]) -> list[int]:
+        """``user``'s followees: kept, or fetched and kept unless a batch came in meanwhile."""
+        with self._lock:
+            kept = self._followees.get(user)
+            generation = self._generation
+            if kept is not None:
+                self.row_hits += 1
+                return kept
+            self.row_misses += 1
+        got = fetch(user)
+        with self._lock:
+            if generation == self._generation and len(got) <= MAX_LIST:
+                self._keep_list(self._followees, user, got, len(got))
+        return got
+
+    def _keep_list(self, lists: dict[int, Any], key: int, value: Any, size: int) -> None:
+        """Keep one list (the lock held), every list forgotten first if over the bound."""
+        self._drop_list(lists, key)
+        if self._listed + size + 1 > MAX_ROWS:
+            self._reposts.clear()
+            self._followees.clear()
+            self._listed = 0
+        self._listed += size + 1
+        lists[key] = value
+
+    def _drop_list(self, lists: dict[int, Any], key: int) -> None:
+        value = lists.pop(key, None)
+        if value is not None:
+            self._listed -= len(value[1] if lists is self._reposts else value) + 1
 
     def _committed(self) -> int:
         self.questions += 1
@@ -282,13 +345,16 @@ class FeedVersions(PageVersions):
         if changes.everything:
             self._reset()
             return
-        if changes.tweets or changes.users:
+        if changes.tweets or changes.users or changes.originals or changes.homes:
             self._generation += 1
             for t in changes.tweets:
                 self._tweets.pop(t, None)
-                self._unreposted.pop(t, None)
             for u in changes.users:
                 self._users.pop(u, None)
+            for o in changes.originals:
+                self._drop_list(self._reposts, o)
+            for u in changes.homes:  # a follow edge written names its follower here
+                self._drop_list(self._followees, u)
         pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
         for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users),
                     *(("a", a) for a in changes.authors)):
@@ -307,11 +373,13 @@ class FeedVersions(PageVersions):
         self._watchers.clear()
         self._tweets.clear()
         self._users.clear()
-        self._unreposted.clear()
+        self._reposts.clear()
+        self._followees.clear()
+        self._listed = 0
 
 
 class CachedRows(ReaderProxy):
-    """The store, with ``tweets`` and ``users`` kept across pages by :class:`FeedVersions`."""
+    """The store, with rows, reposts and followees kept across pages by :class:`FeedVersions`."""
 
     def __init__(self, inner: TimelineReader, versions: FeedVersions) -> None:
         super().__init__(inner)
@@ -328,3 +396,6 @@ class CachedRows(ReaderProxy):
         bounds = above or {}
         return self.versions.reposts_of(
             originals, bounds, lambda asked: self.inner.reposts_of(asked, bounds, reader))
+
+    def followees(self, user: int) -> list[int]:
+        return self.versions.followees(user, self.inner.followees)

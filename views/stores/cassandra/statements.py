@@ -152,8 +152,9 @@ STATEMENTS: Final[dict[str, str]] = {
     "clock_get": "SELECT write_ts, last_batch FROM writer_clock WHERE id = 0",
     # -- the change feed (views.stores.cassandra.changes) ------------------------------
     "changes_add": "INSERT INTO page_changes (bucket, ts, part, homes, authors, tweets, users, "
-                   "everything) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
-    "changes_get": "SELECT ts, homes, authors, tweets, users, everything FROM page_changes "
+                   "everything, originals) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    "changes_get": "SELECT ts, homes, authors, tweets, users, everything, originals "
+                   "FROM page_changes "
                    "WHERE bucket = ? AND ts > ? AND ts <= ?",
     "committed_set": "UPDATE writer_clock USING TIMESTAMP ? SET committed_ts = ? WHERE id = 0",
     "committed_get": "SELECT committed_ts FROM writer_clock WHERE id = 0",
@@ -469,6 +470,15 @@ def repost_moves(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetStat
                                                                            row.created_at):
             ops.append(("repost_del", (ts, stored.original_id, at, repost)))
     return ops
+
+
+def moved_originals(moves: Sequence[Op]) -> set[int]:
+    """The originals whose ``reposts_by_original`` rows :func:`repost_moves`' ops delete.
+
+    Their lists of shown reposts change, so the change feed names them beside the
+    plan's reposts' own originals.
+    """
+    return {params[1] for name, params in moves if name == "repost_del"}
 
 
 def repost_ops(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState],

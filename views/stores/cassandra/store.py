@@ -271,11 +271,11 @@ class CassandraStore(Store):
         start = time.perf_counter()
         with self._write_lock:
             ts = self._begin(plan, batch_id)
-            meta = self._write_removes(plan, ts + cql.REMOVE)
+            meta, moved = self._write_removes(plan, ts + cql.REMOVE)
             adds, inserted = self._write_adds(plan, meta, ts, self.inactive_ms)
             self.rows_written += inserted
             self._write_trims(adds, meta, ts + cql.TRIM)
-            self._finish(plan, batch_id, ts, time.perf_counter() - start)
+            self._finish(plan, batch_id, ts, time.perf_counter() - start, moved)
 
     def _begin(self, plan: WritePlan, batch_id: int) -> int:
         """Pick the batch's timestamp and make it durable before any data write."""
@@ -303,22 +303,26 @@ class CassandraStore(Store):
         self._run([cql.clock_op(ts)])
         return ts
 
-    def _write_removes(self, plan: WritePlan, ts: int) -> dict[int, cql.Meta]:
-        """Read what the batch needs, write tables, wipes and removes; return timeline_meta."""
+    def _write_removes(self, plan: WritePlan, ts: int) -> tuple[dict[int, cql.Meta], set[int]]:
+        """Read what the batch needs, write tables, wipes and removes.
+
+        Returns timeline_meta, and the originals reposts were moved away from.
+        """
         found = self._lookup({"tweet_state": cql.lookup_ids(plan),
                               "home_all": sorted(cql.wipe_users(plan.wipes)),
                               "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
-        removes, _ = self._write_tweets(plan, found["tweet_state"], ts)
-        return self._write_user_rows(plan, found, removes, ts)
+        removes, _, moved = self._write_tweets(plan, found["tweet_state"], ts)
+        return self._write_user_rows(plan, found, removes, ts), moved
 
     def _write_tweets(self, plan: WritePlan, stored: dict[int, reads.Rows], ts: int
-                      ) -> tuple[list[cql.Op], int]:
+                      ) -> tuple[list[cql.Op], int, set[int]]:
         """Write the plan's tweets and reposts at ``ts`` (``T + REMOVE``).
 
         ``stored`` are their stored rows; the id conflicts they show go to ``plan.dead``.
         Returns the plan's timeline removes resolved to row deletes (a remove of unknown
         time takes it from the stored tweet, only if the tweet is the removing
-        author's), and how many had nothing to delete.
+        author's), how many had nothing to delete, and the originals reposts were moved
+        away from (:func:`cql.moved_originals`, for the change feed).
         """
         states = {t: s for t, rows in stored.items()
                   if (s := cql.TweetState.decode(rows)) is not None}
@@ -329,9 +333,10 @@ class CassandraStore(Store):
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
         plan.dead += stored_conflicts(plan, cql.claims(states))
-        self._run(cql.repost_moves(plan.reposts, states, ts))  # first: see repost_moves
+        moves = cql.repost_moves(plan.reposts, states, ts)
+        self._run(moves)  # first: see repost_moves
         self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts))
-        return removes, skipped
+        return removes, skipped, cql.moved_originals(moves)
 
     def _write_user_rows(self, plan: WritePlan, found: dict[str, dict[int, reads.Rows]],
                          removes: list[cql.Op], ts: int) -> dict[int, cql.Meta]:
@@ -411,9 +416,10 @@ class CassandraStore(Store):
         """Single-key reads of the writer, in one bounded run (``IN`` reads where possible)."""
         return cql.lookup_rows(queries, self._run(cql.lookup_ops(queries)))
 
-    def _finish(self, plan: WritePlan, batch_id: int, ts: int, seconds: float) -> None:
+    def _finish(self, plan: WritePlan, batch_id: int, ts: int, seconds: float,
+                moved: set[int]) -> None:
         now_ms = int(time.time() * 1000)
-        changed = Changes.of(plan)
+        changed = Changes.of(plan, moved)
         self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms)
                   + ([changed.op(ts)] if changed else []))
         if batch_id >= 0:

@@ -154,8 +154,9 @@ class TaskWriter(CassandraStore):
         for the user stage to run; the int is how many removes had nothing to delete.
         """
         found = self._lookup({"tweet_state": cql.lookup_ids(plan)})
-        removes, skipped = self._write_tweets(plan, found["tweet_state"], ts + cql.REMOVE)
-        changed = Changes.of(plan)
+        removes, skipped, moved = self._write_tweets(plan, found["tweet_state"],
+                                                     ts + cql.REMOVE)
+        changed = Changes.of(plan, moved)
         self._run(cql.dead_ops(plan.dead, int(time.time() * 1000))
                   + ([changed.op(ts)] if changed else []))
         return removes, skipped
