@@ -30,7 +30,8 @@ newer appearance needs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Container, Iterable, Sequence
 from typing import NamedTuple
 
 from views.delta import Key
@@ -150,7 +151,9 @@ class Viewer:
         wanted = {e.author_id for e in entries} | {e.original_author for e in entries}
         wanted |= {e.reply_to for e in entries if e.reply_to}
         self.load_users([*wanted, self.user] if self.user is not None else wanted)
-        shown = [e for e in entries if self._shown(e)
+        blocked, muted = self.relations()
+        hidden = blocked | muted | {u for u, row in self.users.items() if row.deleted}
+        shown = [e for e in entries if self._shown(e, hidden)
                  and (e.tweet_id not in claimed or self.follows(e.author_id))]
         return self._newest_per_original(shown)
 
@@ -164,17 +167,19 @@ class Viewer:
     def _live(self, candidates: Sequence[Entry]) -> tuple[list[HomeEntry], set[int]]:
         """Live entries as their rows say, and the ids listed under another author."""
         self.load_tweets(c.tweet_id for c in candidates)
-        rows = [(c, self.tweet(c.tweet_id)) for c in candidates]
-        self.load_tweets(r.original_id for _, r in rows if r.is_repost and not r.deleted)
+        get = self.tweets.get
+        rows = [(c, get(c.tweet_id) or _ABSENT) for c in candidates]
+        self.load_tweets(r.original_id for _, r in rows if r.original_id and not r.deleted)
         # One id under two authors at one time: listed once per author (two followees'
         # author_tweets), it is one entry, the row's.
-        owned = {c.key for c, r in rows if r.author_id == c.author_id}
+        owned = {(c.created_at, c.tweet_id) for c, r in rows if r.author_id == c.author_id}
         claimed = {c.tweet_id for c, r in rows if r.author_id != c.author_id
-                   and r.created_at == c.created_at and c.key not in owned}
+                   and r.created_at == c.created_at and (c.created_at, c.tweet_id) not in owned}
         out: dict[Key, HomeEntry] = {}
         for c, r in rows:
-            if c.key not in out and (e := self._entry(c, r)) is not None:
-                out[c.key] = e
+            key = (c.created_at, c.tweet_id)
+            if key not in out and (e := self._entry(c, r)) is not None:
+                out[key] = e
         return list(out.values()), claimed
 
     def _entry(self, candidate: Entry, row: TweetRow) -> HomeEntry | None:
@@ -182,20 +187,19 @@ class Viewer:
         # not the row's (an index row left behind: the row is the truth).
         if row.deleted or row.created_at != candidate.created_at:
             return None
-        if not row.is_repost:
-            return HomeEntry(candidate.created_at, row.tweet_id, row.author_id, row.tweet_id,
-                             row.author_id, row.reply_to)
-        original = self.tweet(row.original_id)
-        if original.deleted or original.is_repost or original.author_id != row.original_author:
+        if not row.original_id:
+            return _home_entry((candidate.created_at, row.tweet_id, row.author_id, row.tweet_id,
+                                row.author_id, row.reply_to))
+        original = self.tweets.get(row.original_id) or _ABSENT
+        if original.deleted or original.original_id or original.author_id != row.original_author:
             return None
-        return HomeEntry(candidate.created_at, row.tweet_id, row.author_id, original.tweet_id,
-                         original.author_id, original.reply_to)
+        return _home_entry((candidate.created_at, row.tweet_id, row.author_id, original.tweet_id,
+                            original.author_id, original.reply_to))
 
-    def _shown(self, e: HomeEntry) -> bool:
-        blocked, muted = self.relations()
-        for person in (e.author_id, e.original_author):
-            if person in blocked or person in muted or self.deleted(person):
-                return False
+    def _shown(self, e: HomeEntry, hidden: Container[int]) -> bool:
+        """``hidden``: the reader's blocks (either way) and mutes, and deleted accounts."""
+        if e.author_id in hidden or e.original_author in hidden:
+            return False
         if e.tweet_id != e.original_id:  # a repost
             return e.original_author != self.user
         return self._reply_visible(e.author_id, e.reply_to)
@@ -209,16 +213,17 @@ class Viewer:
         # here bounds what is read (a viral tweet's older reposts are not).
         oldest: dict[int, Key] = {}
         for e in entries:
-            oldest[e.original_id] = min(e.key, oldest.get(e.original_id, e.key))
+            key, was = (e.created_at, e.tweet_id), oldest.get(e.original_id)
+            if was is None or key < was:
+                oldest[e.original_id] = key
         reposts = self.store.reposts_of(list(oldest), oldest, self.user)
         newer: dict[int, list[Entry]] = {}
         for e in entries:
-            later = [r for r in reposts.get(e.original_id, ())
-                     if r.key > e.key and r.tweet_id != e.tweet_id]
-            if later:
-                newer[e.tweet_id] = later
-        posts = {e.tweet_id: self.tweet(e.original_id) for e in entries
-                 if e.tweet_id != e.original_id and _key(self.tweet(e.original_id)) > e.key}
+            if rs := reposts.get(e.original_id):
+                if later := _newer(rs, e):
+                    newer[e.tweet_id] = later
+        posts = {e.tweet_id: post for e in entries if e.tweet_id != e.original_id
+                 and _key(post := self.tweet(e.original_id)) > (e.created_at, e.tweet_id)}
         if not newer and not posts:
             return entries
         # Only a reposter the reader follows can make a repost visible: the followee
@@ -252,6 +257,22 @@ class Viewer:
 
 def _key(row: TweetRow) -> Key:
     return (row.created_at, row.tweet_id)
+
+
+def _newer(reposts: list[Entry], e: HomeEntry) -> list[Entry]:
+    """The reposts newer than ``e`` (they come newest first), ``e`` itself left out."""
+    key, out = (e.created_at, e.tweet_id), []
+    for r in reposts:
+        if (r.created_at, r.tweet_id) <= key:
+            break
+        if r.tweet_id != e.tweet_id:
+            out.append(r)
+    return out
+
+
+#: A HomeEntry from its six fields, without the keyword handling of its constructor
+#: (assembling a page builds one per candidate).
+_home_entry = functools.partial(tuple.__new__, HomeEntry)
 
 
 #: A tweet id the store does not know: reads as deleted.

@@ -157,6 +157,14 @@ def committed_op(ts: int) -> cql.Op:
     return ("committed_set", (ts, ts))
 
 
+def _above(entries: list[Entry], bound: Key) -> list[Entry]:
+    """The entries (newest first) strictly above ``bound``: a prefix."""
+    for i, e in enumerate(entries):
+        if (e.created_at, e.tweet_id) <= bound:
+            return entries[:i]
+    return entries
+
+
 def _pack(ids: Iterable[int]) -> bytes:
     return array("q", sorted(ids)).tobytes()
 
@@ -271,9 +279,8 @@ class FeedVersions(PageVersions):
                 kept = self._reposts.get(o)
                 if kept is None or bound < kept[0]:
                     asked.append(o)
-                elif kept[1]:
-                    if newer := [e for e in kept[1] if e.key > bound]:
-                        out[o] = newer
+                elif kept[1] and (newer := _above(kept[1], bound)):
+                    out[o] = newer
             generation = self._generation
             self.row_hits += len(unique) - len(asked)
             self.row_misses += len(asked)
