@@ -24,8 +24,11 @@ For an entry of user ``u`` to be served (the pinned semantics of DESIGN §4b):
 
 The last check reads the store, never the page, so whether an entry is served does
 not depend on the cursor: pages concatenate to the query. Rows are read in bulk and
-at most once per page; the followee list only when a reply to a third user or a
-newer appearance needs it.
+at most once per page: once a batch of candidates' own rows is in, their originals,
+the profiles they name, their originals' newer reposts and (if a reply to a third
+user is among them) the reader's followees are read together
+(:meth:`~TimelineReader.hydrate`, one round trip on Cassandra); the followee list
+otherwise only when a newer appearance needs it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class Viewer:
         self._asked: set[tuple[str, int]] = set()  # (table, id) read, found or not
         self._relations = relations
         self._followees: frozenset[int] | None = None
+        # original → (bound, its shown reposts above the bound): read with the rows
+        self._reposts: dict[int, tuple[Key, list[Entry]]] = {}
 
     # -- rows, read once -----------------------------------------------------------------
     def load_tweets(self, ids: Iterable[int]) -> None:
@@ -94,6 +99,61 @@ class Viewer:
         if missing:
             self.users.update(self.store.users(missing))
             self._asked.update(("u", i) for i in missing)
+
+    def _hydrate(self, rows: list[tuple[Entry, TweetRow]], reposts: bool) -> None:
+        """Read at once what deciding on ``rows`` reads next, where not read already.
+
+        The reposts' originals, the profiles of the people named, and for a home page
+        (``reposts``) each original's shown reposts above its oldest candidate and the
+        reader's followees if a reply to a third user is among the candidates. A store
+        that can runs them in one round trip instead of three or four in turn; reading a
+        little more than the filter will ask for (rows of candidates it drops) is the
+        price.
+        """
+        live = [(c, r) for c, r in rows if not r.deleted]
+        tweets = [i for i in dict.fromkeys(r.original_id for _, r in live if r.original_id)
+                  if ("t", i) not in self._asked]
+        people = {c.author_id for c, _ in live} | {r.original_author for _, r in live}
+        people |= {r.reply_to for _, r in live}
+        if self.user is not None:
+            people.add(self.user)
+        users = [u for u in people if u and ("u", u) not in self._asked]
+        bounds: dict[int, Key] = {}
+        followees = False
+        if reposts:
+            for c, r in live:
+                original, key = r.original_id or r.tweet_id, (c.created_at, c.tweet_id)
+                if original not in bounds or key < bounds[original]:
+                    bounds[original] = key
+            bounds = {o: k for o, k in bounds.items()
+                      if (kept := self._reposts.get(o)) is None or k < kept[0]}
+            followees = self._followees is None and self.user is not None and any(
+                r.reply_to not in (self.user, r.author_id) for _, r in live if r.reply_to)
+        if not (tweets or users or bounds or followees):
+            return
+        read = self.store.hydrate(tweets, users, bounds, self.user, followees)
+        self.tweets.update(read.tweets)
+        self.users.update(read.users)
+        self._asked.update(("t", i) for i in tweets)
+        self._asked.update(("u", u) for u in users)
+        for o, bound in bounds.items():
+            self._reposts[o] = (bound, read.reposts.get(o, []))
+        if read.followees is not None:
+            self._followees = frozenset(read.followees)
+
+    def _reposts_above(self, oldest: dict[int, Key]) -> dict[int, list[Entry]]:
+        """Each original's shown reposts above its bound, at least: read with the rows or now."""
+        out, ask = {}, {}
+        for o, bound in oldest.items():
+            kept = self._reposts.get(o)
+            if kept is not None and kept[0] <= bound:
+                if kept[1]:
+                    out[o] = kept[1]
+            else:
+                ask[o] = bound
+        if ask:
+            out.update(self.store.reposts_of(list(ask), ask, self.user))
+        return out
 
     @property
     def asked(self) -> set[tuple[str, int]]:
@@ -145,7 +205,7 @@ class Viewer:
     # -- the filter ------------------------------------------------------------------------
     def home(self, candidates: Sequence[Entry]) -> list[HomeEntry]:
         """The candidates §4b serves to the reader, in the order given."""
-        entries, claimed = self._live(candidates)
+        entries, claimed = self._live(candidates, reposts=True)
         if not entries:
             return []
         wanted = {e.author_id for e in entries} | {e.original_author for e in entries}
@@ -164,12 +224,16 @@ class Viewer:
         self.load_users({e.author_id for e in entries} | {e.original_author for e in entries})
         return [e for e in entries if not self.deleted(e.original_author)]
 
-    def _live(self, candidates: Sequence[Entry]) -> tuple[list[HomeEntry], set[int]]:
-        """Live entries as their rows say, and the ids listed under another author."""
+    def _live(self, candidates: Sequence[Entry], reposts: bool = False
+              ) -> tuple[list[HomeEntry], set[int]]:
+        """Live entries as their rows say, and the ids listed under another author.
+
+        ``reposts``: read the newer reposts of their originals too (:meth:`_hydrate`).
+        """
         self.load_tweets(c.tweet_id for c in candidates)
         get = self.tweets.get
         rows = [(c, get(c.tweet_id) or _ABSENT) for c in candidates]
-        self.load_tweets(r.original_id for _, r in rows if r.original_id and not r.deleted)
+        self._hydrate(rows, reposts)
         # One id under two authors at one time: listed once per author (two followees'
         # author_tweets), it is one entry, the row's.
         owned = {(c.created_at, c.tweet_id) for c, r in rows if r.author_id == c.author_id}
@@ -216,7 +280,7 @@ class Viewer:
             key, was = (e.created_at, e.tweet_id), oldest.get(e.original_id)
             if was is None or key < was:
                 oldest[e.original_id] = key
-        reposts = self.store.reposts_of(list(oldest), oldest, self.user)
+        reposts = self._reposts_above(oldest)
         newer: dict[int, list[Entry]] = {}
         for e in entries:
             if rs := reposts.get(e.original_id):

@@ -134,6 +134,16 @@ class HomeStart(NamedTuple):
     cached: list[Entry]
 
 
+class Hydrated(NamedTuple):
+    """What :meth:`TimelineReader.hydrate` read: rows by id, reposts by original, followees."""
+
+    tweets: dict[int, TweetRow]
+    users: dict[int, UserRow]
+    reposts: dict[int, list[Entry]]
+    #: The reader's followees, when asked for.
+    followees: list[int] | None = None
+
+
 class RelationRow(NamedTuple):
     """A block or mute to write: ``user_id`` acts on ``other_id``; ``on`` sets, else clears."""
 
@@ -435,6 +445,19 @@ class TimelineReader(abc.ABC):
         shows on a home page; the caller filters by the followees anyway).
         """
 
+    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
+                reader: int | None = None, followees: bool = False) -> Hydrated:
+        """Tweets, profiles, reposts above bounds and the reader's followees, read together.
+
+        :meth:`tweets`, :meth:`users`, :meth:`reposts_of` (``reposts``: each original's
+        bound) and, with ``followees``, :meth:`followees` of ``reader``. What a page decides on once it has its entries' rows: one round trip on a store
+        that can run them at once (Cassandra); in turn here.
+        """
+        return Hydrated(self.tweets(tweets) if tweets else {},
+                        self.users(users) if users else {},
+                        self.reposts_of(list(reposts), reposts, reader) if reposts else {},
+                        self.followees(reader) if followees and reader is not None else None)
+
     @abc.abstractmethod
     def celebrities(self) -> list[int]:
         """Every author on the celebrity path."""
@@ -500,6 +523,10 @@ class ReaderProxy(TimelineReader):
     def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
                    reader: int | None = None) -> dict[int, list[Entry]]:
         return self.inner.reposts_of(originals, above, reader)
+
+    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
+                reader: int | None = None, followees: bool = False) -> Hydrated:
+        return self.inner.hydrate(tweets, users, reposts, reader, followees)
 
     def celebrities(self) -> list[int]:
         return self.inner.celebrities()

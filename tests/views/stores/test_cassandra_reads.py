@@ -14,6 +14,7 @@ original (what the store once sent: 88 for the first 20-entry page here) is far 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -51,9 +52,14 @@ CAP = 300
 #: cached entries) in one concurrent run, then one IN read each of tweets, profiles
 #: and reposts.
 PLAIN_20 = 6
-#: With reposts: their originals' rows are a second read of tweets, and the followee
-#: list is read (replies to third users, older appearances of a reposted tweet).
-MIXED_20 = PLAIN_20 + 2
+#: With reposts: their originals' rows are a second read of tweets, the followee list
+#: is read (replies to third users, older appearances of a reposted tweet), and the
+#: profiles the originals name that the candidates did not are a second read of users.
+MIXED_20 = PLAIN_20 + 3
+#: Round trips (requests that wait on each other) for a 20-entry page: the reader's
+#: partitions; the candidates' rows; their originals, profiles, newer reposts and the
+#: followee list together (``TimelineReader.hydrate``); the originals' profiles.
+ROUNDS_20 = 4
 #: A 200-entry page: its 301 candidates take four IN reads (100 keys each) of tweets
 #: and four of reposts; with the reads above, those of the originals and, below the
 #: horizon, of the followees' author_tweets: 15 here, not hundreds.
@@ -140,6 +146,31 @@ class Requests:
         self.session.remove_request_init_listener(self._sent)
 
 
+@contextlib.contextmanager
+def rounds(store: CassandraStore) -> Iterator[list[str]]:
+    """The store's runs of statements while inside, each a round trip, by first statement.
+
+    ``_run`` sends its statements concurrently and waits for them all; ``_rows`` sends one.
+    """
+    seen: list[str] = []
+    run, rows = store._run, store._rows
+
+    def counted_run(ops: list[Any], *args: Any, **kwargs: Any) -> Any:
+        if ops:
+            seen.append(ops[0][0])
+        return run(ops, *args, **kwargs)
+
+    def counted_rows(name: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(name)
+        return rows(name, *args, **kwargs)
+
+    store._run, store._rows = counted_run, counted_rows  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del store._run, store._rows
+
+
 @dataclass
 class Built:
     """The module's store, the history in it and the reference that history gives."""
@@ -179,11 +210,14 @@ def _rows(entries: list[Any]) -> list[tuple[int, ...]]:
 def test_a_home_page_costs_a_few_requests(built: Built, reader: str, n: int,
                                           bound: int) -> None:
     user = getattr(built.readers, reader)
-    page, sent = built.requests.during(lambda: home_page(built.store, user, None, n))
+    with rounds(built.store) as runs:
+        page, sent = built.requests.during(lambda: home_page(built.store, user, None, n))
     assert _rows(page.entries) == built.ref.home(user, n)
     reposts = sum(e.kind == "repost" for e in page.entries)
     assert (reposts > 0) == (reader == "mixed")  # the history gives each page its kind
     assert sum(sent.values()) <= bound, sent
+    if n == 20:
+        assert len(runs) <= ROUNDS_20, runs
 
 
 @pytest.mark.parametrize("page_fn", [home_page, read_time_page], ids=["cache", "on read"])

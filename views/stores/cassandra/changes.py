@@ -61,6 +61,7 @@ from typing import Any, Final
 from views.delta import Key
 from views.stores.base import (
     Entry,
+    Hydrated,
     PageVersions,
     Position,
     ReaderProxy,
@@ -157,6 +158,17 @@ def committed_op(ts: int) -> cql.Op:
     return ("committed_set", (ts, ts))
 
 
+def _split(kept: Mapping[int, Any], ids: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
+    """The kept rows of ``ids``, and the ids (once each) not kept."""
+    found, missing = {}, []
+    for i in dict.fromkeys(ids):
+        if (row := kept.get(i)) is not None:
+            found[i] = row
+        else:
+            missing.append(i)
+    return found, missing
+
+
 def _above(entries: list[Entry], bound: Key) -> list[Entry]:
     """The entries (newest first) strictly above ``bound``: a prefix."""
     for i, e in enumerate(entries):
@@ -237,80 +249,57 @@ class FeedVersions(PageVersions):
     def reader(self, store: TimelineReader) -> TimelineReader:
         return self._reader if store is self.store else store
 
-    def rows(self, ids: Sequence[int], table: str,
-             fetch: Callable[[Sequence[int]], dict[int, Any]]) -> dict[int, Any]:
-        """Rows of ``table`` ("t" tweets, "u" profiles) by id: kept ones, the rest fetched.
+    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
+                reader: int | None, followees: bool, fetch: Callable[..., Hydrated]
+                ) -> Hydrated:
+        """:meth:`TimelineReader.hydrate` from what is kept; the rest by one ``fetch``.
 
-        Fetched rows are kept only if no batch was taken in while they were read.
+        A kept list of reposts answers a bound at or above its own. What is fetched is
+        kept only if no batch was taken in while it was read (and a list of reposts only
+        if no list with a lower bound is kept already). ``fetch``'s answers must not
+        depend on the reader (the Cassandra store's do not).
         """
-        kept: dict[int, Any] = self._tweets if table == "t" else self._users
+        want_followees = followees and reader is not None
         with self._lock:
-            found = {i: row for i in ids if (row := kept.get(i)) is not None}
-            generation = self._generation
-            missing = [i for i in dict.fromkeys(ids) if i not in found]
-            self.row_hits += len(found)
-            self.row_misses += len(missing)
-        if missing:
-            fetched = fetch(missing)
-            found.update(fetched)
-            with self._lock:
-                if generation == self._generation:
-                    if len(kept) + len(fetched) > MAX_ROWS:
-                        kept.clear()
-                    kept.update(fetched)
-        return found
-
-    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key],
-                   fetch: Callable[[list[int]], dict[int, list[Entry]]]
-                   ) -> dict[int, list[Entry]]:
-        """Shown reposts strictly above each original's bound: kept lists, the rest fetched.
-
-        A kept list answers a bound at or above its own. ``fetch`` reads the rest, with
-        the same bounds (its answer must not depend on the reader: the Cassandra store's
-        does not); each is kept with its bound unless a batch was taken in meanwhile, or
-        a list with a lower bound is kept already.
-        """
-        unique = list(dict.fromkeys(originals))
-        out: dict[int, list[Entry]] = {}
-        asked: list[int] = []
-        with self._lock:
-            for o in unique:
-                bound = above.get(o, FLOOR)
+            got_t, ask_t = _split(self._tweets, tweets)
+            got_u, ask_u = _split(self._users, users)
+            got_r: dict[int, list[Entry]] = {}
+            ask_r: dict[int, Key] = {}
+            for o, bound in reposts.items():
                 kept = self._reposts.get(o)
                 if kept is None or bound < kept[0]:
-                    asked.append(o)
+                    ask_r[o] = bound
                 elif kept[1] and (newer := _above(kept[1], bound)):
-                    out[o] = newer
+                    got_r[o] = newer
+            kept_f = self._followees.get(reader) if want_followees else None  # type: ignore[arg-type]
+            ask_f = want_followees and kept_f is None
+            asked = len(ask_t) + len(ask_u) + len(ask_r) + ask_f
+            self.row_misses += asked
+            self.row_hits += len(got_t) + len(got_u) + len(reposts) - len(ask_r) \
+                + (kept_f is not None)
             generation = self._generation
-            self.row_hits += len(unique) - len(asked)
-            self.row_misses += len(asked)
         if not asked:
-            return out
-        found = fetch(asked)
-        out.update(found)
+            return Hydrated(got_t, got_u, got_r, kept_f)
+        read = fetch(ask_t, ask_u, ask_r, reader, ask_f)
         with self._lock:
             if generation == self._generation:
-                for o in asked:
-                    got, bound = found.get(o, []), above.get(o, FLOOR)
-                    kept = self._reposts.get(o)
-                    if len(got) <= MAX_LIST and (kept is None or bound < kept[0]):
-                        self._keep_list(self._reposts, o, (bound, got), len(got))
-        return out
+                self._keep_rows(self._tweets, read.tweets)
+                self._keep_rows(self._users, read.users)
+                for o, bound in ask_r.items():
+                    found, kept = read.reposts.get(o, []), self._reposts.get(o)
+                    if len(found) <= MAX_LIST and (kept is None or bound < kept[0]):
+                        self._keep_list(self._reposts, o, (bound, found), len(found))
+                if ask_f and read.followees is not None and len(read.followees) <= MAX_LIST:
+                    self._keep_list(self._followees, reader, read.followees,  # type: ignore[arg-type]
+                                    len(read.followees))
+        return Hydrated({**got_t, **read.tweets}, {**got_u, **read.users},
+                        {**got_r, **read.reposts}, kept_f if kept_f is not None else read.followees)
 
-    def followees(self, user: int, fetch: Callable[[int], list[int]]) -> list[int]:
-        """``user``'s followees: kept, or fetched and kept unless a batch came in meanwhile."""
-        with self._lock:
-            kept = self._followees.get(user)
-            generation = self._generation
-            if kept is not None:
-                self.row_hits += 1
-                return kept
-            self.row_misses += 1
-        got = fetch(user)
-        with self._lock:
-            if generation == self._generation and len(got) <= MAX_LIST:
-                self._keep_list(self._followees, user, got, len(got))
-        return got
+    @staticmethod
+    def _keep_rows(kept: dict[int, Any], fetched: Mapping[int, Any]) -> None:
+        if len(kept) + len(fetched) > MAX_ROWS:
+            kept.clear()
+        kept.update(fetched)
 
     def _keep_list(self, lists: dict[int, Any], key: int, value: Any, size: int) -> None:
         """Keep one list (the lock held), every list forgotten first if over the bound."""
@@ -392,17 +381,21 @@ class CachedRows(ReaderProxy):
         super().__init__(inner)
         self.versions = versions
 
+    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
+                reader: int | None = None, followees: bool = False) -> Hydrated:
+        return self.versions.hydrate(tweets, users, reposts, reader, followees,
+                                     self.inner.hydrate)
+
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        return self.versions.rows(ids, "t", self.inner.tweets)
+        return self.hydrate(ids, (), {}).tweets
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        return self.versions.rows(ids, "u", self.inner.users)
+        return self.hydrate((), ids, {}).users
 
     def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
                    reader: int | None = None) -> dict[int, list[Entry]]:
         bounds = above or {}
-        return self.versions.reposts_of(
-            originals, bounds, lambda asked: self.inner.reposts_of(asked, bounds, reader))
+        return self.hydrate((), (), {o: bounds.get(o, FLOOR) for o in originals}, reader).reposts
 
     def followees(self, user: int) -> list[int]:
-        return self.versions.followees(user, self.inner.followees)
+        return self.hydrate((), (), {}, user, followees=True).followees or []

@@ -99,6 +99,7 @@ from views.stores.base import (
     DeadLetter,
     Entry,
     HomeStart,
+    Hydrated,
     Relations,
     Store,
     TweetRow,
@@ -492,19 +493,40 @@ class CassandraStore(Store):
 
         ``reader`` is not used: the reader's follow edges are another partition, another
         round trip, which the caller makes only when some repost needs it.
+        """
+        above = above or {}
+        ops = reads.repost_queries(originals, above)
+        return self._reposts_read(ops, self._run(ops, EXEC_PROFILE_DEFAULT), above)
+
+    def _reposts_read(self, ops: list[cql.Op], pages: list[reads.Rows],
+                      above: Mapping[int, Key]) -> dict[int, list[Entry]]:
+        """The reposts :func:`reads.repost_queries`' ``ops`` read, by original.
 
         A read whose rows fill its LIMIT (a tweet reposted thousands of times) may be
         cut short: its originals are read again one partition each, paged.
         """
-        above = above or {}
-        ops = reads.repost_queries(originals, above)
-        pages = self._run(ops, EXEC_PROFILE_DEFAULT)
         short = reads.cut_short(ops, pages)
         if short:
             again = [reads.repost_query(o, above) for i in short for o in ops[i][1][0]]
             pages = [p for i, p in enumerate(pages) if i not in short] + self._run(
                 again, EXEC_PROFILE_DEFAULT)
         return reads.above_bounds(reads.reposts_by_original(pages), above)
+
+    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
+                reader: int | None = None, followees: bool = False) -> Hydrated:
+        """Every read in one concurrent run: one round trip (plus one for a viral tweet)."""
+        groups = [reads.keyed_queries("tweet_get_in", tweets),
+                  reads.keyed_queries("user_get_in", users),
+                  reads.repost_queries(list(reposts), reposts),
+                  [("followees", (reader,))] if followees and reader is not None else []]
+        pages = self._run([op for group in groups for op in group], EXEC_PROFILE_DEFAULT)
+        read: list[list[reads.Rows]] = []
+        for group in groups:
+            read.append(pages[:len(group)])
+            pages = pages[len(group):]
+        return Hydrated(reads.tweet_rows(read[0]), reads.user_rows(read[1]),
+                        self._reposts_read(groups[2], read[2], reposts) if groups[2] else {},
+                        reads.column(read[3][0]) if groups[3] else None)
 
     def celebrities(self) -> list[int]:
         return sorted(reads.column(self._rows("celebs")))
