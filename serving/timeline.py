@@ -20,7 +20,8 @@ store.
 Each batch of candidates goes through :class:`serving.visibility.Viewer` (blocks,
 mutes, deleted accounts and originals, reply visibility, one entry per original).
 When filtering leaves the page short, the next batch starts below the last
-candidate, twice as large, until the page is full or the stream ends. Whether an
+candidate, as large as the missing entries need at the share of candidates served so
+far (twice the last if none was), until the page is full or the stream ends. Whether an
 entry is served never depends on the page it falls in, so the concatenated pages
 equal the query with no limit, and the cursor — the last served entry's key — is
 stable. ``fanout verify`` and the HTTP API both read through here.
@@ -48,7 +49,7 @@ __all__ = ("HomeEntry", "Page", "PageFn", "author_page", "home_page", "home_top"
            "read_time_page")
 
 #: The largest candidate batch one round reads (a reader who blocked a prolific
-#: followee may need several rounds; each doubles, up to this).
+#: followee may need several rounds; each grows, up to this).
 MAX_BATCH = 1000
 
 #: The newest candidates below a key, at most n, and whether more may follow.
@@ -132,13 +133,16 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
           keep: Callable[[list[Entry]], list[HomeEntry]]) -> Page:
     """Candidates from ``batch`` filtered by ``keep`` until ``limit`` are served."""
     position, size, out = below or TOP, _first_batch(limit), list[HomeEntry]()
+    decided = 0
     while True:
         candidates, more = batch(position, size)
         out += keep(candidates)
+        decided += len(candidates)
         ended = not (more and candidates)
         if len(out) >= limit or ended:
             break
-        position, size = candidates[-1].key, min(size * 2, MAX_BATCH)
+        position, size = candidates[-1].key, _next_batch(limit - len(out), len(out), decided,
+                                                          size)
     if viewer.reader_deleted():
         raise _gone(viewer.user or 0)
     more = len(out) > limit or (len(out) == limit and not ended)
@@ -155,6 +159,18 @@ def _first_batch(limit: int) -> int:
     few more rows (``benchmarks/bench_read_filter.py``).
     """
     return limit + (limit >> 1) + 1
+
+
+def _next_batch(missing: int, served: int, decided: int, last: int) -> int:
+    """Candidates read next: enough for the ``missing`` entries at the share served so far.
+
+    With half again for the share's error. None served yet: twice the last batch. A
+    page that filtering left a few entries short reads a few dozen more candidates, not
+    twice its first batch.
+    """
+    if not served:
+        return min(last * 2, MAX_BATCH)
+    return min(MAX_BATCH, missing * decided * 3 // (served * 2) + 1)
 
 
 def _gone(user: int) -> AccountGone:
