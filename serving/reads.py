@@ -17,7 +17,8 @@ exactly as the OpenAPI schema says. The fast path only ever answers requests the
 route would answer 200 (or 304) with the same body, so the contract has one owner.
 :class:`FastPath` holds that recognition and answer once; :class:`FastReads` gives it
 in the ASGI stack, and :class:`serving.protocol.ReadsProtocol` gives it inside
-uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process.
+uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process
+and for a network store's pages that are cached and known valid without waiting.
 
 A store whose reads are answered in process (in microseconds, as its
 :attr:`~views.stores.base.TimelineReader.reads_in_process` declares) is read on the
@@ -30,7 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Final, NamedTuple
 
 from starlette.concurrency import run_in_threadpool
@@ -133,20 +134,42 @@ class Pages:
             return 200, [_JSON], body
         if in_process(read.store):
             return self.answer_now(state, read, kind, if_none_match)
+        if (cached := self.answer_cached(state, read, kind, if_none_match)) is not None:
+            return cached
         return await run_in_threadpool(self.answer_now, state, read, kind, if_none_match)
 
     def answer_now(self, state: Any, read: Read, kind: str,
                    if_none_match: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """:meth:`answer` for a read without ``after``, on this thread (it may block)."""
-        if kind == "home" and self.activity is not None and not read.monitor:
-            self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
+        self._saw(read, kind)
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
         page = self._page(read, self._page_fn(state, read, kind), kind, state.versions,
                           celebrities, getattr(state, "serial", 0))
-        headers = [(b"etag", page.etag.encode()), (b"cache-control", _CACHE_CONTROL)]
-        if matches(if_none_match, page.etag):
-            return 304, headers, b""
-        return 200, [_JSON, *headers], page.body
+        return _response(page, if_none_match)
+
+    def answer_cached(self, state: Any, read: Read, kind: str, if_none_match: str | None
+                      ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """:meth:`answer_now` for a page that is cached and known valid without waiting.
+
+        None when that needs the store (the tokens' answer is older than their window,
+        :meth:`PageVersions.check_now`) or the page is not cached: the caller answers on
+        a worker thread then. A network store's cached pages are served on the event
+        loop this way, as an in-process store's are.
+        """
+        checked = state.versions.check_now(kind, read.user)
+        if checked is None:
+            return None
+        celebrities = getattr(state, "celebrities", None) if kind == "home" else None
+        key, token = _key_token(read, kind, checked[1], celebrities, getattr(state, "serial", 0))
+        page = self.cache.get(key, token)
+        if page is None:
+            return None
+        self._saw(read, kind)
+        return _response(page, if_none_match)
+
+    def _saw(self, read: Read, kind: str) -> None:
+        if kind == "home" and self.activity is not None and not read.monitor:
+            self.activity.saw(read.user)  # a dict lookup; records go out on their own thread
 
     def _page_fn(self, state: Any, read: Read, kind: str) -> PageFn:
         if kind != "home":
@@ -162,7 +185,7 @@ class Pages:
         """
         generation = celebrities.generation if celebrities is not None else 0
         position, token = versions.check(kind, read.user)
-        key, token = (kind, read.user, read.below, read.limit), (token, generation, view)
+        key, token = _key_token(read, kind, token, celebrities, view)
         page = self.cache.get(key, token)
         if page is None:
             body, rendered = read.rendered(page_fn, None, versions.reader(read.store))
@@ -172,6 +195,21 @@ class Pages:
             if unchanged and versions.keep(position, kind, read.user, rendered.asked):
                 self.cache.put(key, page)
         return page
+
+
+def _key_token(read: Read, kind: str, token: Hashable, celebrities: CelebrityCache | None,
+               view: int) -> tuple[Hashable, Hashable]:
+    """A page's cache key, and its token: the versions', the celebrity cache's, the view's."""
+    generation = celebrities.generation if celebrities is not None else 0
+    return (kind, read.user, read.below, read.limit), (token, generation, view)
+
+
+def _response(page: Cached, if_none_match: str | None
+              ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    headers = [(b"etag", page.etag.encode()), (b"cache-control", _CACHE_CONTROL)]
+    if matches(if_none_match, page.etag):
+        return 304, headers, b""
+    return 200, [_JSON, *headers], page.body
 
 
 def in_process(store: TimelineReader) -> bool:
@@ -219,11 +257,18 @@ class FastPath:
 
     def answer_now(self, path: str, query: bytes,
                    headers: list[tuple[bytes, bytes]]) -> Answer | None:
-        """:meth:`answer` without waiting: None unless the store is read in process."""
+        """:meth:`answer` without waiting, or None.
+
+        None unless the store is read in process, or the page is cached and known
+        valid without asking the store (:meth:`Pages.answer_cached`).
+        """
         read = self.parse(path, query, headers)
-        if read is None or not in_process(read[0].store):
+        if read is None:
             return None
         try:
+            if not in_process(read[0].store):
+                cached = self.pages.answer_cached(read[0].view, *read)
+                return self._answer(read, cached) if cached is not None else None
             return self._answer(read, self.pages.answer_now(read[0].view, *read))
         except Exception:  # the route reads again and answers the error in its shape
             log.debug("fast read fell back to the route", exc_info=True)

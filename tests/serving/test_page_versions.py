@@ -269,3 +269,29 @@ def test_reads_within_the_window_share_one_question(cassandra_hosts: str) -> Non
         finally:
             state.versions.close()
             store.close()
+
+
+def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
+        cassandra_hosts: str) -> None:
+    """On the event loop (no worker thread): a cached page whose token is known without
+    asking the store, that is within the answer window; never a page a batch moved."""
+    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
+        store = store_from_url(url, cap=50).open()
+        try:
+            join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+            join.run([Follow(1, 10, T0), Post(100, 10, T0 + 1, "first")])
+            pages, state = _pages(store)
+            read = Read(store, 1, None, 20, None)
+            assert pages.answer_cached(state, read, HOME, None) is None  # not cached yet
+            body = pages.answer_now(state, read, HOME, None)[2]
+            cached = pages.answer_cached(state, read, HOME, None)
+            assert cached is not None and cached[2] == body
+            time.sleep(0.5)  # the window passed: only the store can say what is committed
+            assert pages.answer_cached(state, read, HOME, None) is None
+            join.run([Post(101, 10, T0 + 2, "second")])
+            assert b"second" in pages.answer_now(state, read, HOME, None)[2]
+            cached = pages.answer_cached(state, read, HOME, None)
+            assert cached is not None and b"second" in cached[2]
+        finally:
+            state.versions.close()
+            store.close()

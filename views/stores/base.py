@@ -345,6 +345,14 @@ class PageVersions:
         position = self.position()
         return position, position
 
+    def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
+        """:meth:`check`, if it can be answered without waiting on the store; else None.
+
+        What lets a cached page be served on the event loop, with no worker thread, by a
+        server whose store is read over the network. This default never can.
+        """
+        return None
+
     def keep(self, position: Position, kind: str, user: int,
              rows: Iterable[tuple[str, int]]) -> bool:
         """Whether a page rendered from ``position`` may be kept under its token."""

@@ -233,6 +233,18 @@ class FeedVersions(PageVersions):
         with self._lock:
             return position, (self._epoch, self._touched.get((kind, user), 0))
 
+    def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
+        """:meth:`check` when the newest answer is within the window and no catch-up runs."""
+        arrived = self._clock()
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._asked is None or self._asked < arrived - self.fresh_s:
+                return None
+            return self._seen, (self._epoch, self._touched.get((kind, user), 0))
+        finally:
+            self._lock.release()
+
     def keep(self, position: Position, kind: str, user: int,
              rows: Iterable[tuple[str, int]]) -> bool:
         """Keep (and watch its rows) only if no batch was taken in since ``position``."""
