@@ -61,12 +61,16 @@ class PageCache:
         self._pages: OrderedDict[Hashable, Cached] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, version: Hashable) -> Cached | None:
-        """The page under ``key`` if it was rendered at token ``version``."""
+    def get(self, key: Hashable, version: Hashable, count_miss: bool = True) -> Cached | None:
+        """The page under ``key`` if it was rendered at token ``version``.
+
+        ``count_miss=False``: a look that another will follow if it misses (the event
+        loop's, before a worker thread's), so only that one counts.
+        """
         with self._lock:
             page = self._pages.get(key)
             if page is None or page.version != version:
-                self.misses += 1
+                self.misses += count_miss
                 return None
             self._pages.move_to_end(key)
             self.hits += 1

@@ -161,7 +161,7 @@ class Pages:
             return None
         celebrities = getattr(state, "celebrities", None) if kind == "home" else None
         key, token = _key_token(read, kind, checked[1], celebrities, getattr(state, "serial", 0))
-        page = self.cache.get(key, token)
+        page = self.cache.get(key, token, count_miss=False)  # the worker's look counts
         if page is None:
             return None
         self._saw(read, kind)

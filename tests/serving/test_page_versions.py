@@ -283,9 +283,11 @@ def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
             pages, state = _pages(store)
             read = Read(store, 1, None, 20, None)
             assert pages.answer_cached(state, read, HOME, None) is None  # not cached yet
+            assert (pages.cache.hits, pages.cache.misses) == (0, 0)  # the worker's look counts
             body = pages.answer_now(state, read, HOME, None)[2]
             cached = pages.answer_cached(state, read, HOME, None)
             assert cached is not None and cached[2] == body
+            assert (pages.cache.hits, pages.cache.misses) == (1, 1)
             time.sleep(0.5)  # the window passed: only the store can say what is committed
             assert pages.answer_cached(state, read, HOME, None) is None
             join.run([Post(101, 10, T0 + 2, "second")])
