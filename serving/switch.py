@@ -72,6 +72,7 @@ def served(store: Store, label: str,
            record: ViewRecord | None = None) -> Served:
     """An opened ``store`` with its versions and celebrity cache, under a new serial."""
     versions = store.page_versions()
+    versions.keep_fresh()  # cached pages answered on the event loop (serving.reads)
     return Served(store, versions, celebrities(store, versions), label, next(_serials), record)
 
 

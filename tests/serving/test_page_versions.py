@@ -31,7 +31,7 @@ from views.join import JoinConfig
 from views.local import LocalJoin
 from views.stores import store_from_url
 from views.stores.base import TweetRow, WritePlan
-from views.stores.cassandra.changes import HOME, OWN, Changes
+from views.stores.cassandra.changes import HOME, OWN, Changes, FeedVersions
 
 T0 = 1_700_000_000_000
 
@@ -297,3 +297,48 @@ def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
         finally:
             state.versions.close()
             store.close()
+
+
+def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
+        cassandra_hosts: str) -> None:
+    """``refresh`` (what ``keep_fresh``'s thread runs every half window) asks again once
+    the answer is half a window old and a page was read within the last second."""
+    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
+        store = store_from_url(url, cap=50).open()
+        now = [1000.0]
+        versions = FeedVersions(store, store._rows, 0.4, clock=lambda: now[0])
+        try:
+            versions.check(HOME, 1)  # a read: the first question
+            asked = versions.questions
+            now[0] += 0.3
+            assert versions.check_now(HOME, 1) is not None  # within the window
+            versions.refresh()  # the answer is 0.3 s old: asked again
+            assert versions.questions == asked + 1
+            now[0] += 0.3
+            assert versions.check_now(HOME, 1) is not None  # 0.6 s after the first question
+            now[0] += 0.5
+            assert versions.check_now(HOME, 1) is None  # no refresh: stale, the store must say
+            now[0] += 1.5
+            versions.refresh()  # no read for over a second: nothing asked
+            assert versions.questions == asked + 1
+        finally:
+            versions.close()
+            store.close()
+
+
+def test_keep_fresh_runs_until_closed(cassandra_hosts: str) -> None:
+    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=100") as url:
+        store = store_from_url(url, cap=50).open()
+        versions = store.page_versions()
+        try:
+            versions.keep_fresh()
+            versions.check(HOME, 1)
+            deadline = time.monotonic() + 30
+            while versions.questions < 3 and time.monotonic() < deadline:
+                versions.check_now(HOME, 1)  # reads keep it refreshing
+                time.sleep(0.02)
+            assert versions.questions >= 3
+        finally:
+            versions.close()
+            store.close()
+        assert versions._refresher is not None and not versions._refresher.is_alive()

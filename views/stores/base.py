@@ -345,6 +345,12 @@ class PageVersions:
         position = self.position()
         return position, position
 
+    def keep_fresh(self) -> None:
+        """Keep :meth:`check_now` answerable while pages are read (a server's tokens).
+
+        This default has nothing to keep fresh.
+        """
+
     def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
         """:meth:`check`, if it can be answered without waiting on the store; else None.
 

@@ -45,12 +45,17 @@ default; 0: only an answer asked for after it arrived), else waits for the next.
 store sees at most about one such request per process and window, not one per read,
 and a cached page lags a commit by at most the window — on top of the second or so
 a post takes to reach the store, and never for ``?after=`` reads, which bypass the
-cache.
+cache. An API process's tokens (:meth:`FeedVersions.keep_fresh`) ask again every half
+window while pages are read, from a thread of their own, and never hold the indexes'
+lock over the network, so a cached page's token is known without waiting
+(:meth:`FeedVersions.check_now`) and the page is served on the event loop: two such
+requests a window per process while reads arrive, none when idle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from array import array
@@ -73,6 +78,8 @@ from views.stores.base import (
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.rows import FLOOR
 
+log = logging.getLogger(__name__)
+
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
 BUCKET_US: Final = 3_600_000_000
 #: Ids per writer beyond which its row says ``everything`` instead of listing them.
@@ -81,6 +88,8 @@ EVERYTHING: Final = 250_000
 MAX_BUCKETS: Final = 20
 #: Pages (and dependent ids) an API process indexes before forgetting everything.
 MAX_INDEXED: Final = 500_000
+#: Seconds without a page read after which :meth:`FeedVersions.refresh` stops asking.
+REFRESH_IDLE_S: Final = 1.0
 #: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them;
 #: also the reposts, and the followees, it keeps (entries, all lists together).
 MAX_ROWS: Final = 200_000
@@ -198,7 +207,11 @@ class FeedVersions(PageVersions):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(store)
         self._run, self._clock, self.fresh_s = run, clock, fresh_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the indexes and kept rows; never held over the network
+        self._asking = threading.Lock()  # one question to the store at a time
+        self._last_read = -float("inf")  # when a page last asked for its token
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
         self._seen: int | None = None  # the committed ts the indexes are current to
         self._asked: float | None = None  # when the newest answer's question was asked
         self._epoch = 0
@@ -219,23 +232,63 @@ class FeedVersions(PageVersions):
         """The committed batch timestamp, the indexes brought up to it first.
 
         An answer asked for less than ``fresh_s`` before this call arrived is taken as
-        current; otherwise the store is asked (one row).
+        current; otherwise the store is asked (one row), one question at a time.
         """
+        return self._current(self.fresh_s)
+
+    def refresh(self) -> None:
+        """Ask the store again if the answer is half a window old and a page read lately.
+
+        What :meth:`keep_fresh`'s thread does every half window: while reads arrive, the
+        answer :meth:`check_now` needs is never older than the window.
+        """
+        if self._clock() - self._last_read <= REFRESH_IDLE_S:
+            self._current(self.fresh_s / 2)
+
+    def keep_fresh(self) -> None:
+        """Start a thread that calls :meth:`refresh` every half window, until :meth:`close`."""
+        if self.fresh_s <= 0 or self._refresher is not None:
+            return
+        self._refresher = threading.Thread(target=self._refreshing, name="page-versions",
+                                           daemon=True)
+        self._refresher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(timeout=5)
+
+    def _refreshing(self) -> None:
+        while not self._stop.wait(self.fresh_s / 2):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - the store is down: reads ask, and say so
+                log.debug("page versions: refresh failed", exc_info=True)
+
+    def _current(self, max_age: float) -> Position:
+        """The position, asking the store if the answer is older than ``max_age``."""
         arrived = self._clock()
-        with self._lock:
-            if self._asked is None or self._asked < arrived - self.fresh_s:
-                self._asked = self._clock()
-                self._advance(self._committed())
-            return self._seen
+        with self._asking:
+            with self._lock:
+                if self._asked is not None and self._asked >= arrived - max_age:
+                    return self._seen
+            asked = self._clock()
+            committed = self._committed()
+            rows = self._feed(committed)  # over the network: the indexes stay readable
+            with self._lock:
+                self._take_in(committed, rows)
+                self._asked = asked
+                return self._seen
 
     def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
+        self._last_read = self._clock()
         position = self.position()
         with self._lock:
             return position, (self._epoch, self._touched.get((kind, user), 0))
 
     def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
         """:meth:`check` when the newest answer is within the window and no catch-up runs."""
-        arrived = self._clock()
+        arrived = self._last_read = self._clock()
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -333,19 +386,25 @@ class FeedVersions(PageVersions):
         rows = self._run("committed_get", ())
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
-    def _advance(self, committed: int) -> None:
-        """Take in every batch in (seen, committed]; forget everything if the feed can't."""
-        seen = self._seen
+    def _feed(self, committed: int) -> list[tuple[Any, ...]] | None:
+        """The feed's rows of the batches in (seen, committed]; None if it cannot cover them."""
+        seen = self._seen  # written only while _asking is held, as it is here
         if seen is None or committed < seen or \
                 committed // BUCKET_US - seen // BUCKET_US > MAX_BUCKETS:
-            self._reset()  # a first look, a rebuilt keyspace, or too far behind
-            self._seen = committed
-            return
-        if committed == seen:
-            return
-        self.catch_ups += 1
-        for bucket in range(seen // BUCKET_US, committed // BUCKET_US + 1):
-            for row in self._run("changes_get", (bucket, seen, committed)):
+            return None  # a first look, a rebuilt keyspace, or too far behind
+        rows: list[tuple[Any, ...]] = []
+        if committed != seen:
+            for bucket in range(seen // BUCKET_US, committed // BUCKET_US + 1):
+                rows += self._run("changes_get", (bucket, seen, committed))
+        return rows
+
+    def _take_in(self, committed: int, rows: list[tuple[Any, ...]] | None) -> None:
+        """Take in the batches :meth:`_feed` read (the lock held); forget everything if None."""
+        if rows is None:
+            self._reset()
+        elif committed != self._seen:
+            self.catch_ups += 1
+            for row in rows:
                 self._take(int(row[0]), Changes.decode(row[1:]))
         self._seen = committed
 
