@@ -11,6 +11,7 @@ rendered anew from the store.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import types
@@ -251,23 +252,33 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
 def test_reads_within_the_window_share_one_question(cassandra_hosts: str) -> None:
     """With page_fresh_ms, reads in one window ask the store once; a read that arrives
     a window after a commit sees it."""
-    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=300") as url:
+    with _windowed(cassandra_hosts, 300, Post(100, 10, T0 + 1, "a")) as (join, pages, state):
+        time.sleep(0.35)
+        first = _read(pages, state, 1)
+        asked = state.versions.questions
+        assert all(_read(pages, state, 1) == first for _ in range(20))
+        assert state.versions.questions == asked  # one window: no new question
+        join.run([Post(101, 10, T0 + 2, "b")])
+        time.sleep(0.35)
+        assert b'"101"' in _read(pages, state, 1)
+        assert state.versions.questions == asked + 1
+
+
+@contextlib.contextmanager
+def _windowed(cassandra_hosts: str, window_ms: int, post: Post
+              ) -> Iterator[tuple[LocalJoin, Pages, types.SimpleNamespace]]:
+    """A store whose answer window is ``window_ms``, user 1 following 10, who posted ``post``."""
+    with fresh_keyspace(cassandra_hosts, f"page_fresh_ms={window_ms}") as url:
         store = store_from_url(url, cap=50).open()
         try:
             join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
-            join.run([Follow(1, 10, T0), Post(100, 10, T0 + 1, "a")])
+            join.run([Follow(1, 10, T0), post])
             pages, state = _pages(store)
-            time.sleep(0.35)
-            first = _read(pages, state, 1)
-            asked = state.versions.questions
-            assert all(_read(pages, state, 1) == first for _ in range(20))
-            assert state.versions.questions == asked  # one window: no new question
-            join.run([Post(101, 10, T0 + 2, "b")])
-            time.sleep(0.35)
-            assert b'"101"' in _read(pages, state, 1)
-            assert state.versions.questions == asked + 1
+            try:
+                yield join, pages, state
+            finally:
+                state.versions.close()
         finally:
-            state.versions.close()
             store.close()
 
 
@@ -275,28 +286,21 @@ def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
         cassandra_hosts: str) -> None:
     """On the event loop (no worker thread): a cached page whose token is known without
     asking the store, that is within the answer window; never a page a batch moved."""
-    with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
-        store = store_from_url(url, cap=50).open()
-        try:
-            join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
-            join.run([Follow(1, 10, T0), Post(100, 10, T0 + 1, "first")])
-            pages, state = _pages(store)
-            read = Read(store, 1, None, 20, None)
-            assert pages.answer_cached(state, read, HOME, None) is None  # not cached yet
-            assert (pages.cache.hits, pages.cache.misses) == (0, 0)  # the worker's look counts
-            body = pages.answer_now(state, read, HOME, None)[2]
-            cached = pages.answer_cached(state, read, HOME, None)
-            assert cached is not None and cached[2] == body
-            assert (pages.cache.hits, pages.cache.misses) == (1, 1)
-            time.sleep(0.5)  # the window passed: only the store can say what is committed
-            assert pages.answer_cached(state, read, HOME, None) is None
-            join.run([Post(101, 10, T0 + 2, "second")])
-            assert b"second" in pages.answer_now(state, read, HOME, None)[2]
-            cached = pages.answer_cached(state, read, HOME, None)
-            assert cached is not None and b"second" in cached[2]
-        finally:
-            state.versions.close()
-            store.close()
+    with _windowed(cassandra_hosts, 400, Post(100, 10, T0 + 1, "first")) as (join, pages,
+                                                                              state):
+        read = Read(state.store, 1, None, 20, None)
+        assert pages.answer_cached(state, read, HOME, None) is None  # not cached yet
+        assert (pages.cache.hits, pages.cache.misses) == (0, 0)  # the worker's look counts
+        body = pages.answer_now(state, read, HOME, None)[2]
+        cached = pages.answer_cached(state, read, HOME, None)
+        assert cached is not None and cached[2] == body
+        assert (pages.cache.hits, pages.cache.misses) == (1, 1)
+        time.sleep(0.5)  # the window passed: only the store can say what is committed
+        assert pages.answer_cached(state, read, HOME, None) is None
+        join.run([Post(101, 10, T0 + 2, "second")])
+        assert b"second" in pages.answer_now(state, read, HOME, None)[2]
+        cached = pages.answer_cached(state, read, HOME, None)
+        assert cached is not None and b"second" in cached[2]
 
 
 def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
