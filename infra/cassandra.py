@@ -30,7 +30,7 @@ from typing import IO, Final
 
 from infra.errors import InfraError
 from infra.jars import CASSANDRA, classpath
-from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate
+from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate, timer_slack
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,12 @@ _JPMS: Final = (
 _GC: Final = ("-XX:+UseG1GC", "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
               "-XX:MaxGCPauseMillis=300", "-XX:InitiatingHeapOccupancyPercent=70",
               "-XX:ParallelGCThreads=2", "-XX:ConcGCThreads=1")
+#: The node's timer slack (ns): how late the kernel may wake its sleeping threads. After
+#: each burst of requests the shared request pool's idle workers poll in ~10 µs sleeps
+#: for ~10 ms. At Linux's default slack (50 µs) a read 20 ms after the last cost the
+#: node 8.5 ms of CPU, at 1 ms 2.8 ms, for at most ~0.5 ms more latency
+#: (``benchmarks/bench_cassandra_idle.py``); on a busy node the pool rarely idles.
+TIMER_SLACK_NS: Final = 1_000_000
 _LOGBACK: Final = """<configuration scan="false">
   <appender name="OUT" class="ch.qos.logback.core.ConsoleAppender">
     <encoder><pattern>%-5level %date{ISO8601} [%thread] %logger{0} - %msg%n</pattern></encoder>
@@ -110,10 +116,12 @@ class LocalCassandra:
 
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,
                  heap_mb: int = 768, start_timeout: float = 180.0, stop_timeout: float = 60.0,
-                 java: str = "java", jar_root: Path | None = None) -> None:
+                 java: str = "java", jar_root: Path | None = None,
+                 timer_slack_ns: int = TIMER_SLACK_NS) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path) if log_path else self.data_dir / "logs" / "system.log"
         self.heap_mb = heap_mb
+        self.timer_slack_ns = timer_slack_ns  # 0: the system's own
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.started_in: float | None = None
@@ -247,10 +255,7 @@ class LocalCassandra:
         assert self._ports is not None and self._log_file is not None
         (self.data_dir / "cassandra.yaml").write_text(node_yaml(self.data_dir, self._ports))
         offset = self._log_file.seek(0, os.SEEK_END)
-        argv = [java, *self._jvm_options(jars), MAIN_CLASS]
-        self._process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            cwd=self.data_dir, start_new_session=True)
+        self._process = self._popen([java, *self._jvm_options(jars), MAIN_CLASS])
         (self.data_dir / PID_FILE).write_text(str(self._process.pid))
         if _wait_until_serving(self._process, self._ports.native, deadline, self.log_path):
             return True
@@ -263,6 +268,13 @@ class LocalCassandra:
         msg = (f"Cassandra exited during start (exit code {code}); the end of its log "
                f"{self.log_path}:\n{tail}")
         raise CassandraError(msg)
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """The JVM, its output to the log, in a session of its own (:data:`TIMER_SLACK_NS`)."""
+        with timer_slack(self.timer_slack_ns):
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_file,
+                                    stderr=subprocess.STDOUT, cwd=self.data_dir,
+                                    start_new_session=True)
 
     def _jvm_options(self, jars: list[Path]) -> list[str]:
         assert self._ports is not None

@@ -105,9 +105,7 @@ class RingNode(LocalCassandra):
         argv = [java, *self._jvm_options(jars),
                 f"-Dcassandra.ring_delay_ms={RING_DELAY_MS}",
                 "org.apache.cassandra.service.CassandraDaemon"]
-        self._process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            cwd=self.data_dir, start_new_session=True)
+        self._process = self._popen(argv)
         (self.data_dir / PID_FILE).write_text(str(self._process.pid))
         _wait_for_cql(self._process, self.address, self._ports.native, deadline, self.log_path)
         return True
