@@ -306,7 +306,7 @@ def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
 def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
         cassandra_hosts: str) -> None:
     """``refresh`` (what ``keep_fresh``'s thread runs every half window) asks again once
-    the answer is half a window old and a page was read within the last second."""
+    the answer is half a window old and a page was read within the last two windows."""
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
         store = store_from_url(url, cap=50).open()
         now = [1000.0]
@@ -322,9 +322,13 @@ def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
             assert versions.check_now(HOME, 1) is not None  # 0.6 s after the first question
             now[0] += 0.5
             assert versions.check_now(HOME, 1) is None  # no refresh: stale, the store must say
-            now[0] += 1.5
-            versions.refresh()  # no read for over a second: nothing asked
+            now[0] += 0.9
+            versions.refresh()  # no read for over two windows: nothing asked
             assert versions.questions == asked + 1
+            versions.check_now(HOME, 1)
+            now[0] += 0.7
+            versions.refresh()  # a read 0.7 s ago, within two windows: asked
+            assert versions.questions == asked + 2
         finally:
             versions.close()
             store.close()

@@ -46,10 +46,11 @@ store sees at most about one such request per process and window, not one per re
 and a cached page lags a commit by at most the window — on top of the second or so
 a post takes to reach the store, and never for ``?after=`` reads, which bypass the
 cache. An API process's tokens (:meth:`FeedVersions.keep_fresh`) ask again every half
-window while pages are read, from a thread of their own, and never hold the indexes'
-lock over the network, so a cached page's token is known without waiting
-(:meth:`FeedVersions.check_now`) and the page is served on the event loop: two such
-requests a window per process while reads arrive, none when idle.
+window while pages are read (a read in the last two windows), from a thread of their
+own, and never hold the indexes' lock over the network, so a cached page's token is
+known without waiting (:meth:`FeedVersions.check_now`) and the page is served on the
+event loop: two such requests a window per process while reads arrive, a few per read
+when reads are sparse, none when idle.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ EVERYTHING: Final = 250_000
 MAX_BUCKETS: Final = 20
 #: Pages (and dependent ids) an API process indexes before forgetting everything.
 MAX_INDEXED: Final = 500_000
-#: Seconds without a page read after which :meth:`FeedVersions.refresh` stops asking.
-REFRESH_IDLE_S: Final = 1.0
+#: Windows without a page read after which :meth:`FeedVersions.refresh` stops asking: a
+#: read that arrives later would have found the answer stale anyway, so an isolated read
+#: costs at most a few questions, not one every half window for a second.
+REFRESH_IDLE_WINDOWS: Final = 2
 #: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them;
 #: also the reposts, and the followees, it keeps (entries, all lists together).
 MAX_ROWS: Final = 200_000
@@ -167,15 +170,13 @@ def committed_op(ts: int) -> cql.Op:
     return ("committed_set", (ts, ts))
 
 
-def _split(kept: Mapping[int, Any], ids: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
+def _split(kept: Mapping[int, Any], ids: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
     """The kept rows of ``ids``, and the ids (once each) not kept."""
-    found, missing = {}, []
-    for i in dict.fromkeys(ids):
-        if (row := kept.get(i)) is not None:
-            found[i] = row
-        else:
-            missing.append(i)
-    return found, missing
+    get = kept.get
+    found = {i: row for i in ids if (row := get(i)) is not None}
+    if len(found) == len(ids):  # all kept, none twice: the usual answer, one loop
+        return found, []
+    return found, [i for i in dict.fromkeys(ids) if i not in found]
 
 
 def _above(entries: list[Entry], bound: Key) -> list[Entry]:
@@ -239,10 +240,11 @@ class FeedVersions(PageVersions):
     def refresh(self) -> None:
         """Ask the store again if the answer is half a window old and a page read lately.
 
-        What :meth:`keep_fresh`'s thread does every half window: while reads arrive, the
-        answer :meth:`check_now` needs is never older than the window.
+        What :meth:`keep_fresh`'s thread does every half window: while reads arrive at
+        least once in :data:`REFRESH_IDLE_WINDOWS` windows, the answer :meth:`check_now`
+        needs is never older than the window; sparser reads ask for themselves.
         """
-        if self._clock() - self._last_read <= REFRESH_IDLE_S:
+        if self._clock() - self._last_read <= self.fresh_s * REFRESH_IDLE_WINDOWS:
             self._current(self.fresh_s / 2)
 
     def keep_fresh(self) -> None:
