@@ -25,6 +25,7 @@ import functools
 import itertools
 import logging
 import multiprocessing
+import operator
 import os
 import random
 import time
@@ -103,12 +104,13 @@ def verify(kafka: KafkaSettings, store: Store, cap: int, *, sample: int | None =
     ``entries``, ``opener``, ``workers`` and ``lateness`` are :func:`compare`'s.
     """
     start = time.perf_counter()
-    log_ = read_changelog(kafka)
-    if wait > 0 and not wait_caught_up(store, log_.ends, wait):
-        log.warning("view did not catch up within %.0fs", wait)
-    result = compare(log_, store, cap, sample=sample, seed=seed, max_samples=max_samples,
-                     progress=progress, entries=entries, opener=opener, workers=workers,
-                     lateness=lateness)
+    with _reader_pool(opener, workers) as pool:
+        log_ = read_changelog(kafka)
+        if wait > 0 and not wait_caught_up(store, log_.ends, wait):
+            log.warning("view did not catch up within %.0fs", wait)
+        result = compare(log_, store, cap, sample=sample, seed=seed, max_samples=max_samples,
+                         progress=progress, entries=entries, opener=opener, workers=workers,
+                         lateness=lateness, pool=pool)
     result.lagging_partitions = lagging(store, log_.ends)
     result.seconds = time.perf_counter() - start
     return result
@@ -120,15 +122,22 @@ READERS = 8
 #: Users a reader process is handed at a time: few round trips, a bar that still moves.
 CHUNK = 16
 
-#: What a user is served: the entries as the reference's rows, or why nothing was.
-Served = list[HomeRow] | str
+#: A served entry's fields in the order of the reference's rows (entry id, time, actor,
+#: original and its author).
+_ROW_FIELDS = operator.itemgetter(1, 0, 2, 3, 4)
+
+#: What a user is served: the entries as the reference's rows (plain tuples of their
+#: fields, which compare equal to them and cross from a reader process at a fraction of
+#: the cost), or why nothing was.
+Served = list[tuple[int, int, int, int, int]] | str
 
 
 def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = None,
             seed: int = 0, max_samples: int = 5, progress: bool = False,
             entries: int | None = None, opener: Callable[[], Store] | None = None,
             workers: int | None = None, users: list[int] | None = None,
-            lateness: int | None = DEFAULT_LATENESS_MS) -> VerifyResult:
+            lateness: int | None = DEFAULT_LATENESS_MS,
+            pool: Executor | None = None) -> VerifyResult:
     """Compare without reading Kafka (the log already read); ``progress`` draws a bar.
 
     ``lateness`` is the job's lateness bound in ms (``ViewSettings.lateness_ms``; None:
@@ -142,7 +151,8 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
     default: all ``cap``). ``opener`` builds another, unopened store over the same data
     in a reader process, so it must pickle (``functools.partial(store_from_url, url,
     cap=cap)``); ``workers`` is how many such processes (default: one per core). See
-    :func:`_reads` for when they are used.
+    :func:`_reads` for when they are used. ``pool``: those processes, started already
+    (:func:`_reader_pool`); the caller shuts it down.
     """
     n = _depth(cap, entries)
     log.info("recomputing the view from %d events", len(log_.events))
@@ -155,7 +165,7 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
         users = sorted(random.Random(seed).sample(users, sample))
     result = VerifyResult(events=len(log_.events), invalid=sum(log_.invalid.values()),
                           late=len(ref.late))
-    with (_reads(store, users, n, opener, workers) as served_rows,
+    with (_reads(store, users, n, opener, workers, pool) as served_rows,
           progress_bar(total=len(users), desc="verify", unit="user",
                        disable=not progress) as bar):
         for user, got in zip(users, served_rows, strict=True):
@@ -185,8 +195,30 @@ def _check(result: VerifyResult, user: int, want: list[HomeRow], got: Served,
 
 
 @contextlib.contextmanager
+def _reader_pool(opener: Callable[[], Store] | None,
+                 workers: int | None) -> Iterator[ProcessPoolExecutor | None]:
+    """The reader processes (with an ``opener``), started at once and shut down after.
+
+    A process's start (its imports, the store's connection and prepared statements)
+    takes a second or two, which overlaps reading the log and recomputing the view.
+    """
+    if opener is None:
+        yield None
+        return
+    count = workers or os.cpu_count() or 1
+    pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_open_reader, initargs=(opener,))
+    try:
+        for _ in range(count):
+            pool.submit(int)  # each submit to a busy pool starts another process
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+@contextlib.contextmanager
 def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[], Store] | None,
-           workers: int | None) -> Iterator[Iterator[Served]]:
+           workers: int | None, started: Executor | None = None) -> Iterator[Iterator[Served]]:
     """Each user's served rows, in ``users``' order, read while the caller recomputes.
 
     Reading a timeline is CPU work in Python (assembling it entry by entry) under this
@@ -197,21 +229,23 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
     user). A store whose reads wait on the network is read by :data:`READERS` threads in
     each, whose waits overlap, through the store's page reader (rows shared by many
     timelines read once, as the API's page renders do: :meth:`PageVersions.reader`).
-    Without an opener: those threads in this process, or inline.
+    Without an opener: those threads in this process, or inline. ``started``: the
+    processes, started already (:func:`_reader_pool`), left to their owner to stop.
     """
+    if opener is not None:
+        with contextlib.ExitStack() as own:
+            readers = started or own.enter_context(_reader_pool(opener, workers))
+            assert readers is not None  # an opener: processes
+            if store.reads_in_process:
+                yield readers.map(_served_here, users, itertools.repeat(n), chunksize=CHUNK)
+            else:
+                chunks = [users[i:i + CHUNK] for i in range(0, len(users), CHUNK)]
+                yield itertools.chain.from_iterable(
+                    readers.map(_served_chunk, chunks, itertools.repeat(n)))
+        return
     versions = None
     pool: Executor
-    if opener is not None:
-        pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
-                                   mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_open_reader, initargs=(opener,))
-        if store.reads_in_process:
-            rows = pool.map(_served_here, users, itertools.repeat(n), chunksize=CHUNK)
-        else:
-            chunks = [users[i:i + CHUNK] for i in range(0, len(users), CHUNK)]
-            rows = itertools.chain.from_iterable(
-                pool.map(_served_chunk, chunks, itertools.repeat(n)))
-    elif not store.reads_in_process:
+    if not store.reads_in_process:
         versions = store.page_versions()
         pool = ThreadPoolExecutor(READERS)
         rows = pool.map(functools.partial(_served_current, versions, versions.reader(store),
@@ -240,8 +274,7 @@ def served(store: TimelineReader, user: int, n: int) -> Served:
         entries = home_top(store, user, n)
     except NotFound as exc:
         return f"not served: {exc}"
-    return [HomeRow(e.tweet_id, e.created_at, e.author_id, e.original_id, e.original_author)
-            for e in entries]
+    return list(map(_ROW_FIELDS, entries))
 
 
 #: The store a reader process reads, opened once by :func:`_open_reader`.
@@ -272,10 +305,11 @@ def _served_chunk(users: list[int], n: int) -> list[Served]:
     return list(threads.map(functools.partial(_served_current, versions, reader, n=n), users))
 
 
-def _describe(user: int, want: list[HomeRow], got: list[HomeRow] | str) -> str:
+def _describe(user: int, want: list[HomeRow], served_rows: Served) -> str:
     """What differs, by entry id first, then field by field."""
-    if isinstance(got, str):
-        return f"user {user}: expected {len(want)} entries, {got}"
+    if isinstance(served_rows, str):
+        return f"user {user}: expected {len(want)} entries, {served_rows}"
+    got = [HomeRow._make(r) for r in served_rows]
     head = f"user {user}: expected {len(want)} entries, served {len(got)}"
     wanted, served = {r.entry_id: r for r in want}, {r.entry_id: r for r in got}
     missing = [t for t in wanted if t not in served][:5]
