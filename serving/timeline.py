@@ -202,8 +202,7 @@ class _Home:
         """
         cached = self._cached(below, n)
         starred = self._starred(below, n)
-        entries = _newest([e for e in cached if e.key > self.floor],
-                          [e for e in starred if e.key > self.floor], n)
+        entries = _newest(self._above_floor(cached), self._above_floor(starred), n)
         above = any(len(got) == n and got[-1].key > self.floor for got in (cached, starred))
         if len(entries) == n or above or self.horizon is None:
             return entries, len(entries) == n or above
@@ -212,6 +211,12 @@ class _Home:
         rest = self.viewer.author_tweets(sorted(self.viewer.followees()), deeper,
                                         n - len(entries))
         return entries + rest, len(rest) == n - len(entries)
+
+    def _above_floor(self, entries: list[Entry]) -> list[Entry]:
+        """The entries (newest first) above the horizon: a prefix, all of them if none."""
+        if self.horizon is None or not entries or entries[-1].key > self.floor:
+            return entries
+        return [e for e in entries if e.key > self.floor]
 
     def _cached(self, below: Key, n: int) -> list[Entry]:
         """The cached entries, the first batch's as read up front."""

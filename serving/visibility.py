@@ -81,7 +81,10 @@ class Viewer:
         self.store, self.user = store, user
         self.tweets: dict[int, TweetRow] = {}
         self.users: dict[int, UserRow] = {}
-        self._asked: set[tuple[str, int]] = set()  # (table, id) read, found or not
+        # ids read, found or not: tweets, profiles, authors' lists of tweets
+        self._asked_t: set[int] = set()
+        self._asked_u: set[int] = set()
+        self._asked_a: set[int] = set()
         self._relations = relations
         self._followees: frozenset[int] | None = None
         # original → (bound, its shown reposts above the bound): read with the rows
@@ -89,16 +92,18 @@ class Viewer:
 
     # -- rows, read once -----------------------------------------------------------------
     def load_tweets(self, ids: Iterable[int]) -> None:
-        missing = [i for i in dict.fromkeys(ids) if ("t", i) not in self._asked]
+        asked = self._asked_t
+        missing = [i for i in dict.fromkeys(ids) if i not in asked]
         if missing:
             self.tweets.update(self.store.tweets(missing))
-            self._asked.update(("t", i) for i in missing)
+            asked.update(missing)
 
     def load_users(self, ids: Iterable[int]) -> None:
-        missing = [i for i in dict.fromkeys(ids) if ("u", i) not in self._asked]
+        asked = self._asked_u
+        missing = [i for i in dict.fromkeys(ids) if i not in asked]
         if missing:
             self.users.update(self.store.users(missing))
-            self._asked.update(("u", i) for i in missing)
+            asked.update(missing)
 
     def _hydrate(self, rows: list[tuple[Entry, TweetRow]], reposts: bool) -> None:
         """Read at once what deciding on ``rows`` reads next, where not read already.
@@ -112,12 +117,12 @@ class Viewer:
         """
         live = [(c, r) for c, r in rows if not r.deleted]
         tweets = [i for i in dict.fromkeys(r.original_id for _, r in live if r.original_id)
-                  if ("t", i) not in self._asked]
+                  if i not in self._asked_t]
         people = {c.author_id for c, _ in live} | {r.original_author for _, r in live}
         people |= {r.reply_to for _, r in live}
         if self.user is not None:
             people.add(self.user)
-        users = [u for u in people if u and ("u", u) not in self._asked]
+        users = [u for u in people if u and u not in self._asked_u]
         bounds: dict[int, Key] = {}
         followees = False
         if reposts:
@@ -134,8 +139,8 @@ class Viewer:
         read = self.store.hydrate(tweets, users, bounds, self.user, followees)
         self.tweets.update(read.tweets)
         self.users.update(read.users)
-        self._asked.update(("t", i) for i in tweets)
-        self._asked.update(("u", u) for u in users)
+        self._asked_t.update(tweets)
+        self._asked_u.update(users)
         for o, bound in bounds.items():
             self._reposts[o] = (bound, read.reposts.get(o, []))
         if read.followees is not None:
@@ -162,11 +167,12 @@ class Viewer:
         ``("t", tweet_id)``, ``("u", user_id)``, or ``("a", author_id)`` for an author's
         list of tweets (:meth:`author_tweets`).
         """
-        return self._asked
+        return {("t", i) for i in self._asked_t} | {("u", i) for i in self._asked_u} \
+            | {("a", i) for i in self._asked_a}
 
     def author_tweets(self, authors: Sequence[int], below: Key, n: int) -> list[Entry]:
         """The store's :meth:`~TimelineReader.author_tweets`, the authors noted as read."""
-        self._asked.update(("a", a) for a in authors)
+        self._asked_a.update(authors)
         return self.store.author_tweets(authors, below, n)
 
     def tweet(self, tweet_id: int) -> TweetRow:

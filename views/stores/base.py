@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import json
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple
@@ -79,6 +80,11 @@ class Entry(NamedTuple):
     @property
     def key(self) -> Key:
         return (self.created_at, self.tweet_id)
+
+
+#: An Entry from a (created_at, tweet_id, author_id) tuple, without the keyword handling
+#: of its constructor: a store builds one per timeline row it reads.
+as_entry: Callable[[tuple[int, int, int]], Entry] = functools.partial(tuple.__new__, Entry)
 
 
 class TweetRow(NamedTuple):

@@ -21,12 +21,13 @@ regeneration reads single-partition pages (:func:`author_queries`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
-from views.stores.base import Entry, Relations, TweetRow, UserRow
+from views.stores.base import Entry, Relations, TweetRow, UserRow, as_entry
 from views.stores.cassandra import statements as cql
 
 Rows = list[tuple[Any, ...]]
@@ -125,7 +126,7 @@ def cut_short(ops: Sequence[cql.Op], pages: Sequence[Rows]) -> list[int]:
 
 def entries(rows: Rows) -> list[Entry]:
     """Timeline rows (created_at, tweet_id, author_id) as entries."""
-    return [Entry(c, t, a) for c, t, a in rows]
+    return list(map(as_entry, rows))
 
 
 def horizon_key(rows: Rows) -> Key | None:
@@ -148,8 +149,8 @@ def merge_authors(authors: list[int], pages: list[Rows], limit: int) -> list[Ent
 
 
 def author_entries(pages: Iterable[Rows]) -> list[Entry]:
-    """Rows of :func:`author_pages` (author, created_at, tweet_id) as entries, in order."""
-    return [Entry(c, t, a) for rows in pages for a, c, t in rows]
+    """Rows of :func:`author_pages` (created_at, tweet_id, author) as entries, in order."""
+    return list(map(as_entry, itertools.chain.from_iterable(pages)))
 
 
 def newest(found: list[Entry], limit: int) -> list[Entry]:
@@ -202,5 +203,5 @@ def reposts_by_original(pages: Iterable[Rows]) -> dict[int, list[Entry]]:
     out: dict[int, list[Entry]] = {}
     for rows in pages:
         for original, created_at, tweet, author in rows:
-            out.setdefault(original, []).append(Entry(created_at, tweet, author))
+            out.setdefault(original, []).append(as_entry((created_at, tweet, author)))
     return out

@@ -175,7 +175,7 @@ STATEMENTS: Final[dict[str, str]] = {
     "reposts_of_in": "SELECT original_id, created_at, tweet_id, author_id "
                      "FROM reposts_by_original WHERE original_id IN ? "
                      "AND (created_at, tweet_id) > (?, ?) LIMIT ?",
-    "author_page_in": "SELECT author_id, created_at, tweet_id FROM author_tweets "
+    "author_page_in": "SELECT created_at, tweet_id, author_id FROM author_tweets "
                       "WHERE author_id IN ? AND (created_at, tweet_id) < (?, ?) "
                       "PER PARTITION LIMIT ? LIMIT ?",
     # -- full scans (operators and verify only) ----------------------------------------

@@ -160,6 +160,15 @@ def replica_of(cluster: Any, keyspace: str) -> Callable[[Any], Hashable] | None:
     return replicas
 
 
+def all_rows(result: Any) -> reads.Rows:
+    """A result set's rows, its first page as the driver holds it (no loop in Python).
+
+    A result with more pages is iterated: the pages after the first are fetched as
+    its rows are consumed.
+    """
+    return list(result) if result.has_more_pages else result.current_rows
+
+
 def unbatch(groups: list[list[int]], results: list[reads.Rows], n: int) -> list[reads.Rows]:
     """Each op's rows, in the order of the ops, from the results of its group's request."""
     rows: list[reads.Rows] = [[] for _ in range(n)]
@@ -251,7 +260,7 @@ class CassandraStore(Store):
             results = execute_concurrent(session, requests(groups, ops, self._statements),
                                          concurrency=self.config.concurrency,
                                          raise_on_first_error=True, execution_profile=profile)
-            return unbatch(groups, [list(rows) for _, rows in results], len(ops))
+            return unbatch(groups, [all_rows(rows) for _, rows in results], len(ops))
         except (DriverException, NoHostAvailable) as exc:
             msg = f"Cassandra statements failed ({len(ops)} of {ops[0][0]}, ...): {exc}"
             raise StoreError(msg) from exc
@@ -261,8 +270,8 @@ class CassandraStore(Store):
         """One statement, synchronously (pages are fetched as they are consumed)."""
         timeout = self.config.scan_timeout if scan else self.config.timeout
         try:
-            return list(self._require().execute(self._statements[name], params,
-                                                timeout=timeout, execution_profile=profile))
+            return all_rows(self._require().execute(self._statements[name], params,
+                                                    timeout=timeout, execution_profile=profile))
         except (DriverException, NoHostAvailable) as exc:
             msg = f"Cassandra {name} failed: {exc}"
             raise StoreError(msg) from exc
