@@ -10,6 +10,7 @@ write timestamps of a batch's phases.
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ResponseFuture
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
@@ -198,6 +199,30 @@ def session(keyspace: str) -> Iterator[Any]:
     session.set_keyspace(config.keyspace)
     yield session
     cluster.shutdown()
+
+
+def test_a_finished_read_is_freed_by_its_reference_count(keyspace: str) -> None:
+    """No request outlives its answer in a reference cycle (the driver's future and its
+    timeout timer were one), so a reader's rows do not wait for the cyclic collector."""
+    store = store_from_url(keyspace, cap=50).open()
+    try:
+        store.users([1, 2, 3])  # connections and prepared statements settled
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage
+        try:
+            for user in range(1, 101):
+                store.users([user])
+                store.home_start(user, None, 20)
+            gc.collect()
+            futures = sum(isinstance(o, ResponseFuture) for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert futures == 0, f"{futures} requests of 200 reads were freed only by the collector"
+    finally:
+        store.close()
 
 
 def test_every_statement_is_valid_against_the_schema(session: Any) -> None:

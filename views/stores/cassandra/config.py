@@ -317,4 +317,36 @@ def new_cluster(config: CassandraConfig) -> Any:
     from cassandra.cluster import Cluster
 
     logging.getLogger("cassandra.cluster").addFilter(_NEGOTIATION)  # kept once per logger
+    release_finished_requests()
     return Cluster(**cluster_options(config))
+
+
+def release_finished_requests() -> None:
+    """Let a finished request go when its last reference does (installed once).
+
+    The driver's ``ResponseFuture`` keeps its timeout timer after cancelling it, and the
+    timer keeps the future's bound method as its callback: a reference cycle, so every
+    finished request, with its message and its rows, waited for Python's cyclic
+    collector. Reading full timelines that was ~2,000 objects a timeline and a tenth of
+    a reader's CPU spent in collections. Cancelling now also swaps the callback for one
+    that does nothing (the timer itself stays, so a later page of the same request gets
+    no new timer, as before).
+    """
+    from cassandra.cluster import ResponseFuture
+
+    cancel = ResponseFuture._cancel_timer
+    if getattr(cancel, "releases_future", False):
+        return
+
+    def _cancel_timer(future: Any) -> None:
+        timer = future._timer
+        cancel(future)
+        if timer is not None:
+            timer.callback = _finished
+
+    _cancel_timer.releases_future = True  # type: ignore[attr-defined]
+    ResponseFuture._cancel_timer = _cancel_timer
+
+
+def _finished() -> None:
+    """A cancelled timer's callback: its request has its answer already."""
