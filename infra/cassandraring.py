@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 RING_FILE: Final = "ring.json"
 #: Milliseconds a joining node waits for the ring's state (Cassandra's default: 30 s).
 RING_DELAY_MS: Final = 2000
+#: Seconds a start waits for its nodes to know the whole ring and agree on the schema.
+SETTLE_S: Final = 90.0
 _MIN_TOKEN: Final = -(2**63)
 
 
@@ -174,6 +176,7 @@ class CassandraRing:
                 thread.join()
             if errors:
                 raise errors[0]
+        _wait_for_ring([self.started[n] for n in which], self.nodes, SETTLE_S)
         return self
 
     def _start_one(self, node: int, errors: list[BaseException]) -> None:
@@ -265,6 +268,49 @@ def _wait_for_cql(process: subprocess.Popen[bytes], host: str, port: int, deadli
             time.sleep(0.5)
         finally:
             cluster.shutdown()
+
+
+def _wait_for_ring(started: list[RingNode], nodes: int, wait: float) -> None:
+    """Wait until each started node lists every other node and all agree on the schema.
+
+    A node answers CQL before gossip has told it of the others; a keyspace created
+    through it then counts one node, and the driver's schema-agreement wait (asked of
+    one node's peers) passes while other nodes lack the keyspace. After ``wait``
+    seconds this only warns: a node restarted while others are down cannot settle,
+    and the schema steps check agreement again.
+    """
+    from cassandra import DriverException
+    from cassandra.cluster import Cluster, NoHostAvailable
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    deadline, began = time.monotonic() + wait, time.monotonic()
+    left = {node.address: node for node in started}
+    seen: dict[str, str] = {}
+    while left and time.monotonic() < deadline:
+        for host, node in list(left.items()):
+            cluster = Cluster([host], port=node.port, protocol_version=5, connect_timeout=5,
+                              load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+            try:
+                session = cluster.connect()
+                local = session.execute("SELECT schema_version FROM system.local", timeout=5).one()
+                peers = list(session.execute("SELECT peer, schema_version FROM system.peers_v2",
+                                             timeout=5))
+            except (DriverException, NoHostAvailable, OSError) as exc:
+                seen[host] = f"not answering ({exc})"
+                continue
+            finally:
+                cluster.shutdown()
+            versions = {local.schema_version, *(p.schema_version for p in peers)}
+            seen[host] = f"{len(peers)} of {nodes - 1} peers, {len(versions)} schema version(s)"
+            if len(peers) == nodes - 1 and len(versions) == 1:
+                del left[host]
+        if left:
+            time.sleep(1.0)
+    if left:
+        log.warning("Cassandra nodes %s did not settle in %.0fs: %s", sorted(left), wait,
+                    "; ".join(f"{h}: {seen.get(h, '?')}" for h in sorted(left)))
+    else:
+        log.info("Cassandra ring of %d settled after %.1fs", nodes, time.monotonic() - began)
 
 
 __all__ = ("LOOPBACK", "CassandraRing", "RingNode", "address", "initial_token")

@@ -230,6 +230,33 @@ def _leaders(stack: Stack) -> Counter[int]:
 # -- the scenarios, in order (pytest runs a module's tests in file order) -------------------
 
 @pytest.mark.timeout(1500)  # includes starting the module's stack
+def test_every_cassandra_node_knows_the_ring_and_the_keyspace(stack):
+    """Once ``up`` returns, each node lists the other two and has the schema: a keyspace
+    created while a node did not yet know the ring counted one node, and another node
+    then refused ``USE`` of it."""
+    from cassandra.cluster import Cluster
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    from views.stores.cassandra.config import parse_url
+
+    config = parse_url(stack.store_url)
+    assert len(config.hosts) == 3
+    for host in config.hosts:
+        cluster = Cluster([host], port=config.port, protocol_version=5,
+                          load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+        try:
+            session = cluster.connect()
+            peers = {str(r.peer) for r in session.execute("SELECT peer FROM system.peers_v2")}
+            tables = {r.table_name for r in session.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
+                (config.keyspace,))}
+        finally:
+            cluster.shutdown()
+        assert peers == set(config.hosts) - {host}, f"{host} knows peers {sorted(peers)}"
+        assert {"schema_version", "home_timeline"} <= tables, f"{host} has tables {sorted(tables)}"
+
+
+@pytest.mark.timeout(900)
 def test_a_kafka_leader_killed(stack, tmp_path, begun):
     s = _begin(stack, "kafka leader", 1, tmp_path, begun)
     job_pid = stack.pids["job"]
