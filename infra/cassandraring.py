@@ -9,8 +9,10 @@ own data directory ``<data_dir>/node-<i>`` and a ``cassandra.yaml`` that names i
 address, every node as a seed, one token each and ``auto_bootstrap: false``: a new,
 empty cluster has nothing to stream, so the nodes take evenly spaced initial tokens
 and join at once, as ccm's populated clusters do. A short ring delay
-(``cassandra.ring_delay_ms``) and no gossip-settle wait keep a start to the JVM's own
-start-up time.
+(``cassandra.ring_delay_ms``) keeps a start near the JVM's own start-up time; the
+start then waits until each node it started lists every other node and all report
+one schema version (:func:`_wait_for_ring`), so that the first DDL reaches a ring
+that knows its size.
 
 The ports are chosen at the first start and recorded in ``<data_dir>/ring.json``;
 a restarted node takes them again (they belong to its address, which nothing else
