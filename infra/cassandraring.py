@@ -29,7 +29,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from infra.cassandra import (
     PID_FILE,
@@ -242,8 +242,7 @@ def _wait_for_cql(process: subprocess.Popen[bytes], host: str, port: int, deadli
                   log_path: Path) -> None:
     """Wait until the node at ``host`` answers a query; raise if it exits or time runs out."""
     from cassandra import DriverException
-    from cassandra.cluster import Cluster, NoHostAvailable
-    from cassandra.policies import WhiteListRoundRobinPolicy
+    from cassandra.cluster import NoHostAvailable
 
     def fail(what: str) -> None:
         msg = f"Cassandra on {host}:{port} {what}; the end of {log_path}:\n{log_tail(log_path)}"
@@ -260,8 +259,7 @@ def _wait_for_cql(process: subprocess.Popen[bytes], host: str, port: int, deadli
         except OSError:
             time.sleep(0.5)
             continue
-        cluster = Cluster([host], port=port, protocol_version=5, connect_timeout=5,
-                          load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+        cluster = node_cluster(host, port)
         try:
             cluster.connect().execute("SELECT release_version FROM system.local", timeout=5)
             return
@@ -270,6 +268,18 @@ def _wait_for_cql(process: subprocess.Popen[bytes], host: str, port: int, deadli
             time.sleep(0.5)
         finally:
             cluster.shutdown()
+
+
+def node_cluster(host: str, port: int) -> Any:
+    """A driver ``Cluster`` that sends every request to the node at ``host`` only.
+
+    What that node answers is its own view (its peers, its schema), not the ring's.
+    """
+    from cassandra.cluster import Cluster
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    return Cluster([host], port=port, protocol_version=5, connect_timeout=5,
+                   load_balancing_policy=WhiteListRoundRobinPolicy([host]))
 
 
 def _wait_for_ring(started: list[RingNode], nodes: int, wait: float) -> None:
@@ -282,16 +292,14 @@ def _wait_for_ring(started: list[RingNode], nodes: int, wait: float) -> None:
     and the schema steps check agreement again.
     """
     from cassandra import DriverException
-    from cassandra.cluster import Cluster, NoHostAvailable
-    from cassandra.policies import WhiteListRoundRobinPolicy
+    from cassandra.cluster import NoHostAvailable
 
     deadline, began = time.monotonic() + wait, time.monotonic()
     left = {node.address: node for node in started}
     seen: dict[str, str] = {}
     while left and time.monotonic() < deadline:
         for host, node in list(left.items()):
-            cluster = Cluster([host], port=node.port, protocol_version=5, connect_timeout=5,
-                              load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+            cluster = node_cluster(host, node.port)
             try:
                 session = cluster.connect()
                 local = session.execute("SELECT schema_version FROM system.local", timeout=5).one()
@@ -315,4 +323,5 @@ def _wait_for_ring(started: list[RingNode], nodes: int, wait: float) -> None:
         log.info("Cassandra ring of %d settled after %.1fs", nodes, time.monotonic() - began)
 
 
-__all__ = ("LOOPBACK", "CassandraRing", "RingNode", "address", "initial_token")
+__all__ = ("LOOPBACK", "CassandraRing", "RingNode", "address", "initial_token",
+           "node_cluster")

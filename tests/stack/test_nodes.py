@@ -234,16 +234,13 @@ def test_every_cassandra_node_knows_the_ring_and_the_keyspace(stack):
     """Once ``up`` returns, each node lists the other two and has the schema: a keyspace
     created while a node did not yet know the ring counted one node, and another node
     then refused ``USE`` of it."""
-    from cassandra.cluster import Cluster
-    from cassandra.policies import WhiteListRoundRobinPolicy
-
+    from infra.cassandraring import node_cluster
     from views.stores.cassandra.config import parse_url
 
     config = parse_url(stack.store_url)
     assert len(config.hosts) == 3
     for host in config.hosts:
-        cluster = Cluster([host], port=config.port, protocol_version=5,
-                          load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+        cluster = node_cluster(host, config.port)
         try:
             session = cluster.connect()
             peers = {str(r.peer) for r in session.execute("SELECT peer FROM system.peers_v2")}
