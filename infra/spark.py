@@ -109,8 +109,12 @@ def build_session(app_name: str, *, shuffle_partitions: int,
 #: workers, Kafka and RocksDB (native), so C2's optimised code buys little, while C2
 #: compiling Spark's code base cost ~25 CPU-seconds of the first minute on this
 #: 2-core box; without it the whole pipeline ran a 396k-event backlog in 43 s
-#: against 49 s (benchmarks/RESULTS.md).
-JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
+#: against 49 s (benchmarks/RESULTS.md). Without tiers the JVM reserves only 48 MB
+#: for compiled code, and a job that runs on fills it (Spark compiles new classes
+#: as it goes): at 1M users it was full after ~5 minutes of bulk replay and the JVM
+#: disabled its compiler for good, leaving later code interpreted. 240 MB is the
+#: JVM's own default with tiers.
+JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 #: How the query's checkpoint files (offset and commit logs, the state store's files)
@@ -135,6 +139,14 @@ def java_options() -> str:
     return f"{JIT_OPTIONS} {extra}" if extra else JIT_OPTIONS
 
 
+#: Batches of state (and of offset and commit logs) the checkpoint keeps; Spark's
+#: default is 100. A batch that catches up on a large state writes nearly all of it
+#: into its changelog, so 100 of them held 12.5 GB on disk for 194 MB of live state
+#: at 1M users (benchmarks/RESULTS.md). Recovery needs only the newest snapshot and
+#: the changelogs after it; nothing in fanout reads older batches.
+MIN_BATCHES_TO_RETAIN: Final = 10
+
+
 def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
     """The Spark settings fanout relies on, as strings."""
     log4j = _log4j2_file(log_level)
@@ -157,6 +169,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.minBatchesToRetain": str(MIN_BATCHES_TO_RETAIN),
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # Python workers, and transformWithState's calls to the state server, over Unix
         # sockets instead of loopback TCP. Two state calls per key bucket were most of

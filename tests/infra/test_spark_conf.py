@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 
@@ -12,6 +14,7 @@ from infra.spark import (
     JIT_OPTIONS,
     MALLOC_ARENAS,
     MALLOC_ARENAS_ENV,
+    MIN_BATCHES_TO_RETAIN,
     executor_conf,
     session_conf,
 )
@@ -76,3 +79,34 @@ def test_python_workers_talk_to_the_jvm_over_unix_sockets(spark):
     rows = spark.range(4).mapInArrow(_sockets, "tcp long, unix long").collect()
     assert rows
     assert all(r.tcp == 0 and r.unix > 0 for r in rows), rows
+
+
+def test_the_spark_jvm_keeps_room_for_compiled_code(spark):
+    # Without tiers the JVM reserves 48 MB for compiled code; a long job filled it and
+    # the JVM turned its compiler off for good.
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert "-XX:ReservedCodeCacheSize=240m" in arguments, arguments
+    assert "-XX:TieredStopAtLevel=1" in arguments
+
+
+def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
+    # Each catching-up batch's changelog holds most of the state: Spark's default of
+    # 100 batches kept 65x the live state on disk at 1M users.
+    assert spark.conf.get("spark.sql.streaming.minBatchesToRetain") == str(MIN_BATCHES_TO_RETAIN)
+    checkpoint = tmp_path / "ck"
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+             .writeStream.format("noop").trigger(processingTime="50 milliseconds")
+             .option("checkpointLocation", str(checkpoint)).start())
+    try:
+        deadline = time.monotonic() + 120
+        while (query.lastProgress or {}).get("batchId", -1) < 3 * MIN_BATCHES_TO_RETAIN:
+            assert time.monotonic() < deadline, query.lastProgress
+            assert query.isActive, query.exception()
+            time.sleep(0.1)
+    finally:
+        query.stop()
+    batches = sorted(int(f.name) for f in (checkpoint / "offsets").iterdir()
+                     if f.name.isdigit())
+    assert batches[-1] >= 3 * MIN_BATCHES_TO_RETAIN
+    assert len(batches) <= MIN_BATCHES_TO_RETAIN + 1, batches
