@@ -7,9 +7,12 @@ For each size a fresh pipeline (broker, job, SQLite store; :func:`pipeline.pipel
 first takes a generated graph of ``users`` users and ``--degree`` follows a user
 (:func:`ingest.generator.generate`: the same Zipf popularity and the same celebrity
 share at every size, one celebrity per 2,000 users), produced as fast as the producer
-goes while the job runs: the **bulk replay rate** is the graph's events over the time
-from the first send to the job caught up. Then ``--rate`` tweets a second for
-``--seconds`` (open loop, as in ``bench_freshness.py``), and per size it reports:
+goes while the job runs, in batches of the job's default size (``--max-records``): the
+**bulk replay rate** is the graph's events over the time from the first send to the
+job caught up. The caught-up job is then left until its executor is idle (:func:`settle`:
+RocksDB compacts what the bulk wrote), and that wait is reported too. Then ``--rate``
+tweets a second for ``--seconds`` (open loop, as in ``bench_freshness.py``), and per
+size it reports:
 micro-batch p50/p99, post → visible p50/p99/max, the executor's CPU per tweet (the
 Python workers and the Spark JVM, which in ``local`` mode holds the executor), the
 join's state (rows and bytes from Spark's state store, and the checkpoint's state
@@ -36,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
+from views.settings import DEFAULT_MAX_RECORDS_PER_BATCH, DEFAULT_TRIGGER_SECONDS  # noqa: E402
 
 #: The processes that do the executor's work in ``local`` mode.
 EXECUTOR = ("python workers", "spark jvm")
@@ -70,6 +74,33 @@ def state_figures(query: Any, checkpoint: Path) -> dict[str, Any]:
             "checkpoint_state_bytes": disk}
 
 
+def executor_cores(seconds: float) -> float:
+    """The executor's CPU use over the next ``seconds``, in cores."""
+    before = cpu_by_kind()
+    time.sleep(seconds)
+    after = cpu_by_kind()
+    return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in EXECUTOR) / seconds
+
+
+def settle(window: float, idle: float, timeout: float) -> dict[str, Any]:
+    """Wait until the caught-up job's executor is idle: RocksDB's compactions done.
+
+    A bulk batch rewrites most of the state's pages, and after the last one the
+    state store's RocksDB still compacts them (and the maintenance thread uploads
+    the snapshot) for a while, on the cores the steady batches need. Steady figures
+    are taken once the executor uses less than ``idle`` cores over a ``window``;
+    how long that took, and the CPU it used meanwhile, are figures of their own.
+    """
+    start = time.perf_counter()
+    trace: list[float] = []
+    while time.perf_counter() - start < timeout:
+        trace.append(round(executor_cores(window), 2))
+        if trace[-1] < idle:
+            break
+    return {"seconds": round(time.perf_counter() - start, 1), "cores": trace,
+            "settled": bool(trace) and trace[-1] < idle}
+
+
 def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
     """Produce the graph while the job runs; the rate at which the job caught up with it."""
     history = generate(users, users * degree, 0, seed=11)
@@ -87,12 +118,16 @@ def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
 
 
 def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
-    with pipeline(celebrity_threshold=1000, max_records=args.max_records) as pipe:
+    with pipeline(celebrity_threshold=1000, max_records=args.max_records,
+                  trigger_seconds=args.trigger_seconds) as pipe:
         print(f"\n== {users:,} users, {users * args.degree:,} follows", flush=True)
         graph = bulk(pipe, users, args.degree)
         print(f"graph: {graph['events']:,} events caught up in {graph['caught_up_s']} s "
               f"({graph['events_per_s']:,}/s)", flush=True)
         graph["peak_rss_mb"] = round(pipe.peak_rss / 2**20)
+        settled = settle(args.settle_window, args.idle_cores, args.settle_timeout)
+        print(f"settled in {settled['seconds']} s (executor cores a {args.settle_window:g} s "
+              f"window: {settled['cores']})", flush=True)
         pipe.peak_rss, pipe.peak_parts = 0, {}
         commits = record_commits(pipe)
         first_batch = len(pipe.batch_log)
@@ -108,10 +143,11 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     durations = [b["seconds"] for b in batches]
     executor_s = sum(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in EXECUTOR)
     result = {
-        "users": users, "follows": users * args.degree, "graph": graph,
+        "users": users, "follows": users * args.degree, "graph": graph, "settle": settled,
         "tweets": len(sent), "visible": len(seen),
         "batch_s": {"p50": round(percentile(durations, .5), 3),
-                    "p99": round(percentile(durations, .99), 3), "count": len(durations)},
+                    "p99": round(percentile(durations, .99), 3), "count": len(durations),
+                    "series": [round(d, 3) for d in durations]},
         "visible_s": {q: round(percentile(seen, p), 3)
                       for q, p in (("p50", .5), ("p99", .99), ("max", 1.0))},
         "executor_cpu_ms_per_tweet": round(executor_s / max(1, len(sent)) * 1000, 3),
@@ -177,7 +213,15 @@ def main() -> int:
     ap.add_argument("--degree", type=int, default=10, help="follows a user")
     ap.add_argument("--rate", type=float, default=500.0, help="tweets per second")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--max-records", type=int, default=20_000)
+    ap.add_argument("--max-records", type=int, default=DEFAULT_MAX_RECORDS_PER_BATCH,
+                    help="records a micro-batch at most (the job's default)")
+    ap.add_argument("--trigger-seconds", type=float, default=DEFAULT_TRIGGER_SECONDS,
+                    help="the micro-batch trigger (the job's default; 0: back to back)")
+    ap.add_argument("--settle-window", type=float, default=5.0,
+                    help="seconds a CPU sample of the settle wait lasts")
+    ap.add_argument("--idle-cores", type=float, default=0.3,
+                    help="below this the caught-up executor counts as settled")
+    ap.add_argument("--settle-timeout", type=float, default=600.0)
     ap.add_argument("--name", default="scale")
     args = ap.parse_args()
     sizes: list[dict[str, Any]] = []
