@@ -9,8 +9,8 @@ first takes a generated graph of ``users`` users and ``--degree`` follows a user
 share at every size, one celebrity per 2,000 users), produced as fast as the producer
 goes while the job runs, in batches of the job's default size (``--max-records``): the
 **bulk replay rate** is the graph's events over the time from the first send to the
-job caught up. The caught-up job is then left until its executor is idle (:func:`settle`:
-RocksDB compacts what the bulk wrote), and that wait is reported too. Then ``--rate``
+job caught up. The caught-up job is then left until its executor is idle
+(:func:`settle`), and that wait is reported too. Then ``--rate``
 tweets a second for ``--seconds`` (open loop, as in ``bench_freshness.py``), and per
 size it reports:
 micro-batch p50/p99, post → visible p50/p99/max, the executor's CPU per tweet (the
@@ -74,27 +74,26 @@ def state_figures(query: Any, checkpoint: Path) -> dict[str, Any]:
             "checkpoint_state_bytes": disk}
 
 
-def executor_cores(seconds: float) -> float:
-    """The executor's CPU use over the next ``seconds``, in cores."""
-    before = cpu_by_kind()
-    time.sleep(seconds)
-    after = cpu_by_kind()
-    return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in EXECUTOR) / seconds
+def executor_seconds(before: dict[str, float], after: dict[str, float]) -> float:
+    """The executor's CPU-seconds between two :func:`cpu_by_kind` readings."""
+    return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in EXECUTOR)
 
 
 def settle(window: float, idle: float, timeout: float) -> dict[str, Any]:
-    """Wait until the caught-up job's executor is idle: RocksDB's compactions done.
+    """Wait until the caught-up job's executor is idle, so the steady figures start clean.
 
-    A bulk batch rewrites most of the state's pages, and after the last one the
-    state store's RocksDB still compacts them (and the maintenance thread uploads
-    the snapshot) for a while, on the cores the steady batches need. Steady figures
-    are taken once the executor uses less than ``idle`` cores over a ``window``;
-    how long that took, and the CPU it used meanwhile, are figures of their own.
+    Whatever the job still does after the bulk's last batch (RocksDB compacting what
+    the bulk wrote, the maintenance thread uploading a snapshot) would run on the
+    cores the steady batches need. Steady figures are taken once the executor uses
+    less than ``idle`` cores over a ``window``; how long that took, and the CPU it
+    used meanwhile, are figures of their own.
     """
     start = time.perf_counter()
     trace: list[float] = []
     while time.perf_counter() - start < timeout:
-        trace.append(round(executor_cores(window), 2))
+        before = cpu_by_kind()
+        time.sleep(window)
+        trace.append(round(executor_seconds(before, cpu_by_kind()) / window, 2))
         if trace[-1] < idle:
             break
     return {"seconds": round(time.perf_counter() - start, 1), "cores": trace,
@@ -141,7 +140,7 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
         peak_rss, peak_parts = pipe.peak_rss, dict(pipe.peak_parts)
     seen = lags(sent, commits)
     durations = [b["seconds"] for b in batches]
-    executor_s = sum(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in EXECUTOR)
+    executor_s = executor_seconds(cpu_before, cpu_after)
     result = {
         "users": users, "follows": users * args.degree, "graph": graph, "settle": settled,
         "tweets": len(sent), "visible": len(seen),
