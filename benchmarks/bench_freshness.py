@@ -75,9 +75,12 @@ def produce(pipe, rate: float, writes: Iterable[Event]) -> list[tuple]:
     return sent
 
 
-def posts(rate: float, seconds: float, authors: list[int]) -> Iterator[Post]:
-    """Posts by ``authors`` in turn, stamped when they are made (just before sending)."""
-    for i in range(int(rate * seconds)):
+def posts(rate: float, seconds: float, authors: list[int], first: int = 0) -> Iterator[Post]:
+    """Posts by ``authors`` in turn, stamped when they are made (just before sending).
+
+    Their ids count from ``first`` (past the ids of an earlier call's posts).
+    """
+    for i in range(first, first + int(rate * seconds)):
         yield Post(2_000_000_000_000 + i, authors[i % len(authors)], int(time.time() * 1000),
                    f"fresh {i}")
 

@@ -10,9 +10,11 @@ share at every size, one celebrity per 2,000 users), produced as fast as the pro
 goes while the job runs, in batches of the job's default size (``--max-records``): the
 **bulk replay rate** is the graph's events over the time from the first send to the
 job caught up. The caught-up job is then left until its executor is idle
-(:func:`settle`), and that wait is reported too. Then ``--rate``
-tweets a second for ``--seconds`` (open loop, as in ``bench_freshness.py``), and per
-size it reports:
+(:func:`settle`), and that wait is reported too. Then ``--rate`` tweets a second, first
+for ``--warmup-seconds`` that are not measured (:func:`warm_up`: the first steady
+batches after a bulk run on code the JVM has not compiled yet, and the smaller the
+graph, the shorter the bulk that went before), then for ``--seconds`` (open loop, as
+in ``bench_freshness.py``), and per size it reports:
 micro-batch p50/p99, post → visible p50/p99/max, the executor's CPU per tweet (the
 Python workers and the Spark JVM, which in ``local`` mode holds the executor), the
 join's state (rows and bytes from Spark's state store, and the checkpoint's state
@@ -127,12 +129,17 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
         settled = settle(args.settle_window, args.idle_cores, args.settle_timeout)
         print(f"settled in {settled['seconds']} s (executor cores a {args.settle_window:g} s "
               f"window: {settled['cores']})", flush=True)
+        authors = list(range(1, users + 1, 7))
+        warm = warm_up(pipe, args.rate, args.warmup_seconds, authors)
+        if warm["tweets"]:
+            print(f"warm-up: {warm['tweets']:,} tweets, batch p50 {warm['batch_s']['p50']} s "
+                  f"p99 {warm['batch_s']['p99']} s (not measured)", flush=True)
         pipe.peak_rss, pipe.peak_parts = 0, {}
         commits = record_commits(pipe)
         first_batch = len(pipe.batch_log)
         cpu_before = cpu_by_kind()
-        sent = produce(pipe, args.rate, posts(args.rate, args.seconds,
-                                              list(range(1, users + 1, 7))))
+        sent = produce(pipe, args.rate, posts(args.rate, args.seconds, authors,
+                                              first=warm["tweets"]))
         pipe.wait_caught_up(timeout=600, progress=False)
         cpu_after = cpu_by_kind()
         batches = pipe.batch_log[first_batch:]
@@ -143,6 +150,7 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     executor_s = executor_seconds(cpu_before, cpu_after)
     result = {
         "users": users, "follows": users * args.degree, "graph": graph, "settle": settled,
+        "warmup": warm,
         "tweets": len(sent), "visible": len(seen),
         "batch_s": {"p50": round(percentile(durations, .5), 3),
                     "p99": round(percentile(durations, .99), 3), "count": len(durations),
@@ -161,6 +169,24 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
           f"{state['checkpoint_state_bytes'] / 2**20:,.0f} MB on disk; peak RSS "
           f"{result['peak_rss_mb']:,} MB", flush=True)
     return result
+
+
+def warm_up(pipe: Any, rate: float, seconds: float, authors: list[int]) -> dict[str, Any]:
+    """``seconds`` of the steady tweets before the measured ones, and their batches.
+
+    After a bulk replay the job's steady path (a page read per touched page instead of
+    a scan, small batches) runs on code the JVM has not compiled yet: with a 20k-user
+    graph, whose bulk lasts ~20 s, the first ~15 steady batches took 0.8-1.3 s and the
+    rest 0.3-0.7 s. Every size gets the same warm-up, so the sizes compare like with like.
+    """
+    first = len(pipe.batch_log)
+    sent = produce(pipe, rate, posts(rate, seconds, authors)) if seconds > 0 else []
+    if sent:
+        pipe.wait_caught_up(timeout=600, progress=False)
+    durations = [b["seconds"] for b in pipe.batch_log[first:]]
+    return {"seconds": seconds, "tweets": len(sent), "batches": len(durations),
+            "batch_s": {"p50": round(percentile(durations, .5), 3) if durations else 0.0,
+                        "p99": round(percentile(durations, .99), 3) if durations else 0.0}}
 
 
 #: (label, how to read it from a size's result) of every plotted figure.
@@ -216,6 +242,8 @@ def main() -> int:
                     help="records a micro-batch at most (the job's default)")
     ap.add_argument("--trigger-seconds", type=float, default=DEFAULT_TRIGGER_SECONDS,
                     help="the micro-batch trigger (the job's default; 0: back to back)")
+    ap.add_argument("--warmup-seconds", type=float, default=20.0,
+                    help="steady tweets before the measured ones (not measured; 0: none)")
     ap.add_argument("--settle-window", type=float, default=5.0,
                     help="seconds a CPU sample of the settle wait lasts")
     ap.add_argument("--idle-cores", type=float, default=0.3,
