@@ -120,6 +120,20 @@ def process_kind(cmdline: list[str]) -> str:
 KEEP_ENV = "FANOUT_BENCH_KEEP"
 
 
+#: Set to a directory to have Spark write its event log there (``tools/stages.py`` reads it).
+EVENT_LOG_ENV = "FANOUT_BENCH_EVENT_LOG"
+
+
+def event_log_conf() -> dict[str, str]:
+    """Spark's event log into ``FANOUT_BENCH_EVENT_LOG``, uncompressed; none when unset."""
+    where = os.environ.get(EVENT_LOG_ENV)
+    if not where:
+        return {}
+    Path(where).mkdir(parents=True, exist_ok=True)
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false",
+            "spark.eventLog.dir": Path(where).resolve().as_uri()}
+
+
 @contextmanager
 def scratch(prefix: str) -> Iterator[Path]:
     """A work directory under the system's temp dir, removed at the end.
@@ -164,7 +178,7 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
                             max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
                             shuffle_partitions=shuffle_partitions, **optional)
         spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
-                              extra_conf=conf)
+                              extra_conf=(conf or {}) | event_log_conf())
         store = SQLiteStore(work / "v.sqlite", cap=cap).open()
         pipe = Pipeline(kafka, view, store, spooling_sink(view, store), work)
         stop = threading.Event()
