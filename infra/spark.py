@@ -55,12 +55,18 @@ MIN_JAVA: Final = 17
 PROJECT_ROOT: Final = Path(__file__).resolve().parent.parent
 
 #: Loggers that are noisy at WARN and say nothing we act on.
+#: Spark's trigger loop, which warns when a batch outlasts the trigger.
+FALLING_BEHIND_LOGGER: Final = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
 QUIET_LOGGERS: Final = (
     # Logs a warning per ValueState.get() on a missing value (DESIGN §10).
     "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",
     "org.apache.hadoop.util.NativeCodeLoader",
     # "spark.sql.adaptive.enabled is not supported in streaming", at every query start.
     "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",
+    # "Current batch is falling behind" after every batch longer than the trigger: every
+    # batch of a job that catches up, and many a steady one at a 0.25 s trigger. The
+    # job's own progress log and its lag metric say how far behind it is.
+    FALLING_BEHIND_LOGGER,
 )
 
 _LOG4J2_HEAD: Final = """\

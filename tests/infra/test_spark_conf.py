@@ -11,6 +11,7 @@ from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV
 from infra.spark import (
     CHECKPOINT_FILE_MANAGER,
     DRIVER_MEMORY,
+    FALLING_BEHIND_LOGGER,
     JIT_OPTIONS,
     MALLOC_ARENAS,
     MALLOC_ARENAS_ENV,
@@ -88,6 +89,15 @@ def test_the_spark_jvm_keeps_room_for_compiled_code(spark):
     arguments = list(runtime.getInputArguments())
     assert "-XX:ReservedCodeCacheSize=240m" in arguments, arguments
     assert "-XX:TieredStopAtLevel=1" in arguments
+
+
+def test_a_batch_longer_than_the_trigger_is_not_a_warning(spark):
+    # At the job's 0.25 s trigger many a steady batch runs longer; Spark would warn at
+    # every one. The logger must name Spark's class, or the setting quiets nothing.
+    jvm = spark._jvm
+    jvm.java.lang.Class.forName(FALLING_BEHIND_LOGGER)
+    level = jvm.org.apache.logging.log4j.LogManager.getLogger(FALLING_BEHIND_LOGGER).getLevel()
+    assert level.toString() == "ERROR"
 
 
 def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
