@@ -176,7 +176,7 @@ def warm_up(pipe: Any, rate: float, seconds: float, authors: list[int]) -> dict[
 
     After a bulk replay the job's steady path (a page read per touched page instead of
     a scan, small batches) runs on code the JVM has not compiled yet: with a 20k-user
-    graph, whose bulk lasts ~20 s, the first ~15 steady batches took 0.8-1.3 s and the
+    graph, whose bulk lasts ~13 s, the first ~15 steady batches took 0.8-1.3 s and the
     rest 0.3-0.7 s. Every size gets the same warm-up, so the sizes compare like with like.
     """
     first = len(pipe.batch_log)
