@@ -185,8 +185,8 @@ def warm_up(pipe: Any, rate: float, seconds: float, authors: list[int]) -> dict[
         pipe.wait_caught_up(timeout=600, progress=False)
     durations = [b["seconds"] for b in pipe.batch_log[first:]]
     return {"seconds": seconds, "tweets": len(sent), "batches": len(durations),
-            "batch_s": {"p50": round(percentile(durations, .5), 3) if durations else 0.0,
-                        "p99": round(percentile(durations, .99), 3) if durations else 0.0}}
+            "batch_s": {"p50": round(percentile(durations, .5), 3),
+                        "p99": round(percentile(durations, .99), 3)}}
 
 
 #: (label, how to read it from a size's result) of every plotted figure.

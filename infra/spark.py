@@ -54,9 +54,9 @@ MIN_JAVA: Final = 17
 #: unpickle our classes (the data source) even when the project is not installed.
 PROJECT_ROOT: Final = Path(__file__).resolve().parent.parent
 
-#: Loggers that are noisy at WARN and say nothing we act on.
 #: Spark's trigger loop, which warns when a batch outlasts the trigger.
 FALLING_BEHIND_LOGGER: Final = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
+#: Loggers that are noisy at WARN and say nothing we act on.
 QUIET_LOGGERS: Final = (
     # Logs a warning per ValueState.get() on a missing value (DESIGN §10).
     "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",

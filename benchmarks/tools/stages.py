@@ -11,14 +11,13 @@ join (``transformWithStateInPandas``, whose output the sink collects). For the l
 job), its duration and its tasks': wall time, executor run time, the executor's CPU
 time (the task thread's only: the Python worker's CPU and the state server's thread are
 not in it, so run time minus CPU is time the task waited on them), deserialisation and
-scheduler delay. Percentiles are nearest-rank over the jobs (stages) and tasks.
+scheduler delay, with the other benchmarks' percentiles (``pipeline.percentile``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import save  # noqa: E402
+from pipeline import percentile  # noqa: E402
 
 #: Task figures, each (name, how to read it from a task-end event) in milliseconds.
 TASK_FIGURES = (
@@ -91,14 +91,6 @@ def parse(log: Iterable[dict[str, Any]]) -> tuple[dict[int, Job], dict[int, Stag
         elif kind == "SparkListenerTaskEnd":
             stages.setdefault(event["Stage ID"], Stage()).tasks.append(event)
     return jobs, stages
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def summary(jobs: dict[int, Job], stages: dict[int, Stage], last: int) -> dict[str, Any]:
