@@ -145,11 +145,15 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
         batches = pipe.batch_log[first_batch:]
         state = state_figures(pipe.query, pipe.view.checkpoint_dir)
         peak_rss, peak_parts = pipe.peak_rss, dict(pipe.peak_parts)
+        # What the environment may set (FANOUT_KEY_BUCKETS, FANOUT_STATE_PAGE_BYTES).
+        job = {"key_buckets": pipe.view.key_buckets,
+               "state_page_bytes": pipe.view.state_page_bytes}
     seen = lags(sent, commits)
     durations = [b["seconds"] for b in batches]
     executor_s = executor_seconds(cpu_before, cpu_after)
     result = {
-        "users": users, "follows": users * args.degree, "graph": graph, "settle": settled,
+        "users": users, "follows": users * args.degree, "job": job, "graph": graph,
+        "settle": settled,
         "warmup": warm,
         "tweets": len(sent), "visible": len(seen),
         "batch_s": {"p50": round(percentile(durations, .5), 3),

@@ -104,8 +104,13 @@ class ViewSettings(FanoutSettings):
                     "decides how many records share that cost (benchmarks/RESULTS.md, "
                     "the scale benchmark).")
     key_buckets: int = Field(
-        64, ge=1, le=1 << 20, validation_alias=env_alias("FANOUT_KEY_BUCKETS", "key_buckets"),
-        description="Hash buckets of authors: the processor's unit of work and of state.")
+        16, ge=1, le=1 << 20, validation_alias=env_alias("FANOUT_KEY_BUCKETS", "key_buckets"),
+        description="Hash buckets of authors: the processor's unit of work and of state. "
+                    "Each bucket a batch touches costs a call and three state round trips "
+                    "besides its pages', so a batch costs less with fewer; the buckets "
+                    "must still outnumber the shuffle partitions several times, or a "
+                    "partition's task gets more of them than the others "
+                    "(benchmarks/RESULTS.md, \"Defaults and what they measured\").")
     state_page_bytes: int = Field(
         DEFAULT_PAGE_BYTES, ge=1024,
         validation_alias=env_alias("FANOUT_STATE_PAGE_BYTES", "state_page_bytes"),
