@@ -150,6 +150,7 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
                "state_page_bytes": pipe.view.state_page_bytes}
     seen = lags(sent, commits)
     durations = [b["seconds"] for b in batches]
+    stored = [b["store_seconds"] for b in batches]
     executor_s = executor_seconds(cpu_before, cpu_after)
     result = {
         "users": users, "follows": users * args.degree, "job": job, "graph": graph,
@@ -159,6 +160,10 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
         "batch_s": {"p50": round(percentile(durations, .5), 3),
                     "p99": round(percentile(durations, .99), 3), "count": len(durations),
                     "series": [round(d, 3) for d in durations]},
+        # Of each batch, the store's apply (SQLite, in the driver's writer thread).
+        "store_s": {"p50": round(percentile(stored, .5), 3),
+                    "p99": round(percentile(stored, .99), 3),
+                    "series": [round(d, 3) for d in stored]},
         "visible_s": {q: round(percentile(seen, p), 3)
                       for q, p in (("p50", .5), ("p99", .99), ("max", 1.0))},
         "executor_cpu_ms_per_tweet": round(executor_s / max(1, len(sent)) * 1000, 3),
