@@ -89,9 +89,14 @@ def _message(view: ViewSettings, why: str, changed: dict[str, Any] | None = None
 
 
 def _listed(fp: dict[str, Any] | None) -> str:
+    """The recorded settings as the environment gives them (``FANOUT_KEY_BUCKETS=64``).
+
+    The layout is not a setting: only :data:`~views.codec.LAYOUT` can read its state.
+    """
     if fp is None:
         return "as the stack recorded them"
-    return ", ".join(f"{k}={v}" for k, v in sorted(fp.items()))
+    names = ViewSettings.env_names()
+    return ", ".join(f"{names.get(k, k)}={v}" for k, v in sorted(fp.items()) if k != "layout")
 
 
 def record(view: ViewSettings) -> None:

@@ -60,6 +60,7 @@ def test_a_setting_the_checkpoint_cannot_take_is_refused_naming_the_rebuild_besi
     assert refused is not None
     assert "timeline_cap 60 -> 80" in refused
     assert "`fanout rebuild --beside --timeline-cap 80`" in refused
+    assert "FANOUT_TIMELINE_CAP=60" in refused and "layout" not in refused.split("(")[-1]
     spark = MagicMock(spec_set=SparkSession)
     caplog.set_level(logging.ERROR, logger="views.job")
     code = job.run(spark, KafkaSettings(bootstrap="127.0.0.1:1"), other, threading.Event())
