@@ -55,7 +55,9 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -210,13 +212,33 @@ def write_jsonl(evts: list, path: Path) -> None:
 
 def run_peer(engine: str, events_file: Path, work: Path, threads: int) -> dict[str, Any]:
     python = ensure_venv(ROOT)
-    out = work / f"{engine}.json"
-    proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "peers.py"), "--engine", engine,
-                           "--events", str(events_file), "--cap", str(CAP),
-                           "--threads", str(threads), "--out", str(out)],
-                          check=False, timeout=3600)
+    return _run_script(work / engine, [
+        str(python), str(ROOT / "benchmarks" / "peers.py"), "--engine", engine,
+        "--events", str(events_file), "--cap", str(CAP), "--threads", str(threads)])
+
+
+def _run_script(base: Path, command: list[str]) -> dict[str, Any]:
+    """A peer's script (killed after an hour), its result read from ``base``.json.
+
+    Its stderr (progress, the JVM's log) is shown as it comes and its last lines kept:
+    a script that fails gives ``error``, its exit code and those lines (a Java stack, a
+    pip failure), which is what a reader of the results needs.
+    """
+    out, tail = base.with_suffix(".json"), deque[str](maxlen=5)
+    with subprocess.Popen([*command, "--out", str(out)], stderr=subprocess.PIPE, text=True,
+                          errors="replace") as proc:
+        timer = threading.Timer(3600, proc.kill)
+        timer.start()
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                if line.strip():
+                    tail.append(line.rstrip())
+        finally:
+            timer.cancel()
     if proc.returncode != 0:
-        return {"error": f"peers.py exited {proc.returncode}"}
+        return {"error": f"{Path(command[1]).name} exited {proc.returncode}", "stderr": [*tail]}
     result = json.loads(out.read_text())
     return {**result, "equal": result.get("equal_to_brute", False)}
 
@@ -238,17 +260,11 @@ def run_flink(engine: str, kafka: KafkaSettings, events_file: Path, work: Path,
               parallelism: int, heap: str) -> dict[str, Any]:
     python = ensure_flink_venv(ROOT)
     jar = ensure_connector()
-    out = work / f"{engine}.json"
-    proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "peers_flink.py"),
-                           "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix,
-                           "--mode", FLINK_MODES[engine], "--events", str(events_file),
-                           "--cap", str(CAP), "--parallelism", str(parallelism),
-                           "--heap", heap, "--jar", str(jar), "--out", str(out)],
-                          check=False, timeout=3600)
-    if proc.returncode != 0:
-        return {"error": f"peers_flink.py exited {proc.returncode}"}
-    result = json.loads(out.read_text())
-    return {**result, "equal": result.get("equal_to_brute", False)}
+    return _run_script(work / engine, [
+        str(python), str(ROOT / "benchmarks" / "peers_flink.py"), "--bootstrap", kafka.bootstrap,
+        "--prefix", kafka.topic_prefix, "--mode", FLINK_MODES[engine],
+        "--events", str(events_file), "--cap", str(CAP), "--parallelism", str(parallelism),
+        "--heap", heap, "--jar", str(jar)])
 
 
 def sizes(spec: str) -> list[tuple[int, int]]:

@@ -38,3 +38,27 @@ def test_the_view_is_the_capped_join_of_the_latest_edges_and_the_live_tweets():
 
 def test_each_engine_name_is_a_mode():
     assert set(peers_flink.ENGINES.values()) == set(peers_flink.MODES)
+
+
+def test_a_peer_that_fails_is_reported_with_the_end_of_its_stderr(tmp_path):
+    from bench_peers import _run_script
+
+    script = tmp_path / "peer.py"
+    script.write_text("import sys\n"
+                      "print('reading 3 events', file=sys.stderr)\n"
+                      "print('java.lang.OutOfMemoryError: Java heap space', file=sys.stderr)\n"
+                      "sys.exit(3)\n")
+    failed = _run_script(tmp_path / "peer", [sys.executable, str(script)])
+    assert failed == {"error": "peer.py exited 3",
+                      "stderr": ["reading 3 events",
+                                 "java.lang.OutOfMemoryError: Java heap space"]}
+
+
+def test_a_peer_that_finishes_gives_its_result_file(tmp_path):
+    from bench_peers import _run_script
+
+    script = tmp_path / "peer.py"
+    script.write_text("import json, sys\n"
+                      "json.dump({'events': 3, 'equal_to_brute': True}, open(sys.argv[-1], 'w'))\n")
+    assert _run_script(tmp_path / "peer", [sys.executable, str(script)]) == {
+        "events": 3, "equal_to_brute": True, "equal": True}
