@@ -102,6 +102,14 @@ def settle(window: float, idle: float, timeout: float) -> dict[str, Any]:
             "settled": bool(trace) and trace[-1] < idle}
 
 
+def spark_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` as a pair (``argparse`` reports the ``ValueError``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.startswith("spark."):
+        raise ValueError(text)
+    return key, value
+
+
 def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
     """Produce the graph while the job runs; the rate at which the job caught up with it."""
     history = generate(users, users * degree, 0, seed=11)
@@ -120,7 +128,7 @@ def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
 
 def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
-                  trigger_seconds=args.trigger_seconds) as pipe:
+                  trigger_seconds=args.trigger_seconds, conf=dict(args.conf)) as pipe:
         print(f"\n== {users:,} users, {users * args.degree:,} follows", flush=True)
         graph = bulk(pipe, users, args.degree)
         print(f"graph: {graph['events']:,} events caught up in {graph['caught_up_s']} s "
@@ -258,6 +266,8 @@ def main() -> int:
     ap.add_argument("--idle-cores", type=float, default=0.3,
                     help="below this the caught-up executor counts as settled")
     ap.add_argument("--settle-timeout", type=float, default=600.0)
+    ap.add_argument("--conf", type=spark_setting, action="append", default=[],
+                    metavar="KEY=VALUE", help="a Spark setting over the job's (repeatable)")
     ap.add_argument("--name", default="scale")
     args = ap.parse_args()
     sizes: list[dict[str, Any]] = []
