@@ -133,10 +133,10 @@ def job_refusal(stack: Stack) -> str | None:
     (:mod:`views.fingerprint`): ``up`` starts the rest and says so instead of
     starting a job that would refuse, and the message offers the rebuild beside.
     """
-    from views.fingerprint import refusal
+    from views.fingerprint import adopted, refusal
     from views.job import checkpoint_path, other_layout
 
-    view = ViewSettings.from_env(stack.env())
+    view = adopted(ViewSettings.from_env(stack.env()))
     return other_layout(view) or refusal(view, checkpoint_path(view))
 
 

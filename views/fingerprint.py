@@ -6,7 +6,8 @@ would either read it wrong or, since the checkpoint's path names some of them
 (:func:`views.job.checkpoint_path`), silently start a fresh, empty checkpoint beside
 it and apply the whole log again onto the store the old one kept. Those settings
 are written to ``<checkpoint dir>/view-settings.json`` the first time a job starts
-there, and every later start compares: a job asked for other values is refused
+there, and every later start takes the recorded values of those it was not given
+(:func:`adopted`) and compares the rest: a job asked for other values is refused
 with a message that names the way to change them — building a new view beside the
 live one (``fanout rebuild --beside``), which switches reads to it once it has
 caught up and verified.
@@ -52,6 +53,23 @@ def recorded(checkpoint_dir: Path) -> dict[str, Any] | None:
     """The fingerprint written beside ``checkpoint_dir``'s checkpoints, if any."""
     path = checkpoint_dir / FINGERPRINT_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def adopted(view: ViewSettings) -> ViewSettings:
+    """``view`` with the recorded values of the settings nobody gave it.
+
+    A setting the environment or a flag gives is asked for, and :func:`refusal` holds
+    the checkpoint to it; one left at its default is taken from the record, so a
+    default that changes between versions (the key buckets went from 64 to 16) does
+    not strand a checkpoint built with the old one.
+    """
+    old = recorded(view.checkpoint_dir)
+    if old is None:
+        return view
+    kept = {k: old[k] for k in fingerprint(view)
+            if k != "layout" and k in old and k not in view.model_fields_set
+            and old[k] != getattr(view, k)}
+    return view.model_copy(update=kept) if kept else view
 
 
 def refusal(view: ViewSettings, state_dir: Path) -> str | None:

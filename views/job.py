@@ -158,6 +158,7 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
         on_started: Callable[[], object] | None = None,
         metrics: JobMetricsSettings | None = None) -> int:
     """Run the job until ``stop`` is set (the caller owns signals); return an exit code."""
+    view = fingerprint.adopted(view)
     refused = other_layout(view)
     if refused is not None:
         log.error("view job not started: %s", refused)

@@ -68,6 +68,25 @@ def test_a_setting_the_checkpoint_cannot_take_is_refused_naming_the_rebuild_besi
     assert not spark.mock_calls and not (tmp_path / "v.sqlite").exists()
 
 
+def test_a_setting_left_at_its_default_is_taken_from_the_checkpoints_record(tmp_path):
+    """A checkpoint built when the default was 64 key buckets resumes on a version whose
+    default is 16, unless the job is asked for another count."""
+    built = _view(tmp_path, key_buckets=64)
+    fingerprint.record(built)
+    _started(job.checkpoint_path(built))
+    later = _view(tmp_path)  # nothing given: today's defaults
+    assert "key_buckets" not in later.model_fields_set
+    resumed = fingerprint.adopted(later)
+    assert resumed.key_buckets == 64 and resumed.timeline_cap == later.timeline_cap
+    assert job.checkpoint_path(resumed) == job.checkpoint_path(built)
+    assert fingerprint.refusal(resumed, job.checkpoint_path(resumed)) is None
+    asked = fingerprint.adopted(_view(tmp_path, key_buckets=later.key_buckets))
+    assert asked.key_buckets == later.key_buckets != 64
+    refused = fingerprint.refusal(asked, job.checkpoint_path(asked))
+    assert refused is not None and "key_buckets 64 -> " in refused
+    assert fingerprint.adopted(_view(tmp_path / "elsewhere")) == _view(tmp_path / "elsewhere")
+
+
 def test_other_partitioning_beside_a_checkpoint_without_a_fingerprint_is_refused(tmp_path):
     """A directory from before fingerprints: a job with other key buckets would start
     an empty checkpoint beside the old one and replay the log onto its store."""
