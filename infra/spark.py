@@ -175,6 +175,13 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # RocksDB's SST files uncompressed (Spark's default is LZ4). Every 10th commit
+        # flushes the memtable and every 4th flush compacts, rewriting the state: on 2
+        # cores that work lands on the batches, and at 1M users the compression was
+        # most of it (post → visible p99 0.92–0.93 s against 0.64 s, live SST 150
+        # against 236 MB; benchmarks/RESULTS.md, "Freshness"). Files of either kind
+        # are read alike, so a running view may change it.
+        "spark.sql.streaming.stateStore.rocksdb.compression": "none",
         "spark.sql.streaming.minBatchesToRetain": str(MIN_BATCHES_TO_RETAIN),
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # Python workers, and transformWithState's calls to the state server, over Unix

@@ -100,6 +100,13 @@ def test_a_batch_longer_than_the_trigger_is_not_a_warning(spark):
     assert level.toString() == "ERROR"
 
 
+def test_the_state_stores_files_are_written_uncompressed(spark):
+    # RocksDB's flushes and compactions rewrite the state; compressing it was most of
+    # their cost at 1M users (benchmarks/RESULTS.md, "Freshness"). The running
+    # session's value, not the dict's: a later builder option would override it.
+    assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.compression") == "none"
+
+
 def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
     # Each catching-up batch's changelog holds most of the state: Spark's default of
     # 100 batches kept 65x the live state on disk at 1M users.
