@@ -13,9 +13,12 @@ Popularity follows Zipf's law: followees are drawn with weight ``1 / rank**expon
 over a random ranking of the users, and the top ``celebrities`` ranks additionally
 share about ``celebrity_share`` of all edges, so a few users have very many followers
 (about: nobody's expected follower count may exceed half of the users). Tweet
-authors are drawn with weight ``followers + 1``. Tweet ids are snowflake-like:
-``(created_at - TWITTER_EPOCH_MS) << 22 | sequence``, time-ordered 64-bit integers,
-given to posts, replies and reposts together, so that no two share one.
+authors are drawn with weight ``followers + 1``. Tweet ids are snowflakes, Twitter's
+layout: ``(created_at - TWITTER_EPOCH_MS) << 22 | worker << 12 | sequence``,
+time-ordered 64-bit integers given to posts, replies and reposts together, so that no
+two share one. The worker is the seed modulo 1,024: two histories of different seeds
+(below 1,024 apart) never share an id, even over one window, so both can be replayed
+into one stack without two authors claiming an id (DESIGN §4b's id-claim rule).
 
 A :class:`~ingest.social.RecordMix` adds the records of DESIGN §4b (replies, reposts and
 their undos, blocks, mutes, account deletions) along the graph; see ``ingest.social``
@@ -70,7 +73,8 @@ PROFILE_SHARE: Final = 0.01
 FILES: Final = {"users": "users.jsonl", "follows": "follows.jsonl", "tweets": "tweets.jsonl",
                 "activity": "activity.jsonl"}
 MANIFEST: Final = "manifest.json"
-_SEQUENCE_BITS: Final = 22
+_SEQUENCE_BITS: Final = 12
+_WORKER_BITS: Final = 10
 _HANDLE_LEN: Final = 15
 #: The social records' own random stream: ``default_rng([seed, _SOCIAL_STREAM])``.
 _SOCIAL_STREAM: Final = 13
@@ -266,15 +270,20 @@ def write(history: History, out: Path) -> Path:
     return path
 
 
-def snowflake(created_at: np.ndarray) -> np.ndarray:
-    """Time-ordered unique ids for sorted millisecond times (sequence within a ms)."""
+def snowflake(created_at: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Time-ordered unique ids for sorted millisecond times (sequence within a ms).
+
+    The worker bits are ``seed`` modulo 1,024 (module docstring).
+    """
     ms = created_at.astype(np.int64) - TWITTER_EPOCH_MS
     first = np.searchsorted(created_at, created_at, side="left")
     sequence = np.arange(len(created_at), dtype=np.int64) - first
     if len(sequence) and sequence.max() >= 1 << _SEQUENCE_BITS:
-        msg = "more than 4M tweets in one millisecond"
+        msg = (f"more than {1 << _SEQUENCE_BITS:,} tweets in one millisecond: give them a "
+               "longer span")
         raise ValueError(msg)
-    return (ms << _SEQUENCE_BITS) | sequence
+    worker = seed % (1 << _WORKER_BITS)
+    return (ms << (_WORKER_BITS + _SEQUENCE_BITS)) | (worker << _SEQUENCE_BITS) | sequence
 
 
 class TextPool:
@@ -393,7 +402,7 @@ def _add_content(made: History, ids: np.ndarray, weights: np.ndarray, n: int,
     originals, words, gone = _originals(ids, weights, n - round(n * mix.replies), rng, texts,
                                         window, delete_ratio)
     if graph is None or mix.posts_only:
-        made.tweets = _tweets(ids, originals, words, gone, None, [])
+        made.tweets = _tweets(made.seed, ids, originals, words, gone, None, [])
         return
     stream = np.random.default_rng([made.seed, _SOCIAL_STREAM])
     drawn = social.draw(mix, graph, originals, n, stream, window, delete_ratio)
@@ -406,7 +415,7 @@ def _add_content(made: History, ids: np.ndarray, weights: np.ndarray, n: int,
         originals, words = social.concat(originals, extra), [*words, *more_words]
         # Reposts point into originals then replies: the replies moved up by ``short``.
         drawn.reposts["original"] += np.where(drawn.reposts["original"] >= before, short, 0)
-    made.tweets = _tweets(ids, originals, words, gone, drawn,
+    made.tweets = _tweets(made.seed, ids, originals, words, gone, drawn,
                           texts.tweets(len(drawn.replies), stream))
     made.follows = sorted([*made.follows, *_relations(ids, drawn.relations)], key=_time)
     made.users = sorted([*made.users, *(AccountDelete(u, t) for u, t in zip(
@@ -435,7 +444,7 @@ def _originals(ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Gene
     return Posts(authors, times, deleted_at, np.full(n, -1, dtype=np.int64)), words, gone
 
 
-def _tweets(ids: np.ndarray, originals: Posts, words: list[str], gone: np.ndarray,
+def _tweets(seed: int, ids: np.ndarray, originals: Posts, words: list[str], gone: np.ndarray,
             drawn: social.Social | None, reply_words: list[str]) -> list[TweetEvent]:
     """The tweets topic's events; posts, replies and reposts share one snowflake sequence."""
     replies = drawn.replies if drawn is not None else Posts(*(np.zeros(0, np.int64),) * 4)
@@ -443,7 +452,7 @@ def _tweets(ids: np.ndarray, originals: Posts, words: list[str], gone: np.ndarra
     times = np.concatenate([originals.time, replies.time, reposts["time"]])
     order = np.argsort(times, kind="stable")
     tweet_ids = np.empty(len(times), dtype=np.int64)
-    tweet_ids[order] = snowflake(times[order])
+    tweet_ids[order] = snowflake(times[order], seed)
     posts = social.concat(originals, replies)
     post_ids = tweet_ids[:len(posts)]
     authors = ids[posts.author]
