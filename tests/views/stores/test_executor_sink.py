@@ -24,6 +24,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from infra.verify import compare
 from ingest.events import (
     BLOCK,
     MUTE,
@@ -40,6 +41,7 @@ from ingest.events import (
 from ingest.generator import History, generate
 from serving.timeline import home_top
 from tests.support.cassandra import fresh_keyspace
+from views.changelog import Changelog
 from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, DeltaKind
 from views.errors import StoreError
 from views.join import JoinConfig
@@ -419,3 +421,47 @@ def test_a_bad_statement_is_not_retried(two_keyspaces):
             writer._run([("user_set", (2, "h", "n", "not a number", 10))])
     finally:
         writer.close()
+
+
+def _rival_claims(first: History, second: History) -> list[Post]:
+    """Posts by another author of ``first``'s deleted posts' ids, at their times, for
+    ``second`` to carry: half by a lower author id (they own the id), half higher."""
+    users = sorted({u.user_id for u in second.users})
+    posts = {t.tweet_id: t for t in first.tweets if isinstance(t, Post)}
+    deleted = [posts[t.tweet_id] for t in first.tweets
+               if isinstance(t, Delete) and t.tweet_id in posts]
+    out = []
+    for i, post in enumerate(deleted):
+        lower = [u for u in users if u < post.author_id]
+        higher = [u for u in users if u > post.author_id]
+        rivals = lower if (i % 2 == 0 and lower) or not higher else higher
+        out.append(Post(post.tweet_id, rivals[i % len(rivals)], post.created_at, "rival"))
+    return out
+
+
+def test_rival_claims_of_deleted_ids_in_a_later_history_are_served_as_the_sql_says(
+        two_keyspaces):
+    """Two histories replayed one after the other whose tweet ids collide (the generator's
+    ids are its posts' times): the second posts, under another author and at the same
+    time, ids the first posted and deleted. Each id belongs to the earlier claim by
+    (created_at, author_id); both paths serve what the SQL says."""
+    driver, executors = two_keyspaces
+    span = DAY // 100  # as the multi-node tests' histories: none of them is late
+    first = generate(100, 1200, 600, seed=21, delete_ratio=0.2, span_ms=span)
+    second = generate(100, 1200, 600, seed=22, delete_ratio=0.05, span_ms=span)
+    rivals = _rival_claims(first, second)
+    assert len(rivals) > 20
+    events = [*sorted(first.events(), key=lambda e: e.created_at),
+              *sorted([*second.events(), *rivals], key=lambda e: e.created_at)]
+    reference = Recording().open()
+    join = LocalJoin(JoinConfig(cap=CAP, promote_at=25, demote_below=20), reference)
+    sink = ExecutorSink(executors)
+    for batch_id, start in enumerate(range(0, len(events), 300)):
+        join.run(events[start:start + 300])
+        deltas = reference.recorded[-1]
+        driver.apply(deltas, batch_id)
+        _apply_in_tasks(sink, deltas, batch_id)
+    log_ = Changelog(events=events)
+    for store in (reference, driver, executors):
+        result = compare(log_, store, CAP)
+        assert result.divergent == 0, (store, result.samples)

@@ -755,6 +755,25 @@ def test_served_timelines_equal_the_sql(backend: Backend) -> None:
     run()
 
 
+@pytest.mark.parametrize("promote_at", [2, 4], ids=["celebrities", "fan-out"])
+@pytest.mark.parametrize("losing", [5, 7], ids=["at the owner's time", "later"])
+@pytest.mark.parametrize("cuts", [[], [2], [1, 2]], ids=["one batch", "owner apart", "apart"])
+def test_a_losing_claim_deleted_before_the_owners_arrives_leaves_the_owners_served(
+        backend: Backend, losing: int, cuts: list[int], promote_at: int) -> None:
+    # Author 4 posts and deletes id 20 first; author 3's post of it at time 5 owns it
+    # (the earlier claim by (created_at, author_id)) and is served to 3's followers.
+    ns = next(_SPACES)
+    graph = [Follow(1, 3, 0), Follow(2, 3, 0), Follow(2, 4, 0)]
+    claims = [Post(20, 4, losing, "loses"), Delete(20, 4, losing + 1), Post(20, 3, 5, "owns")]
+    history = [_remap(e, ns) for e in [*graph, *claims]]
+    harness = Harness(JoinConfig(3, promote_at, 1), store=backend.store(3, 0))  # type: ignore[arg-type]
+    harness.run(history[:len(graph)])
+    for batch in _split(history[len(graph):], cuts):
+        harness.run(batch)
+    _check(harness.store, history, [_remap(Follow(u, u, 0), ns).follower_id
+                                    for u in (1, 2, 3, 4)], 3)
+
+
 @pytest.mark.parametrize("reuse", [False, True], ids=["one author per id", "reused ids"])
 def test_served_4b_timelines_equal_the_sql(backend: Backend, reuse: bool) -> None:
     """Every DESIGN §4b record (``tests.support.histories``' histories) through each backend.
