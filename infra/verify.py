@@ -62,6 +62,9 @@ class VerifyResult:
     seconds: float = 0.0
     #: Who diverged (all of them, not only the described ``samples``).
     divergent_users: list[int] = field(default_factory=list)
+    #: The described users' missing entries (the reference's rows) by the index of their
+    #: sample, for :func:`explain`.
+    missing: dict[int, tuple[int, list[HomeRow]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -172,6 +175,7 @@ def compare(log_: Changelog, store: Store, cap: int, *, sample: int | None = Non
         for user, got in zip(users, served_rows, strict=True):
             _check(result, user, ref.home_fast(user, n), got, max_samples)
             bar.update()
+    explain(store, result)
     return result
 
 
@@ -193,6 +197,38 @@ def _check(result: VerifyResult, user: int, want: list[HomeRow], got: Served,
         result.divergent_users.append(user)
         if len(result.samples) < max_samples:
             result.samples.append(_describe(user, want, got))
+            if not isinstance(got, str):
+                served_ids = {r[0] for r in got}
+                result.missing[user] = (len(result.samples) - 1,
+                                        [r for r in want if r.entry_id not in served_ids][:3])
+
+
+def explain(store: TimelineReader, result: VerifyResult) -> None:
+    """Say, under each described user, what the store holds of the entries it misses.
+
+    An entry can be missing because the user's cached timeline has no row of it, or
+    because its row is there but is not served: the ``tweets`` row names another
+    author or says deleted. The store's rows tell which, and so which writes went
+    astray. Reads at most three entries of at most ``max_samples`` users.
+    """
+    for user, (i, rows) in result.missing.items():
+        notes = []
+        stored = store.tweets([r.entry_id for r in rows]) if rows else {}
+        for row in rows:
+            tweet = stored.get(row.entry_id)
+            what = ("no tweets row" if tweet is None else
+                    f"tweets row: author {tweet.author_id} at {tweet.created_at}"
+                    + (", deleted" if tweet.deleted else ""))
+            above = (row.created_at, row.entry_id + 1)
+            found = store.cached(user, above, 1)
+            cached = (f"cache row listing author {found[0].author_id}"
+                      if found and (found[0].created_at, found[0].tweet_id)
+                      == (row.created_at, row.entry_id) else "no cache row")
+            horizon = store.horizon(user)
+            notes.append(f"{row.entry_id} ({what}; {cached}; "
+                         + ("no horizon)" if horizon is None else f"horizon {horizon})"))
+        if notes:
+            result.samples[i] += "\n    store: " + "; ".join(notes)
 
 
 @contextlib.contextmanager

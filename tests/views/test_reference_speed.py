@@ -99,7 +99,8 @@ def test_entries_checks_only_the_first_entries(tmp_path):
     assert compare(log_, store, CAP, entries=10).divergent == 0
     full = compare(log_, store, CAP)
     assert full.divergent == 1
-    assert full.samples == ["user 1: expected 11 entries, served 10; missing [5], unexpected []"]
+    assert full.samples == ["user 1: expected 11 entries, served 10; missing [5], unexpected []"
+                            "\n    store: 5 (no tweets row; no cache row; no horizon)"]
 
 
 def test_every_way_of_reading_finds_the_same(tmp_path):

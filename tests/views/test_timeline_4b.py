@@ -446,7 +446,8 @@ def test_verify_recomputes_4b_and_names_divergent_users(tmp_path: Path):
     result = compare(log_, t.store, 10)
     assert result.divergent == 1
     assert result.samples == [
-        "user 1: expected 2 entries, served 2; missing [30], unexpected [10]"]
+        "user 1: expected 2 entries, served 2; missing [30], unexpected [10]\n    store: 30 "
+        f"(tweets row: author {B} at 5, deleted; cache row listing author {B}; horizon (1, 10))"]
 
 
 def test_verify_describes_entries_that_differ_only_in_their_fields():
