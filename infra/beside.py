@@ -44,7 +44,7 @@ from typing import Final
 
 from infra.process import free_port
 from infra.stack import BESIDE, MARKER, Stack, StackError, spawn, stop_service
-from infra.verify import VerifyResult, lagging, served, verify
+from infra.verify import Served, VerifyResult, lagging, served, verify
 from ingest.settings import KafkaSettings
 from serving.settings import API_WORKERS_ENV
 from views import pointer
@@ -337,34 +337,55 @@ def _check(kafka: KafkaSettings, store: Store, target: ViewRecord, sample: int |
     return result
 
 
-#: How many times the users who diverged are read again to find a moment when no
-#: batch commits during the reads.
+#: Users read again together; each group at a position of the view of its own.
+_GROUP: Final = 8
+#: How many times a group is read again to find a moment when no batch commits during
+#: its reads.
 _STILL_READS: Final = 50
 
 
 def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult) -> None:
-    """Replace ``result``'s divergence by the users who differ at one position of the view."""
+    """Replace ``result``'s divergence by the users who differ at a position of the view.
+
+    The users are read a few at a time: a group's reads take a fraction of a batch
+    interval, so a moment with no commit during them comes soon, where the reads of
+    every user at once might straddle a commit each time. Each group is compared with
+    the log up to its own position; positions only move on, so one reference is
+    carried forward, the records after the last position added to it each time.
+    """
     users = result.divergent_users
-    for _ in range(_STILL_READS):
-        applied = store.applied_offsets()
-        rows = {user: served(store, user, cap) for user in users}
-        if store.applied_offsets() == applied:
-            break
-    else:
-        msg = "the new view committed a batch during every read of the users to check again"
-        raise StackError(msg)
-    log_ = read_changelog(kafka, until={tp: offset + 1 for tp, offset in applied.items()})
-    ref = Reference().add(log_.events)
+    read: list[tuple[dict[tuple[str, int], int], dict[int, Served]]] = []
+    for i in range(0, len(users), _GROUP):
+        group = users[i:i + _GROUP]
+        for _ in range(_STILL_READS):
+            applied = store.applied_offsets()
+            rows = {user: served(store, user, cap) for user in group}
+            if store.applied_offsets() == applied:
+                break
+        else:
+            msg = (f"the new view committed a batch during every one of {_STILL_READS} "
+                   f"reads of {len(group)} users to check again")
+            raise StackError(msg)
+        if read and read[-1][0] == applied:
+            read[-1][1].update(rows)
+        else:
+            read.append((applied, rows))
+    ref, since = Reference(), None
     result.divergent, result.divergent_users, result.samples = 0, [], []
-    for user in users:
-        if user in ref.deleted_accounts:
-            continue
-        want, got = ref.home_fast(user, cap), rows[user]
-        if got != want:
-            result.divergent += 1
-            result.divergent_users.append(user)
-            shown = len(got) if isinstance(got, list) else got
-            result.samples.append(f"user {user}: expected {len(want)} entries, served {shown}")
+    for applied, rows in read:
+        until = {tp: offset + 1 for tp, offset in applied.items()}
+        ref.add(read_changelog(kafka, until=until, since=since).events)
+        since = until
+        for user, got in rows.items():
+            if user in ref.deleted_accounts:
+                continue
+            want = ref.home_fast(user, cap)
+            if got != want:
+                result.divergent += 1
+                result.divergent_users.append(user)
+                shown = len(got) if isinstance(got, list) else got
+                result.samples.append(f"user {user}: expected {len(want)} entries, "
+                                      f"served {shown}")
 
 
 def _switch(stack: Stack, target: ViewRecord, port: int, say: Say) -> ViewRecord:

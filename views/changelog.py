@@ -10,6 +10,7 @@ the same events and the same invalid records.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ingest.events import Event
@@ -29,12 +30,15 @@ class Changelog:
 
 
 def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0,
-                   until: dict[tuple[str, int], int] | None = None) -> Changelog:
+                   until: dict[tuple[str, int], int] | None = None,
+                   since: Mapping[tuple[str, int], int] | None = None) -> Changelog:
     """Read every topic from its earliest offset to its end.
 
     ``until`` (logical topic, partition -> end offset, exclusive) stops earlier: the
     log as a view that applied exactly that much saw it (a partition it does not
-    name is read to nothing).
+    name is read to nothing). ``since`` (the same keys, the first offset to read)
+    starts later: the records after an earlier read's ``until``, to go on with
+    (:meth:`views.reference.Reference.add` takes them as the log's continuation).
     """
     offsets = EndOffsets(kafka.bootstrap)
     tps = offsets.topic_partitions(kafka.physical_topics())
@@ -42,6 +46,9 @@ def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0,
     if until is not None:
         ends = {(t, p): min(end, until.get((kafka.logical(t), p), 0))
                 for (t, p), end in ends.items()}
+    if since is not None:
+        starts = {(t, p): max(start, since.get((kafka.logical(t), p), 0))
+                  for (t, p), start in starts.items()}
     options = SourceOptions(bootstrap=kafka.bootstrap, topic_prefix=kafka.topic_prefix,
                             read_timeout=idle_timeout)
     out = Changelog()
