@@ -1,0 +1,127 @@
+"""``rebuild --beside``'s second look at divergent users (``infra.beside._recheck``).
+
+A real broker holds the log; the view is a SQLite store built by the pure join, whose
+applied offsets are set by hand, and which moves on (applies the rest of the log)
+while the users are read again, as a live view does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra import beside
+from infra.stack import StackError
+from infra.verify import VerifyResult, served
+from ingest.generator import generate
+from ingest.producer import ChangelogProducer
+from ingest.settings import KafkaSettings
+from views.changelog import read_changelog
+from views.delta import Delta
+from views.join import JoinConfig
+from views.local import LocalJoin
+from views.stores.sqlite import SQLiteStore
+
+CAP = 30
+
+
+class Moving(SQLiteStore):
+    """A store that applies ``later`` (events, then offsets) at its ``at``-th offsets read."""
+
+    def __init__(self, path: Path, at: set[int], later: list) -> None:
+        super().__init__(path, cap=CAP)
+        self.at, self.later, self.reads = at, later, 0
+
+    def applied_offsets(self):
+        self.reads += 1
+        if self.reads in self.at and self.later:
+            self.later.pop(0)()
+        return super().applied_offsets()
+
+
+def _offsets(store: SQLiteStore, until: dict[tuple[str, int], int]) -> None:
+    store.apply([Delta.source_offset(t, p, end - 1) for (t, p), end in until.items() if end])
+
+
+@pytest.fixture
+def log_(kafka_settings: KafkaSettings):
+    history = generate(40, 400, 300, seed=5)
+    with ChangelogProducer(kafka_settings) as producer:
+        for event in history.events():
+            producer.send(event)
+        assert producer.flush(60) == 0
+    whole = read_changelog(kafka_settings)
+    half = {tp: end // 2 for tp, end in whole.ends.items()}
+    return whole, half, read_changelog(kafka_settings, until=half), \
+        read_changelog(kafka_settings, since=half)
+
+
+def _view(tmp_path: Path, log_, at: set[int]) -> tuple[Moving, list[int]]:
+    whole, half, first, rest = log_
+    store = Moving(tmp_path / "v.sqlite", at, []).open()
+    join = LocalJoin(JoinConfig.with_ratio(CAP, 100), store)
+    join.run(first.events)
+    _offsets(store, half)
+
+    def go_on() -> None:
+        join.run(rest.events)
+        _offsets(store, whole.ends)
+
+    store.later = [go_on]
+    users = sorted({e.follower_id for e in whole.events if hasattr(e, "follower_id")})
+    return store, users
+
+
+def test_a_view_that_commits_every_few_user_reads_is_compared_group_by_group(
+        tmp_path, kafka_settings, log_, monkeypatch):
+    # A batch commits after every 10th user read: reading every user at once never
+    # sees one position, groups of 8 mostly do. The first commit applies the rest of
+    # the log, so groups are compared at two positions.
+    store, users = _view(tmp_path, log_, at=set())
+    assert len(users) > 24
+    commits = [store.later.pop(0)] + [
+        lambda k=k: store.apply([Delta.source_offset("tweets", 99, k)]) for k in range(1000)]
+    reads = [0]
+
+    def read(*args):
+        reads[0] += 1
+        if reads[0] % 10 == 0:
+            commits.pop(0)()
+        return served(*args)
+
+    monkeypatch.setattr(beside, "served", read)
+    result = VerifyResult(divergent=len(users), divergent_users=list(users))
+    beside._recheck(kafka_settings, store, CAP, result)
+    assert (result.divergent, result.samples) == (0, [])
+    assert reads[0] > len(users), "some group should have been read again"
+    store.close()
+
+
+def test_a_user_the_view_got_wrong_stays_divergent(tmp_path, kafka_settings, log_):
+    store, users = _view(tmp_path, log_, at={3})
+    victim = users[-1]
+
+    def lose_newest() -> None:  # behind the join's back, once the view is at the end
+        entry_id, created_at, actor, *_ = served(store, victim, CAP)[0]
+        store.apply([Delta.timeline_remove(victim, entry_id, actor, created_at)])
+
+    store.later.append(lose_newest)
+    store.at.add(4)
+    result = VerifyResult(divergent=len(users), divergent_users=list(users))
+    beside._recheck(kafka_settings, store, CAP, result)
+    assert result.divergent_users == [victim]
+    store.close()
+
+
+def test_a_view_that_commits_during_every_read_is_reported(tmp_path, kafka_settings, log_,
+                                                           monkeypatch):
+    monkeypatch.setattr(beside, "_STILL_READS", 3)
+    store, users = _view(tmp_path, log_, at=set(range(2, 200)))
+    # Then a commit at every read (of a partition no record is in).
+    store.later += [lambda k=k: store.apply([Delta.source_offset("tweets", 99, k)])
+                    for k in range(200)]
+    result = VerifyResult(divergent=len(users), divergent_users=list(users))
+    with pytest.raises(StackError, match="committed a batch during every one of 3 reads"):
+        beside._recheck(kafka_settings, store, CAP, result)
+    store.close()
