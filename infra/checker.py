@@ -278,7 +278,9 @@ def check(history: History, bootstrap: str, topic: str, store: Any) -> Report:
     from ingest.errors import InvalidEvent
     from ingest.events import TWEETS, Post, decode
 
-    found: dict[int, list[tuple[int, int]]] = {}
+    # A record is its position: one read twice (a fetch retried across a leader change)
+    # is one record, two positions of one write are a duplicate.
+    found: dict[int, set[tuple[int, int]]] = {}
     for partition, offset, key, value in read_log(bootstrap, topic, history.start_offsets):
         try:
             event = decode(TWEETS, key, value)
@@ -286,13 +288,13 @@ def check(history: History, bootstrap: str, topic: str, store: Any) -> Report:
             continue
         n = history.parse(event.text) if isinstance(event, Post) else None
         if n is not None:
-            found.setdefault(n, []).append((partition, offset))
+            found.setdefault(n, set()).add((partition, offset))
     sent = {op.n: op for op in history.writes}
     acked = {n: op for n, op in sent.items() if op.status == 202}
     lost = []
     for n, op in acked.items():
         where = decode_token(op.token)
-        if (where.partition, where.offset) not in found.get(n, []):
+        if (where.partition, where.offset) not in found.get(n, set()):
             lost.append(n)
     in_views = store.tweets([op.tweet_id for op in acked.values()]) if acked else {}
     return Report(

@@ -128,3 +128,25 @@ def test_a_history_knows_its_own_texts():
     assert history.parse(history.text(7)) == 7
     assert history.parse(other.text(7)) is None
     assert history.parse("hello") is None
+
+
+def test_a_record_read_twice_is_one_record_and_a_write_at_two_positions_a_duplicate(
+        tmp_path, monkeypatch):
+    from infra import checker
+    from ingest.consistency import encode_token
+    from ingest.events import TWEETS, Post, encode
+    from views.delta import Delta
+    from views.stores.sqlite import SQLiteStore
+
+    history = History()
+    for n, tweet in ((0, 70), (1, 71)):
+        history.record(Op(history.number(), 5, 0.0, 0.01, 202,
+                          encode_token(TWEETS, 0, 10 + n), tweet))
+    posts = [Post(70 + n, 5, 1000 + n, history.text(n)) for n in range(2)]
+    # Write 0 at offset 10, read twice (a fetch retried); write 1 at offsets 11 and 12.
+    log_ = [(0, 10, posts[0]), (0, 10, posts[0]), (0, 11, posts[1]), (0, 12, posts[1])]
+    monkeypatch.setattr(checker, "read_log", lambda *_: [(p, o, *encode(e)) for p, o, e in log_])
+    with SQLiteStore(tmp_path / "v.sqlite", cap=10) as store:
+        store.apply([Delta.tweet(p.tweet_id, 5, p.created_at, p.text) for p in posts])
+        report = checker.check(history, "", "tweets", store)
+    assert (report.acknowledged, report.lost, report.duplicated) == (2, [], [1])
