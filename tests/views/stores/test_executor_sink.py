@@ -447,8 +447,8 @@ def test_rival_claims_of_deleted_ids_in_a_later_history_are_served_as_the_sql_sa
     (created_at, author_id); both paths serve what the SQL says."""
     driver, executors = two_keyspaces
     span = DAY // 100  # as the multi-node tests' histories: none of them is late
-    first = generate(100, 1200, 600, seed=21, delete_ratio=0.2, span_ms=span)
-    second = generate(100, 1200, 600, seed=22, delete_ratio=0.05, span_ms=span)
+    first = generate(60, 700, 300, seed=21, delete_ratio=0.2, span_ms=span)
+    second = generate(60, 700, 300, seed=22, delete_ratio=0.05, span_ms=span)
     rivals = _rival_claims(first, second)
     assert len(rivals) > 20
     events = [*sorted(first.events(), key=lambda e: e.created_at),
