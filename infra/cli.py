@@ -309,7 +309,21 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--entries", type=int, default=None, metavar="N",
                    help="check only the first N entries of each timeline (its first pages; "
                         "default: the whole cached timeline)")
+    p.add_argument("--workers", type=_workers, default=None, metavar="N",
+                   help="processes reading the served timelines beside the recomputation "
+                        "(default: one per core)")
     p.set_defaults(func=_cmd_verify)
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        msg = f"--workers takes a count of processes, at least 1; got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return n
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -325,7 +339,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         result = verify(kafka, store, view.timeline_cap, sample=args.sample, wait=args.wait,
                         seed=args.seed, progress=True, entries=args.entries, opener=opener,
-                        lateness=view.lateness_ms())
+                        workers=args.workers, lateness=view.lateness_ms())
     print(result.render())
     return 0 if result.ok else 1
 
