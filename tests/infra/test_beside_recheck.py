@@ -15,8 +15,8 @@ from infra import beside
 from infra.stack import StackError
 from infra.verify import VerifyResult, served
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from tests.support.changelog import produce
 from views.changelog import read_changelog
 from views.delta import Delta
 from views.join import JoinConfig
@@ -46,11 +46,7 @@ def _offsets(store: SQLiteStore, until: dict[tuple[str, int], int]) -> None:
 
 @pytest.fixture
 def log_(kafka_settings: KafkaSettings):
-    history = generate(40, 400, 300, seed=5)
-    with ChangelogProducer(kafka_settings) as producer:
-        for event in history.events():
-            producer.send(event)
-        assert producer.flush(60) == 0
+    produce(kafka_settings, generate(40, 400, 300, seed=5).events())
     whole = read_changelog(kafka_settings)
     half = {tp: end // 2 for tp, end in whole.ends.items()}
     return whole, half, read_changelog(kafka_settings, until=half), \

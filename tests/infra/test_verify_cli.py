@@ -9,8 +9,8 @@ import pytest
 from infra.cli import main
 from infra.verify import served
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
+from tests.support.changelog import produce
 from views.changelog import read_changelog
 from views.delta import Delta
 from views.join import JoinConfig
@@ -24,10 +24,7 @@ CAP = 40
 @pytest.fixture
 def view(kafka_settings: KafkaSettings, tmp_path: Path, monkeypatch) -> Path:
     """A SQLite view of a small history in the topics, caught up with them; env set."""
-    with ChangelogProducer(kafka_settings) as producer:
-        for event in generate(50, 500, 400, seed=8).events():
-            producer.send(event)
-        assert producer.flush(60) == 0
+    produce(kafka_settings, generate(50, 500, 400, seed=8).events())
     log_ = read_changelog(kafka_settings)
     path = tmp_path / "v.sqlite"
     with SQLiteStore(path, cap=CAP) as store:

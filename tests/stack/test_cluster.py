@@ -28,10 +28,9 @@ import pytest
 
 from infra.sparkcluster import LocalSparkCluster
 from infra.verify import lagging, verify
-from ingest.events import Event
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from tests.support.changelog import produce
 from tests.support.process import Service, tagged, wait_for
 from views.changelog import read_changelog
 from views.stores.sqlite import SQLiteStore
@@ -69,13 +68,6 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
-
-
-def _produce(kafka: KafkaSettings, events: list[Event]) -> None:
-    with ChangelogProducer(kafka) as producer:
-        for event in events:
-            producer.send(event)
-        assert producer.flush(60) == 0, "records still unacknowledged after 60 s"
 
 
 def _job(kafka: KafkaSettings, tmp_path: Path, master: str) -> Service:
@@ -159,7 +151,7 @@ def test_job_on_a_cluster_survives_an_executor_kill(cluster, kafka_settings, tmp
     chunks = [events[i:i + size] for i in range(0, len(events), size)]
     job = _job(kafka_settings, tmp_path, cluster.master_url)
     job_service.append(job)
-    _produce(kafka_settings, chunks[0])
+    produce(kafka_settings, chunks[0])
     job.start()
     with SQLiteStore(tmp_path / "views.sqlite", cap=CAP) as store:
         def applied_past(count: int) -> bool:
@@ -174,11 +166,11 @@ def test_job_on_a_cluster_survives_an_executor_kill(cluster, kafka_settings, tmp
 
         # Midway: the executor dies inside a task of a batch of the second chunk.
         before = _applied(store)
-        _produce(kafka_settings, chunks[1])
+        produce(kafka_settings, chunks[1])
         wait_for(lambda: applied_past(before), 120, "a batch of the second chunk", every=0.1)
         kills, respawn = _kill_executor_in_a_task(cluster, app_id, job)
         for chunk in chunks[2:]:
-            _produce(kafka_settings, chunk)
+            produce(kafka_settings, chunk)
         ends = read_changelog(kafka_settings).ends
 
         def caught_up() -> bool:

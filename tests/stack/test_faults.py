@@ -35,12 +35,11 @@ import pytest
 
 from infra.process import free_port
 from infra.verify import lagging, verify
-from ingest.events import Event
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
 from ingest.social import SOCIAL
 from tests.support.cassandra import fresh_keyspace
+from tests.support.changelog import produce
 from tests.support.process import Service, WriteLockProbe, tagged, wait_for
 from views.changelog import read_changelog
 from views.job import start_query
@@ -58,13 +57,6 @@ CAP, CELEBRITY = 40, 30
 #: How each incarnation of the job ends; one more runs to the end. A "write" kill that
 #: saw no write lock is tried again in the next incarnation (at most twice more).
 KILLS = ("write", "random", "random", "random", "random")
-
-
-def _produce(kafka: KafkaSettings, events: list[Event]) -> None:
-    with ChangelogProducer(kafka) as producer:
-        for event in events:
-            producer.send(event)
-        assert producer.flush(60) == 0, "records still unacknowledged after 60 s"
 
 
 def _env(kafka: KafkaSettings, store: Path | str, **extra: str) -> dict[str, str]:
@@ -246,13 +238,13 @@ def test_view_job_killed_at_random_points_converges(kafka_settings, tmp_path, jo
     plan, retries = list(KILLS), 2
     for i, mode in enumerate(plan):
         for _ in range(min(len(chunks), 3 if mode == "write" else 1)):
-            _produce(kafka_settings, chunks.popleft())
+            produce(kafka_settings, chunks.popleft())
         job.start()
         if not killer.kill(mode, int(time.time() * 1000)) and retries:
             plan.insert(i + 1, mode)  # noqa: B909 - the plan grows on purpose
             retries -= 1
     while chunks:
-        _produce(kafka_settings, chunks.popleft())
+        produce(kafka_settings, chunks.popleft())
     # The last incarnation catches up in bigger batches: the small ones were for the kills.
     job.env["FANOUT_MAX_RECORDS_PER_BATCH"] = "3000"
     job.start()

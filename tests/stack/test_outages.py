@@ -35,12 +35,11 @@ from infra.broker import KafkaBroker
 from infra.launch import up
 from infra.stack import Stack, StackError
 from infra.verify import lagging, verify
-from ingest.events import Event
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
 from tests.support.api import closed_port, serve, settings
+from tests.support.changelog import produce
 from tests.support.process import wait_for
 from views import job as job_module
 from views.changelog import read_changelog
@@ -96,13 +95,6 @@ def _kafka(brokers: Brokers) -> KafkaSettings:
     kafka = KafkaSettings(bootstrap=brokers.bootstrap, partitions=2, topic_prefix="o_")
     create_topics(kafka)
     return kafka
-
-
-def _produce(kafka: KafkaSettings, events: list[Event]) -> None:
-    with ChangelogProducer(kafka) as producer:
-        for event in events:
-            producer.send(event)
-        assert producer.flush(60) == 0
 
 
 # -- planning retries, without Spark ------------------------------------------------------
@@ -234,7 +226,7 @@ def test_job_rides_out_an_outage_and_stops_clearly_on_an_empty_broker(
     kafka = _kafka(brokers)
     events = list(generate(200, 1500, 1000, seed=8).events())
     third = len(events) // 3
-    _produce(kafka, events[:third])
+    produce(kafka, events[:third])
     view = _view(tmp_path)
     store = SQLiteStore(view.store_url.removeprefix("sqlite:///"), cap=CAP).open()
     query = job_module.start_query(spark, kafka, view, store)
@@ -245,14 +237,14 @@ def test_job_rides_out_an_outage_and_stops_clearly_on_an_empty_broker(
         time.sleep(FREEZE_S)  # the outage: longer than one attempt's timeout, within budget
         assert query.isActive and query.exception() is None, query.exception()
         brokers.thaw()
-        _produce(kafka, events[third:2 * third])
+        produce(kafka, events[third:2 * third])
         _caught_up(query, store, kafka, 240)
         assert verify(kafka, store, CAP).ok
 
         # Back empty (its log directory lost): the job must stop, and say so.
         brokers.restart_empty()
         create_topics(kafka)
-        _produce(kafka, events[:10])
+        produce(kafka, events[:10])
         wait_for(lambda: not query.isActive, 120, "the job to stop on the emptied topics")
         error = str(query.exception())
     finally:
@@ -274,7 +266,7 @@ def test_job_rides_out_an_outage_and_stops_clearly_on_an_empty_broker(
     assert any(n.startswith("fanout.aside-") and n.endswith(".sqlite") for n in aside), aside
     assert not (tmp_path / "run" / "checkpoints").exists()
 
-    _produce(kafka, events[10:])  # the user replays the history into the new broker
+    produce(kafka, events[10:])  # the user replays the history into the new broker
     with SQLiteStore(view.store_url.removeprefix("sqlite:///"), cap=CAP) as rebuilt:
         query = job_module.start_query(spark, kafka, view, rebuilt, available_now=True)
         assert query.awaitTermination(300), "the rebuild did not finish within 300 s"

@@ -22,11 +22,11 @@ from confluent_kafka import Producer
 from infra.verify import verify
 from ingest.events import Follow, Post, UserUpsert, encode_key
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
 from ingest.social import SOCIAL
 from serving.timeline import home_top
 from tests.support.cassandra import fresh_keyspace
+from tests.support.changelog import produce
 from views.job import job_sink, start_query
 from views.settings import ViewSettings
 from views.stores.base import DORMANT, Store
@@ -52,13 +52,6 @@ def _view(tmp_path: Path, store_url: str, **overrides: object) -> ViewSettings:
     return ViewSettings(**(base | overrides))
 
 
-def _produce(kafka: KafkaSettings, events: list) -> None:
-    with ChangelogProducer(kafka) as producer:
-        for event in events:
-            producer.send(event)
-        assert producer.flush(60) == 0
-
-
 def _store(view: ViewSettings) -> Store:
     return view.store()
 
@@ -78,7 +71,7 @@ def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_
     counts = history.counts()
     assert all(counts[k] > 0 for k in KINDS), counts
     events = list(history.events())
-    _produce(kafka_settings, events)
+    produce(kafka_settings, events)
     view = _view(tmp_path, store_url, inactive_days=4)
     with _store(view) as store:
         _drain(spark, kafka_settings, view, store)
@@ -110,7 +103,7 @@ def _worker_daemons() -> list[list[str]]:
 def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_path, store_url):
     events = list(generate(200, 3000, 3000, seed=5).events())
     half = len(events) // 2
-    _produce(kafka_settings, events[:half])
+    produce(kafka_settings, events[:half])
     view = _view(tmp_path, store_url, max_records_per_batch=500)
     with _store(view) as store:
         # First run: stopped from outside after two micro-batches, mid-stream.
@@ -123,14 +116,14 @@ def test_stopping_and_restarting_midway_converges(spark, kafka_settings, tmp_pat
         query.stop()
         assert 0 < sum(s.deltas for _, _, s in sink.history)
         # The rest arrives while the job is down; a new query resumes from the checkpoint.
-        _produce(kafka_settings, events[half:])
+        produce(kafka_settings, events[half:])
         _drain(spark, kafka_settings, view, store)
         result = verify(kafka_settings, store, view.timeline_cap)
         assert result.ok, result.render()
 
 
 def test_ids_near_2_pow_63_and_bad_records(spark, kafka_settings, tmp_path, store_url):
-    _produce(kafka_settings, [
+    produce(kafka_settings, [
         UserUpsert(BIG - 5, "big", "Big Author", 1),
         Follow(BIG, BIG - 5, 2),
         Post(BIG - 1, BIG - 5, 3, "near 2^63"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
+from tests.support.changelog import produce
 from views.changelog import read_changelog
 from views.reference import Reference
 
@@ -15,10 +15,7 @@ def test_a_log_read_in_two_parts_is_the_log_read_whole(kafka_settings: KafkaSett
     # What `fanout rebuild --beside` does when it compares users at successive positions
     # of a view: the records up to one position, then those after it.
     history = generate(60, 500, 300, seed=3)
-    with ChangelogProducer(kafka_settings) as producer:
-        for event in history.events():
-            producer.send(event)
-        assert producer.flush(60) == 0
+    produce(kafka_settings, history.events())
     whole = read_changelog(kafka_settings)
     cut = {tp: end // 2 for tp, end in whole.ends.items()}
     first = read_changelog(kafka_settings, until=cut)

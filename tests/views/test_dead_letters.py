@@ -22,11 +22,11 @@ from infra import cli
 from infra.verify import verify
 from ingest.events import MAX_ID
 from ingest.generator import generate
-from ingest.producer import ChangelogProducer
 from ingest.settings import KafkaSettings
 from serving.app import create_app
 from serving.settings import ServingSettings
 from tests.support.api import running
+from tests.support.changelog import produce
 from views.job import start_query
 from views.settings import ViewSettings
 from views.stores.sqlite import SQLiteStore
@@ -113,20 +113,13 @@ def _produce_bad(kafka: KafkaSettings) -> dict[tuple[str, int, int], str]:
     return where
 
 
-def _produce(kafka: KafkaSettings, events: list) -> None:
-    with ChangelogProducer(kafka) as producer:
-        for event in events:
-            producer.send(event)
-        assert producer.flush(60) == 0
-
-
 def test_every_bad_record_class_is_dead_lettered(spark, kafka_settings, tmp_path: Path,
                                                  monkeypatch, capsys):
     events = list(generate(150, 1200, 800, seed=4).events())
     half = len(events) // 2
-    _produce(kafka_settings, events[:half])
+    produce(kafka_settings, events[:half])
     where = _produce_bad(kafka_settings)
-    _produce(kafka_settings, events[half:])
+    produce(kafka_settings, events[half:])
     store_path = tmp_path / "views.sqlite"
     view = ViewSettings(store_url=f"sqlite:///{store_path}", checkpoint_dir=tmp_path / "ck",
                         timeline_cap=CAP, celebrity_threshold=30, max_records_per_batch=400,
