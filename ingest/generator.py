@@ -25,7 +25,8 @@ their undos, blocks, mutes, account deletions) along the graph; see ``ingest.soc
 for the model and where its proportions come from. They draw from a random stream of
 their own, so the posts, deletes and follows of a seed are the same with or without
 them, and a history made with :data:`~ingest.social.POSTS_ONLY` (the default here) is
-byte for byte the history of the generator before them.
+byte for byte the history of the generator before them, but for the worker bits of
+its ids (zero, as before, for seed 0).
 """
 
 from __future__ import annotations
