@@ -212,8 +212,12 @@ def explain(store: TimelineReader, result: VerifyResult) -> None:
     astray. Reads at most three entries of at most ``max_samples`` users.
     """
     for user, (i, rows) in result.missing.items():
+        if not rows:
+            continue
         notes = []
-        stored = store.tweets([r.entry_id for r in rows]) if rows else {}
+        stored = store.tweets([r.entry_id for r in rows])
+        horizon = store.horizon(user)
+        at = "no horizon" if horizon is None else f"horizon {horizon}"
         for row in rows:
             tweet = stored.get(row.entry_id)
             what = ("no tweets row" if tweet is None else
@@ -224,11 +228,8 @@ def explain(store: TimelineReader, result: VerifyResult) -> None:
             cached = (f"cache row listing author {found[0].author_id}"
                       if found and (found[0].created_at, found[0].tweet_id)
                       == (row.created_at, row.entry_id) else "no cache row")
-            horizon = store.horizon(user)
-            notes.append(f"{row.entry_id} ({what}; {cached}; "
-                         + ("no horizon)" if horizon is None else f"horizon {horizon})"))
-        if notes:
-            result.samples[i] += "\n    store: " + "; ".join(notes)
+            notes.append(f"{row.entry_id} ({what}; {cached}; {at})")
+        result.samples[i] += "\n    store: " + "; ".join(notes)
 
 
 @contextlib.contextmanager
