@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
 from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV
+from infra.spark_home import lean_home
 from views.source import KafkaSource
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,10 @@ def _java_binary() -> str | None:
 def _prepare_environment(master: str) -> None:
     """Environment the JVM and its Python workers inherit; read once at JVM start."""
     os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    # pip's PySpark without its source zips, which every Python process Spark starts
+    # would otherwise compile anew (infra.spark_home); a SPARK_HOME set is the user's.
+    if not os.environ.get("SPARK_HOME"):
+        os.environ["SPARK_HOME"] = str(lean_home())
     # PySpark takes the workers' interpreter from this variable alone (not from
     # spark.pyspark.python), on executors too; default to ours so they see the same
     # packages.

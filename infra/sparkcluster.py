@@ -12,7 +12,6 @@ directory records what :meth:`LocalSparkCluster.attach` needs to find and stop i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import IO, Any, Final
 
 from infra.errors import InfraError
 from infra.process import free_port
+from infra.spark_home import lean_home
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class LocalSparkCluster:
         out: IO[bytes]
         with (self.work_dir / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                ["bash", str(spark_home() / "bin" / "spark-class"), *args,
+                ["bash", str(lean_home() / "bin" / "spark-class"), *args,
                  "--properties-file", str(properties)],
                 cwd=self.work_dir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -299,7 +299,10 @@ class LocalSparkCluster:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=LOOPBACK,
+        # pip's PySpark, without the source zips its Python workers would compile at every
+        # start (infra.spark_home), whatever $SPARK_HOME says: the daemons must run the
+        # Spark of the pyspark that drives them.
+        env.update(SPARK_HOME=str(lean_home()), SPARK_LOCAL_IP=LOOPBACK,
                    SPARK_DAEMON_MEMORY=self.daemon_memory,
                    SPARK_WORKER_DIR=str(self.work_dir / "work"))
         # The daemons must not pick up a Spark configuration meant for something else.
@@ -342,19 +345,6 @@ class LocalSparkCluster:
 
     def _mains(self) -> Iterator[tuple[int, str]]:
         return ((pid, _MAINS[name]) for name, pid in self._pids.items())
-
-
-def spark_home() -> Path:
-    """The pyspark package directory: its ``bin/spark-class`` and ``jars/``.
-
-    Deliberately not ``$SPARK_HOME``: the daemons must run the Spark version of the
-    pyspark that drives them.
-    """
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        msg = "pyspark is not installed in this Python: run `make install`"
-        raise ClusterError(msg)
-    return Path(spec.origin).parent
 
 
 def _get_json(url: str, timeout: float) -> dict[str, Any] | None:
