@@ -49,6 +49,7 @@ from ingest.settings import KafkaSettings
 from serving.settings import API_WORKERS_ENV
 from views import pointer
 from views.changelog import read_changelog
+from views.join import DEFAULT_LATENESS_MS
 from views.metrics import JOB_METRICS_PORT_ENV
 from views.pointer import POINTER_FILE, VIEWS_DIR, Pointer, ViewRecord
 from views.reference import Reference
@@ -196,7 +197,8 @@ def _build_and_switch(stack: Stack, target: ViewRecord, *, sample: int | None,
     store = _open(target)
     try:
         _catch_up(job, store, kafka, timeout, say)
-        result = _check(kafka, store, target, sample, say)
+        result = _check(kafka, store, target, ViewSettings.from_env(job_env(stack, target)),
+                        sample, say)
     finally:
         store.close()
     if not result.ok:
@@ -226,10 +228,7 @@ class _BesideJob:
         if self.stack.running(BESIDE):
             return
         self.ready_file.unlink(missing_ok=True)
-        stack_env = {k: v for k, v in self.stack.env().items() if k not in view_envs()}
-        env = {**stack_env, **self.target.settings, STORE_ENV: self.target.store_url,
-               CHECKPOINT_DIR_ENV: self.target.checkpoint_dir,
-               JOB_METRICS_PORT_ENV: str(self.port)}
+        env = {**job_env(self.stack, self.target), JOB_METRICS_PORT_ENV: str(self.port)}
         Path(self.target.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         self.process = spawn(Path(self.stack.run_dir), "job",
                              ["--ready-file", str(self.ready_file)], env, log_name=BESIDE)
@@ -315,8 +314,8 @@ def _behind(store: Store, ends: Mapping[tuple[str, int], int]) -> int:
     return sum(max(0, end - 1 - applied.get(tp, -1)) for tp, end in ends.items())
 
 
-def _check(kafka: KafkaSettings, store: Store, target: ViewRecord, sample: int | None,
-           say: Say) -> VerifyResult:
+def _check(kafka: KafkaSettings, store: Store, target: ViewRecord, view: ViewSettings,
+           sample: int | None, say: Say) -> VerifyResult:
     """``fanout verify`` on the new view; the users who diverge are compared again, exactly.
 
     The log keeps taking writes while the check runs, and the view applies them: a
@@ -324,15 +323,16 @@ def _check(kafka: KafkaSettings, store: Store, target: ViewRecord, sample: int |
     no fault of the view's. So each user who diverges is read again while no batch
     commits (the store's applied offsets the same before and after the reads), and
     compared with the log read up to exactly those offsets; only a divergence there
-    counts.
+    counts. Both comparisons apply the lateness bound ``view``'s job applies.
     """
-    cap = _cap(target)
+    cap, lateness = view.timeline_cap, view.lateness_ms()
     opener = functools.partial(store_from_url, target.store_url, cap=cap)
-    result = verify(kafka, store, cap, sample=sample, wait=60.0, opener=opener)
+    result = verify(kafka, store, cap, sample=sample, wait=60.0, opener=opener,
+                    lateness=lateness)
     if result.divergent_users:
         log.info("view v%d: %d users differ from the log as read; comparing them again at "
                  "one position of the view", target.number, result.divergent)
-        _recheck(kafka, store, cap, result)
+        _recheck(kafka, store, cap, result, lateness)
     say(f"view v{target.number}: {result.render()}")
     return result
 
@@ -344,7 +344,8 @@ _GROUP: Final = 8
 _STILL_READS: Final = 50
 
 
-def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult) -> None:
+def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult,
+             lateness: int | None = DEFAULT_LATENESS_MS) -> None:
     """Replace ``result``'s divergence by the users who differ at a position of the view.
 
     The users are read a few at a time: a group's reads take a fraction of a batch
@@ -370,7 +371,7 @@ def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult)
             read[-1][1].update(rows)
         else:
             read.append((applied, rows))
-    ref, since = Reference(), None
+    ref, since = Reference(lateness), None
     result.divergent, result.divergent_users, result.samples = 0, [], []
     for applied, rows in read:
         until = {tp: offset + 1 for tp, offset in applied.items()}
@@ -505,6 +506,13 @@ def _delete_view(stack: Stack, view: ViewRecord) -> list[str]:
 
 def _open(view: ViewRecord) -> Store:
     return store_from_url(view.store_url, cap=_cap(view)).open()
+
+
+def job_env(stack: Stack, view: ViewRecord) -> dict[str, str]:
+    """The environment the job of ``view`` runs with: the stack's, the view's settings over it."""
+    stack_env = {k: v for k, v in stack.env().items() if k not in view_envs()}
+    return {**stack_env, **view.settings, STORE_ENV: view.store_url,
+            CHECKPOINT_DIR_ENV: view.checkpoint_dir}
 
 
 def _cap(view: ViewRecord) -> int:

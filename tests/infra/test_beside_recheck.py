@@ -7,6 +7,7 @@ while the users are read again, as a live view does.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,16 +15,20 @@ import pytest
 from infra import beside
 from infra.stack import StackError
 from infra.verify import VerifyResult, served
+from ingest.events import Follow, Post
 from ingest.generator import generate
 from ingest.settings import KafkaSettings
 from tests.support.changelog import produce
 from views.changelog import read_changelog
 from views.delta import Delta
-from views.join import JoinConfig
+from views.join import DAY_MS, JoinConfig
 from views.local import LocalJoin
+from views.pointer import ViewRecord
+from views.settings import LATENESS_DAYS_ENV, ViewSettings
 from views.stores.sqlite import SQLiteStore
 
 CAP = 30
+MINUTE_MS = 60_000
 
 
 class Moving(SQLiteStore):
@@ -120,4 +125,31 @@ def test_a_view_that_commits_during_every_read_is_reported(tmp_path, kafka_setti
     result = VerifyResult(divergent=len(users), divergent_users=list(users))
     with pytest.raises(StackError, match="committed a batch during every one of 3 reads"):
         beside._recheck(kafka_settings, store, CAP, result)
+    store.close()
+
+
+def test_the_new_view_is_checked_under_its_own_lateness_bound(tmp_path, kafka_settings):
+    # The view's job drops a post five minutes late under its bound of one minute. Its
+    # check must apply the same bound: under the default (days), the post's author's
+    # followers would look divergent, the view being right.
+    events = list(generate(40, 400, 300, seed=6).events())
+    newest = max(e.created_at for e in events)
+    author = Counter(e.followee_id for e in events
+                     if isinstance(e, Follow) and e.active).most_common(1)[0][0]
+    tweet_id = max(e.tweet_id for e in events if isinstance(e, Post)) + 1
+    events += [Post(tweet_id, author, newest + 600_000, "on time"),
+               Post(tweet_id + 1, author, newest + 300_000, "five minutes late")]
+    produce(kafka_settings, events)
+    store = SQLiteStore(tmp_path / "v.sqlite", cap=CAP).open()
+    LocalJoin(JoinConfig.with_ratio(CAP, 100, lateness=MINUTE_MS), store).run(events)
+    _offsets(store, read_changelog(kafka_settings).ends)
+    target = ViewRecord(2, f"sqlite:///{tmp_path / 'v.sqlite'}", str(tmp_path / "ck"))
+    own = ViewSettings.from_env({LATENESS_DAYS_ENV: repr(MINUTE_MS / DAY_MS)})
+    assert own.lateness_ms() == MINUTE_MS
+    said: list[str] = []
+    result = beside._check(kafka_settings, store, target, own, None, said.append)
+    assert (result.divergent, result.late) == (0, 1), said
+    default = beside._check(kafka_settings, store, target, ViewSettings.from_env({}), None,
+                            said.append)
+    assert default.divergent > 0
     store.close()
