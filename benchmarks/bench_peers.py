@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_peers.py [--edges 300000] [--tweets 50000]
         [--engines join,pipeline,pathway,pathway-cap,duckdb,flink,flink-batch] [--name peers]
-        [--sizes 100000:20000,300000:50000]
+        [--sizes 100000:20000,300000:50000] [--repeat 3]
 
 The events are ``bench_parts.events(edges, tweets)``: a prefix of the ego-twitter
 follow graph with generated profiles and posts (and some deletes), in event-time
@@ -14,8 +14,9 @@ order. Each engine builds the home-timeline view of DESIGN §4 from them:
 - ``pipeline``: fanout's whole pipeline. The events are produced into Apache Kafka
   first; then the view job (Spark's Kafka source → the join in
   ``transformWithStateInPandas`` → the spooling SQLite sink, ``local[2]``) starts and
-  is timed until the store has applied every record. ``startup_s`` is the part of that
-  spent before the first micro-batch finished (Python workers starting, the query
+  is timed until the store has applied every record, in micro-batches of the job's
+  default size (``--max-records``, 200,000). ``startup_s`` is the part of that spent
+  before the first micro-batch was applied (Python workers starting, the query
   planned); the ``running`` line is the rate after it;
 - ``pipeline-running``: the same pipeline as a job that is already running, the way
   ``bench_replay.py`` measures it (and the issue's own baseline of 15k events/s did):
@@ -38,6 +39,10 @@ order. Each engine builds the home-timeline view of DESIGN §4 from them:
 ``--sizes EDGES:TWEETS,...`` runs the chosen engines at each size in turn (in place of
 ``--edges``/``--tweets``) and prints each engine's rate and time at every size, so that
 what grows faster than the events shows (DuckDB's recompute of the whole view).
+
+``--repeat N`` runs every engine N times, taking turns (so that a busy spell of the
+shared machine falls on each), and reports each engine's run of median time, with the
+seconds of every run (``repeats_s``).
 
 Every engine's view is checked: fanout's against the SQL recomputed by
 ``views.reference`` (``--verify-sample`` users, 0 = all), the peers' against a
@@ -80,6 +85,7 @@ from ingest.topics import create_topics  # noqa: E402
 from views.changelog import Changelog  # noqa: E402
 from views.join import JoinConfig  # noqa: E402
 from views.local import LocalJoin  # noqa: E402
+from views.settings import DEFAULT_MAX_RECORDS_PER_BATCH  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 PEERS = ("pathway", "pathway-cap", "duckdb")
@@ -149,6 +155,10 @@ def run_pipeline(evts: list, sample: int, max_records: int, buckets: int | None,
                   "peak_rss_mb": round(pipe.peak_rss / 2**20),
                   "kafka_source": pipe.view.kafka_source, "key_buckets": pipe.view.key_buckets,
                   "max_records_per_batch": max_records,
+                  # Each batch's time in the sink (spooled, then applied by the writer
+                  # thread while the next batch runs) and of that the store's apply.
+                  "sink_s": [round(b["seconds"], 3) for b in batches],
+                  "store_s": [round(b["store_seconds"], 3) for b in batches],
                   "checked": check.users_checked, "divergent": check.divergent,
                   "equal": check.divergent == 0}
         if timed:
@@ -160,6 +170,17 @@ def run_pipeline(evts: list, sample: int, max_records: int, buckets: int | None,
         return {"events": len(evts), "seconds": seconds, "startup_s": first,
                 "first_batch_records": first_rows, "steady_events_per_s": round(steady),
                 **common}
+
+
+def _cold(run: Any, *args: Any) -> dict[str, Any]:
+    """``run(*args)`` in a fresh interpreter, so with a JVM of its own.
+
+    PySpark keeps its JVM after ``spark.stop()``: a second pipeline in one process
+    would find Spark's classes loaded and its code compiled, ~4 s off a cold start.
+    Every Flink run starts a JVM too.
+    """
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(run, args)
 
 
 def _produce_while_running(pipe: Any, evts: list, work: Path) -> dict[str, Any]:
@@ -285,8 +306,12 @@ def main() -> int:
     ap.add_argument("--tweets", type=int, default=50_000)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
-    ap.add_argument("--max-records", type=int, default=50_000,
-                    help="the pipeline's records per micro-batch (FANOUT_MAX_RECORDS_PER_BATCH)")
+    ap.add_argument("--max-records", type=int, default=DEFAULT_MAX_RECORDS_PER_BATCH,
+                    help="the pipeline's records per micro-batch (FANOUT_MAX_RECORDS_PER_BATCH; "
+                         "the job's default)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every engine this many times, in turns; each engine's median "
+                         "run is reported, with every run's seconds")
     ap.add_argument("--warmup", type=int, default=10_000,
                     help="pipeline-running: events the job applies before the clock starts")
     ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
@@ -326,35 +351,47 @@ def _run(args: argparse.Namespace, engines: list[str], work: Path, edges: int,
          tweets: int) -> dict[str, Any]:
     evts = parts_events(edges, tweets, work)
     print(f"{len(evts):,} events ({edges:,} edges, {tweets:,} tweets)", file=sys.stderr)
-    results: dict[str, dict[str, Any]] = {}
     if any(e in PEERS or e in FLINK for e in engines):
         write_jsonl(evts, work / "events.jsonl")
+    runs: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
+    order = [engine for _ in range(args.repeat) for engine in engines]
     with ExitStack() as stack:
         kafka: KafkaSettings | None = None
-        for engine in engines:
+        for at, engine in enumerate(order):
             print(f"--- {engine}", file=sys.stderr, flush=True)
             if engine == "join":
-                results[engine] = run_join(evts, args.batch, work, args.verify_sample)
+                r = run_join(evts, args.batch, work, args.verify_sample)
             elif engine in PIPELINES:
-                results[engine] = run_pipeline(
-                    evts, args.verify_sample, args.max_records, args.buckets, args.kafka_source,
-                    work, warmup=args.warmup if engine == "pipeline-running" else 0)
+                r = _cold(run_pipeline, evts, args.verify_sample, args.max_records,
+                          args.buckets, args.kafka_source, work,
+                          args.warmup if engine == "pipeline-running" else 0)
             elif engine in FLINK:
                 if kafka is None:
                     kafka = stack.enter_context(changelog(evts, work))
-                results[engine] = run_flink(engine, kafka, work / "events.jsonl", work,
-                                            args.flink_parallelism, args.flink_heap)
-                if not any(e in FLINK for e in engines[engines.index(engine) + 1:]):
+                r = run_flink(engine, kafka, work / "events.jsonl", work,
+                              args.flink_parallelism, args.flink_heap)
+                if not any(e in FLINK for e in order[at + 1:]):
                     stack.close()  # the broker, before any engine after the last Flink one
             else:
-                results[engine] = run_peer(engine, work / "events.jsonl", work, args.threads)
-            r = results[engine]
+                r = run_peer(engine, work / "events.jsonl", work, args.threads)
             if "seconds" in r:
                 r["events_per_s"] = round(r.get("events", len(evts)) / r["seconds"])
+            runs[engine].append(r)
+    results = {engine: _median(done) for engine, done in runs.items()}
     out = {"events": len(evts), "edges": edges, "tweets": tweets, "engines": results,
            "settings": vars(args), "load_average_end": os.getloadavg()}
     _print(out)
     return out
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median time (of several, ``--repeat``), with every run's seconds beside."""
+    if len(runs) == 1:
+        return runs[0]
+    timed = sorted((r for r in runs if "seconds" in r), key=lambda r: r["seconds"])
+    if len(timed) < len(runs):  # a failed run is what to show
+        return next(r for r in runs if "seconds" not in r)
+    return {**timed[(len(timed) - 1) // 2], "repeats_s": [round(r["seconds"], 2) for r in runs]}
 
 
 def _print_sizes(runs: list[dict[str, Any]]) -> None:
@@ -383,6 +420,9 @@ def _print(out: dict[str, Any]) -> None:
         ratio = f"{r['events_per_s'] / base:.2f}" if base else "—"
         check = "equal" if r["equal"] else f"NOT EQUAL ({r.get('divergent', r.get('mismatches'))})"
         print(f"{engine:<16} {r['seconds']:8.1f} {r['events_per_s']:9,} {ratio:>7}  {check}")
+        if "repeats_s" in r:
+            shown = ", ".join(f"{x:.1f}" for x in r["repeats_s"])
+            print(f"{'':<16} (the median of {len(r['repeats_s'])} runs: {shown} s)")
         if "submit_s" in r:
             print(f"{'':<16} (Flink SQL, {r['mode']}, parallelism {r['parallelism']}, heap "
                   f"{r['heap']}: {r['submit_s']:.1f} s of it planning and deploying the job)")

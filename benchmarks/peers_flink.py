@@ -41,7 +41,7 @@ joins, the capped Top-N is Flink's retracting Top-N (``--explain`` prints it).
 ``--mode batch`` (``flink-batch``) runs the same SQL once over the whole input with the
 batch runtime (sorts, hash joins): a one-shot recompute, like DuckDB's at the end, not
 a maintained view. Either writes the view to an ``upsert-kafka`` table keyed by
-(user_id, tweet_id) on a topic of the same broker, ``PREFIXflink_home_MODE`` (a row
+(user_id, tweet_id) on a topic of the same broker, ``PREFIXflink_home_MODE_PID`` (a row
 leaving a timeline is a tombstone), which is read back after the clock stops and
 compared, as a set of (user, tweet_id) rows, with ``peers.brute`` on ``--events``.
 
@@ -338,7 +338,7 @@ def run_flink(bootstrap: str, prefix: str, mode: str, cap: int, parallelism: int
     from pyflink.version import __version__ as version
 
     env = table_env(bootstrap, prefix, mode, parallelism, heap, jar, log_dir)
-    topic = f"{prefix}flink_home_{mode}"
+    topic = f"{prefix}flink_home_{mode}_{os.getpid()}"  # a topic per run (--repeat)
     _create_topic(bootstrap, topic, max(1, parallelism))
     env.execute_sql(sink_ddl(topic, bootstrap))
 

@@ -62,3 +62,14 @@ def test_a_peer_that_finishes_gives_its_result_file(tmp_path):
                       "json.dump({'events': 3, 'equal_to_brute': True}, open(sys.argv[-1], 'w'))\n")
     assert _run_script(tmp_path / "peer", [sys.executable, str(script)]) == {
         "events": 3, "equal_to_brute": True, "equal": True}
+
+
+def test_repeated_runs_report_the_run_of_median_time_with_every_runs_seconds():
+    from bench_peers import _median
+
+    runs = [{"seconds": 30.0, "run": 1}, {"seconds": 10.0, "run": 2}, {"seconds": 20.0, "run": 3}]
+    assert _median(runs) == {"seconds": 20.0, "run": 3, "repeats_s": [30.0, 10.0, 20.0]}
+    assert _median(runs[:2])["run"] == 2  # of two, the faster
+    assert _median(runs[:1]) is runs[0]
+    failed = {"error": "peers_flink.py exited 1", "stderr": []}
+    assert _median([runs[0], failed, runs[1]]) is failed
