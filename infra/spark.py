@@ -47,6 +47,8 @@ DRIVER_MEMORY: Final = "1g"
 #: to 8 arenas a core that are rarely given back: with a 1 GB heap the local JVM peaked
 #: at 2,065 MB in one ego-twitter replay and at 1,307 MB with 2 arenas
 #: (benchmarks/RESULTS.md). Hadoop's launch scripts cap them at 4 likewise.
+#: The executors' Python daemon (``spark.python.daemon.module``).
+DAEMON_MODULE: Final = "views.daemon"
 MALLOC_ARENAS_ENV: Final = "MALLOC_ARENA_MAX"
 MALLOC_ARENAS: Final = "2"
 LOOPBACK: Final = "127.0.0.1"
@@ -189,6 +191,10 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         # sockets instead of loopback TCP. Two state calls per key bucket were most of
         # a small micro-batch's join: at 500 tweets/s, batch p50 0.34 → 0.28 s.
         "spark.python.unix.domain.socket.enabled": "true",
+        # The executors' Python daemon imports what the workers need before it forks
+        # them (views.daemon): a cold job's first micro-batch waited on each worker's
+        # imports.
+        "spark.python.daemon.module": DAEMON_MODULE,
     } | kafka_jars_conf()
 
 
