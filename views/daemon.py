@@ -39,7 +39,7 @@ PYSPARK_DAEMON: Final = "pyspark.daemon"
 
 
 def threads() -> int | None:
-    """This process's threads (Linux's ``/proc``); None where that cannot be told."""
+    """The threads of the calling process (Linux's ``/proc``); None where unknown."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
@@ -62,11 +62,13 @@ def preload() -> str | None:
 
 
 def main() -> None:
+    """Preload, then serve as PySpark's daemon; or become PySpark's daemon."""
     refused = preload()
     if refused is not None:
         print(f"fanout's Python daemon: {refused}; running PySpark's own daemon "
               "(workers import on their own)", file=sys.stderr, flush=True)
-        os.execv(sys.executable, [sys.executable, "-m", PYSPARK_DAEMON, *sys.argv[1:]])
+        os.execv(sys.executable,  # noqa: S606 - the interpreter Spark started us with
+                 [sys.executable, "-m", PYSPARK_DAEMON, *sys.argv[1:]])
     gc.freeze()  # the imports' objects: out of every collection, the workers' too
     from pyspark.daemon import manager  # noqa: PLC0415
 
