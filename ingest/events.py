@@ -34,7 +34,16 @@ from ingest.errors import InvalidEvent
 from ingest.fields import MAX_CREATED_AT as MAX_CREATED_AT  # the contract's value rules
 from ingest.fields import MAX_ID as MAX_ID
 from ingest.fields import id_of, load_object, only, text_of, time_of
-from ingest.kinds import Columns, Flat, Record, RecordKind, by_class, flattener, writer
+from ingest.kinds import (
+    Columns,
+    Fields,
+    Flat,
+    Record,
+    RecordKind,
+    by_class,
+    flattener,
+    writer,
+)
 
 VERSION: Final = 1
 MAX_TEXT: Final = 280
@@ -258,53 +267,52 @@ Event = (Post | Delete | Repost | Unrepost | Follow | Relation | UserUpsert | Ac
 # Each parser validates the fields in a fixed order, and the first problem found is
 # the reason given: keep the order when changing one, or dead letters read differently.
 
-def _parse_post(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_post(body: dict[str, Any], kind: RecordKind) -> Fields:
     only(body, kind.allowed)
     author = id_of(body, "author_id")
     reply_to = id_of(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
     if reply_to == author:
         msg = f"in_reply_to_user_id={reply_to} is the author: a self-reply carries none"
         raise InvalidEvent(msg)
-    return Post(id_of(body, "tweet_id"), author, time_of(body),
-                text_of(body, "text", MAX_TEXT, allow_empty=False), reply_to)
+    return (id_of(body, "tweet_id"), author, time_of(body),
+            text_of(body, "text", MAX_TEXT, allow_empty=False), reply_to)
 
 
-def _parse_repost(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_repost(body: dict[str, Any], kind: RecordKind) -> Fields:
     only(body, kind.allowed)
     tweet, original = id_of(body, "tweet_id"), id_of(body, "original_tweet_id")
     if tweet == original:
         msg = f"repost tweet_id={tweet} equals original_tweet_id: a repost has its own id"
         raise InvalidEvent(msg)
-    return Repost(tweet, id_of(body, "author_id"), original, id_of(body, "original_author_id"),
-                  time_of(body))
+    return (tweet, id_of(body, "author_id"), original, id_of(body, "original_author_id"),
+            time_of(body))
 
 
-def _parse_tweet_id(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_tweet_id(body: dict[str, Any], kind: RecordKind) -> Fields:
     """A record naming one of its author's tweets: a delete or an unrepost."""
     only(body, kind.allowed)
-    return kind.make(id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body))
+    return (id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body))
 
 
-def _parse_edge(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_edge(body: dict[str, Any], kind: RecordKind) -> Fields:
     only(body, kind.allowed)
     follower, followee = id_of(body, "follower_id"), id_of(body, "followee_id")
     if follower == followee:
         msg = f"user {follower} cannot {kind.op} themselves"
         raise InvalidEvent(msg)
-    return kind.make(follower, followee, time_of(body), **kind.implied)
+    return (follower, followee, time_of(body))
 
 
-def _parse_upsert(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_upsert(body: dict[str, Any], kind: RecordKind) -> Fields:
     only(body, kind.allowed)
-    return UserUpsert(id_of(body, "user_id"),
-                      text_of(body, "handle", MAX_HANDLE, allow_empty=False),
-                      text_of(body, "name", MAX_NAME, allow_empty=True), time_of(body))
+    return (id_of(body, "user_id"), text_of(body, "handle", MAX_HANDLE, allow_empty=False),
+            text_of(body, "name", MAX_NAME, allow_empty=True), time_of(body))
 
 
-def _parse_user_id(body: dict[str, Any], kind: RecordKind) -> Event:
+def _parse_user_id(body: dict[str, Any], kind: RecordKind) -> Fields:
     """A record naming only its user: an account's delete, a read."""
     only(body, kind.allowed)
-    return kind.make(id_of(body, "user_id"), time_of(body))
+    return (id_of(body, "user_id"), time_of(body))
 
 
 _TWEET: Final = Columns("author_id", tweet_id="tweet_id")
@@ -393,6 +401,18 @@ def encode_key(join_key: int) -> bytes:
 
 def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
     """Parse and validate one changelog record, or raise :class:`InvalidEvent`."""
+    kind, fields = _parse(topic, key, value)
+    return kind.event_from(fields)
+
+
+def decode_flat(topic: str, key: bytes | None, value: bytes | None) -> Flat:
+    """:func:`flatten` of :func:`decode`, without making the event (the job's decode)."""
+    kind, fields = _parse(topic, key, value)
+    return kind.flat_of(fields)
+
+
+def _parse(topic: str, key: bytes | None, value: bytes | None) -> tuple[RecordKind, Fields]:
+    """The kind of one changelog record and its validated body fields."""
     ops = OPS.get(topic)
     if ops is None:
         msg = f"unknown topic {topic!r}"
@@ -411,9 +431,9 @@ def decode(topic: str, key: bytes | None, value: bytes | None) -> Event:
         expected = f"{', '.join(others)} or {last}" if others else last
         msg = f"unknown op {op!r} on topic {topic} (expected {expected})"
         raise InvalidEvent(msg)
-    event = kind.parse(body, kind)
-    _check_key(key, event.key)
-    return event
+    fields = kind.parse(body, kind)
+    _check_key(key, fields[kind.key_at])
+    return kind, fields
 
 
 def _check_key(key: bytes | None, expected: int) -> None:

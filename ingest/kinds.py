@@ -22,7 +22,7 @@ import json.encoder
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, ClassVar, Final, NamedTuple
 
 #: A record's flat form: its kind's code, then the columns of :class:`Columns`.
@@ -30,6 +30,9 @@ FLAT_COLUMNS: Final = ("kind", "key", "created_at", "tweet_id", "other_id", "ref
                        "name")
 #: One record's flat form, in :data:`FLAT_COLUMNS` order.
 Flat = tuple[int, int, int, int, int, int, str | None, str | None]
+#: A record's body fields in its kind's order (:attr:`RecordKind.body`): what a parser
+#: returns.
+Fields = tuple[Any, ...]
 #: Columns of the flat form that hold text; the others hold integers.
 TEXT_COLUMNS: Final = frozenset({"text", "name"})
 
@@ -69,9 +72,10 @@ class Columns(NamedTuple):
                 self.name)
 
 
-#: Validates the JSON body of a record of the kind given and builds its event, or
-#: raises :class:`~ingest.errors.InvalidEvent` with the reason.
-Parser = Callable[[dict[str, Any], "RecordKind"], Any]
+#: Validates the JSON body of a record of the kind given and returns its body fields
+#: (:attr:`RecordKind.body`, in order), or raises :class:`~ingest.errors.InvalidEvent`
+#: with the reason.
+Parser = Callable[[dict[str, Any], "RecordKind"], Fields]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +83,13 @@ class RecordKind:
     """One kind of record, declared once: a row of ``ingest.events.KINDS``.
 
     ``kind`` is its code (what the view carries and keeps), ``op`` its op on the wire
-    and ``event`` its event class; ``parse`` validates a body of this op and builds the
-    event; ``columns`` is its flat form; ``implied`` are the event's arguments that the
-    op stands for. Derived: ``topic`` (the event class's); ``make``, the event class as
-    a callable (for the parsers); ``body``, the fields of its JSON body after ``v`` and
-    ``op``, in order; ``allowed``, every name a body may hold.
+    and ``event`` its event class; ``parse`` validates a body of this op and returns
+    its fields (:meth:`event_from` makes them the event, :meth:`flat_of` the flat form);
+    ``columns`` is its flat form; ``implied`` are the event's arguments that the op
+    stands for. Derived: ``topic`` (the event class's); ``make``, the event class as a
+    callable; ``body``, the fields of its JSON body after ``v`` and ``op``, in order;
+    ``allowed``, every name a body may hold; ``key_at``, where the join key is among
+    the body's fields.
     """
 
     kind: IntEnum
@@ -96,10 +102,15 @@ class RecordKind:
     make: Callable[..., Any] = dataclasses.field(init=False, repr=False)
     body: tuple[str, ...] = dataclasses.field(init=False)
     allowed: frozenset[str] = dataclasses.field(init=False)
+    key_at: int = dataclasses.field(init=False)
     #: Where each body field sits among the flat form's columns after ``kind``, and
     #: which of the fields are text (:meth:`event_of`).
     _slots: tuple[int, ...] = dataclasses.field(init=False, repr=False)
     _texts: tuple[int, ...] = dataclasses.field(init=False, repr=False)
+    #: The flat form's columns after ``kind`` picked from the body's fields followed
+    #: by ``_fixed``, the columns no body field fills (:meth:`flat_of`).
+    _pick: Callable[[Fields], tuple[Any, ...]] = dataclasses.field(init=False, repr=False)
+    _fixed: tuple[Any, ...] = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = [f.name for f in dataclasses.fields(self.event)]  # type: ignore[arg-type]
@@ -114,15 +125,42 @@ class RecordKind:
             raise TypeError(msg)
         slots = tuple(columns.index(n) for n in body)
         texts = tuple(i for i, slot in enumerate(slots) if FLAT_COLUMNS[slot + 1] in TEXT_COLUMNS)
+        picks, fixed = self._picks(body, columns)
         for name, value in (("topic", self.event.topic), ("make", self.event),
                             ("body", body), ("allowed", frozenset({"v", "op", *body})),
-                            ("_slots", slots), ("_texts", texts)):
+                            ("key_at", body.index(self.columns.key)),
+                            ("_slots", slots), ("_texts", texts),
+                            ("_pick", itemgetter(*picks)), ("_fixed", fixed)):
             object.__setattr__(self, name, value)
+
+    def _picks(self, body: tuple[str, ...], columns: tuple[str | None, ...]
+               ) -> tuple[list[int], tuple[Any, ...]]:
+        """For each column after ``kind``: its body field's place, else a fixed value's."""
+        picks: list[int] = []
+        fixed: list[Any] = []
+        for name, column in zip(columns, FLAT_COLUMNS[1:], strict=True):
+            if name in body:
+                picks.append(body.index(name))
+                continue
+            picks.append(len(body) + len(fixed))
+            if name in self.implied:
+                fixed.append(self.implied[name])
+            else:  # unused: what Record's constants give an event's flat form
+                fixed.append(Record._NO_TEXT if column in TEXT_COLUMNS else Record._NO_ID)
+        return picks, tuple(fixed)
 
     def field_types(self) -> dict[str, type]:
         """Each body field and its JSON type: ``str`` in a text column, else ``int``."""
         return {name: str if FLAT_COLUMNS[slot + 1] in TEXT_COLUMNS else int
                 for name, slot in zip(self.body, self._slots, strict=True)}
+
+    def event_from(self, fields: Fields) -> Any:
+        """The event of a body's fields (what :attr:`parse` returns)."""
+        return self.make(*fields, **self.implied)
+
+    def flat_of(self, fields: Fields) -> Flat:
+        """The flat form of a body's fields: its event's, without making the event."""
+        return (self.kind, *self._pick(fields + self._fixed))  # type: ignore[return-value]
 
     def event_of(self, columns: Sequence[Any]) -> Any:
         """The event whose flat form is this kind's code and ``columns`` (key onwards)."""

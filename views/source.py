@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from ingest.errors import InvalidEvent
-from ingest.events import decode
+from ingest.events import decode_flat
 from ingest.settings import KafkaSettings
 from views.errors import OffsetsPastEnd
 from views.kafka_offsets import TP, EndOffsets, KafkaReadError, consumer_config, retrying
@@ -56,7 +56,6 @@ from views.row import (
     Row,
     arrow_schema,
     ddl,
-    event_fields,
     struct_type,
 )
 
@@ -84,13 +83,13 @@ def event_row(topic: str, partition: int, offset: int, key: bytes | None,
               value: bytes | None) -> Row:
     """The source row of one record of logical ``topic``; never raises."""
     try:
-        event = decode(topic, key, value)
+        flat = decode_flat(topic, key, value)
     except InvalidEvent as exc:
         return _invalid_row(topic, partition, offset, value, str(exc))
     except Exception as exc:  # a record must never stop the job, whatever it holds
         return _invalid_row(topic, partition, offset, value,
                             f"undecodable record ({type(exc).__name__}: {exc})")
-    return (topic, partition, offset, *event_fields(event), None, None)
+    return (topic, partition, offset, *flat, None, None)
 
 
 def _invalid_row(topic: str, partition: int, offset: int, value: bytes | None,

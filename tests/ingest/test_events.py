@@ -33,8 +33,10 @@ from ingest.events import (
     Unrepost,
     UserUpsert,
     decode,
+    decode_flat,
     encode,
     encode_key,
+    flatten,
     load_object,
 )
 
@@ -169,6 +171,14 @@ def test_round_trip_property(event):
     assert decode(event.topic, *encode(event)) == event
 
 
+@given(events())
+def test_the_flat_decode_is_the_flat_form_of_the_decoded_event(event):
+    key, value = encode(event)
+    flat = decode_flat(event.topic, key, value)
+    assert flat == flatten(decode(event.topic, key, value))
+    assert [type(v) for v in flat] == [type(v) for v in flatten(event)]
+
+
 # -- invalid records ---------------------------------------------------------------
 
 POST = {"v": 1, "op": "post", "tweet_id": 10, "author_id": 2, "created_at": T, "text": "hi"}
@@ -179,11 +189,15 @@ BODIES = {TWEETS: POST, FOLLOWS: FOLLOW, USERS: UPSERT}
 
 
 def reject(topic: str, body, key: bytes | None = b"2", match: str = "") -> str:
+    """The reason ``decode`` refuses the record with; ``decode_flat`` gives the same."""
     value = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     with pytest.raises(InvalidEvent, match=match) as info:
         decode(topic, key, value)
     reason = str(info.value)
     assert reason, "a rejection must carry a reason"
+    with pytest.raises(InvalidEvent) as flat:
+        decode_flat(topic, key, value)
+    assert str(flat.value) == reason
     return reason
 
 

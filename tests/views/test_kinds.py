@@ -162,11 +162,10 @@ class Quote(Record):
     topic = TWEETS
 
 
-def _parse_quote(body: dict[str, Any], kind: RecordKind) -> Quote:
+def _parse_quote(body: dict[str, Any], kind: RecordKind) -> tuple[Any, ...]:
     only(body, kind.allowed)
-    return Quote(id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body),
-                 id_of(body, "quoted_tweet_id"), text_of(body, "text", MAX_TEXT,
-                                                         allow_empty=False))
+    return (id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body),
+            id_of(body, "quoted_tweet_id"), text_of(body, "text", MAX_TEXT, allow_empty=False))
 
 
 QUOTE = RecordKind(_Codes.QUOTE, Quote.op, Quote, _parse_quote,
@@ -183,7 +182,10 @@ def test_a_row_derives_a_new_kinds_body_flat_form_and_json() -> None:
     body = {"v": 1, "op": "quote", "tweet_id": 5, "author_id": 7, "created_at": T,
             "quoted_tweet_id": 3, "text": 'a "quote"'}
     assert writer(QUOTE, 1)(quote) == json.dumps(body, separators=(",", ":")).encode()
-    assert QUOTE.parse(body, QUOTE) == quote
+    fields = QUOTE.parse(body, QUOTE)
+    assert QUOTE.event_from(fields) == quote
+    assert QUOTE.flat_of(fields) == flattener([QUOTE])(quote)
+    assert QUOTE.key_at == 1  # author_id, the join key
 
 
 def test_a_row_must_give_every_body_field_a_column() -> None:
