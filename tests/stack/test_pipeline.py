@@ -19,6 +19,7 @@ import psutil
 import pytest
 from confluent_kafka import Producer
 
+from infra.spark import DAEMON_MODULE
 from infra.verify import verify
 from ingest.events import Follow, Post, UserUpsert, encode_key
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
@@ -87,12 +88,12 @@ def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_
 
 
 def _worker_daemons() -> list[list[str]]:
-    """Command lines of the Spark JVMs' ``pyspark.daemon`` processes for UDF workers."""
+    """Command lines of the Spark JVMs' Python daemons for UDF workers (``views.daemon``)."""
     daemons = []
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd, parent = proc.cmdline(), proc.parent()
-            if cmd[-2:] == ["pyspark.daemon", "pyspark.worker"] and parent is not None \
+            if cmd[-2:] == [DAEMON_MODULE, "pyspark.worker"] and parent is not None \
                     and "java" in parent.name():
                 daemons.append(cmd)
         except psutil.Error:
