@@ -24,9 +24,11 @@ lint: $(STAMP)
 install: jars
 
 # A no-op once the cache holds every set; `fanout jars` says what to install if Maven
-# is missing.
+# is missing. Then the Spark driver's class archive (infra/class_archive.py), trained
+# once on a small run of the job: a no-op while the JVM and the jars stay the same.
 jars: $(STAMP) java
 	$(VENV)/bin/fanout jars
+	$(VENV)/bin/fanout class-archive
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from infra import cassandra as cassandra_cli
+from infra import class_archive as class_archive_cli
 from infra import jars as jars_cli
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     load_cli.register(sub)
     jars_cli.register(sub)
+    class_archive_cli.register(sub)
     cassandra_cli.register(sub)
     verifier_cli.register(sub)
     return parser

@@ -28,6 +28,7 @@ from typing import Final
 
 from pyspark.sql import SparkSession
 
+from infra import class_archive
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
 from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV
@@ -156,6 +157,44 @@ def java_options() -> str:
 MIN_BATCHES_TO_RETAIN: Final = 10
 
 
+def class_archive_path() -> Path | None:
+    """Where the driver's class archive for this JVM, these jars and options is (or goes).
+
+    None without a ``java`` to run. See :mod:`infra.class_archive`.
+    """
+    java = _java_binary()
+    if java is None:
+        return None
+    return class_archive.archive_path(Path(java), _spark_home(), _kafka_jars(),
+                                      _archived_options())
+
+
+def _archived_options() -> str:
+    """The driver options an archive depends on (the heap's size sets its pointer form)."""
+    return f"{JIT_OPTIONS} -Xmx{os.environ.get(SPARK_DRIVER_MEMORY_ENV) or DRIVER_MEMORY}"
+
+
+def _spark_home() -> Path:
+    return Path(os.environ.get("SPARK_HOME") or lean_home())
+
+
+def _kafka_jars() -> list[Path]:
+    return classpath(SPARK_KAFKA) if cached(SPARK_KAFKA) is not None else []
+
+
+def driver_java_options(log4j: Path) -> str:
+    """The driver JVM's options: the log config, the class archive, :func:`java_options`.
+
+    The user's ``FANOUT_SPARK_JAVA_OPTIONS`` stay last, so they can override the rest
+    (``-Xshare:off`` turns the archive off too).
+    """
+    java = _java_binary()
+    archive = class_archive.driver_option(Path(java) if java else None, _spark_home(),
+                                          _kafka_jars(), _archived_options())
+    return " ".join(filter(None, (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
+                                  java_options())))
+
+
 def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
     """The Spark settings fanout relies on, as strings."""
     log4j = _log4j2_file(log_level)
@@ -163,8 +202,7 @@ def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, 
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.driver.memory": os.environ.get(SPARK_DRIVER_MEMORY_ENV) or DRIVER_MEMORY,
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} "
-                                         f"{java_options()}",
+        "spark.driver.extraJavaOptions": driver_java_options(log4j),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -206,9 +244,8 @@ def kafka_jars_conf() -> dict[str, str]:
     start with a message saying to run ``fanout jars spark-kafka`` (views.connector).
     ``spark.jars`` (not the driver class path) also ships them to a cluster's executors.
     """
-    if cached(SPARK_KAFKA) is None:
-        return {}
-    return {"spark.jars": ",".join(str(p) for p in classpath(SPARK_KAFKA))}
+    jars = _kafka_jars()
+    return {"spark.jars": ",".join(str(p) for p in jars)} if jars else {}
 
 
 def executor_conf(master: str) -> dict[str, str]:
