@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.errors import InfraError
 from infra.jars import KAFKA, classpath
-from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate
+from infra.process import JIT_OPTIONS, LOOPBACK, free_port, log_tail, port_free, terminate
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,10 @@ logger.broker.level = info
 
 class BrokerError(InfraError):
     """The broker could not be started or did not answer in time."""
+
+
+#: The node's JIT (:data:`infra.process.JIT_OPTIONS`): it shares the machine with the job.
+JIT: Final = tuple(JIT_OPTIONS.split())
 
 
 class KafkaBroker:
@@ -221,7 +225,7 @@ class KafkaBroker:
 
     def _java(self, jars: list[Path], main: str, *args: str) -> list[str]:
         return ["java", f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", "-XX:+UseG1GC",
-                "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+                "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError", *JIT,
                 "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile=file:{self.data_dir / 'log4j2.properties'}",
                 "-cp", os.pathsep.join(map(str, jars)), main, *args]

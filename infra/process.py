@@ -1,8 +1,9 @@
 """What every local service (Kafka, Cassandra, Spark's daemons) needs of its process.
 
-Free loopback ports, the tail of a service's log for an error message, and a stop
-that asks first (SIGTERM: Kafka shuts down in a controlled way, Cassandra drains its
-memtables) and kills after a timeout.
+Free loopback ports, the tail of a service's log for an error message, a stop that
+asks first (SIGTERM: Kafka shuts down in a controlled way, Cassandra drains its
+memtables) and kills after a timeout, and the JIT setting of the JVMs that share one
+machine with the job.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 LOOPBACK: Final = "127.0.0.1"
+
+#: The JIT of Spark's JVMs and of the local Kafka node stops at C1. C2's optimised code
+#: buys them little (Spark's JVM mostly moves packed rows between Python workers, Kafka
+#: and RocksDB; the broker mostly copies log segments to sockets), while C2 compiling
+#: their hot code takes CPU from the job on a machine they share: ~25 CPU-seconds of
+#: Spark's first minute on this 2-core box (a cold 396k-event backlog, 43 s against
+#: 49 s), and 1.3-1.5 of the broker's 2.4-2.9 CPU-seconds while a cold job read that
+#: backlog from it (13.0-13.3 s against 14.2-15.0 s; benchmarks/RESULTS.md). Without
+#: tiers the JVM reserves only 48 MB for compiled code, and a job that runs on fills
+#: it (Spark compiles new classes as it goes): at 1M users it was full after ~5
+#: minutes of bulk replay and the JVM disabled its compiler for good, leaving later
+#: code interpreted. 240 MB is the JVM's own default with tiers.
+JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 _PR_SET_TIMERSLACK: Final = 29
 _PR_GET_TIMERSLACK: Final = 30

@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 from infra import class_archive
 from infra.errors import InfraError
 from infra.jars import SPARK_KAFKA, cached, classpath
+from infra.process import JIT_OPTIONS as JIT_OPTIONS  # the JVMs' JIT (see there)
 from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV
 from infra.spark_home import lean_home
 from views.source import KafkaSource
@@ -115,16 +116,6 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     return spark
 
 
-#: The JVMs' JIT stops at C1. Spark's JVM mostly moves packed rows between Python
-#: workers, Kafka and RocksDB (native), so C2's optimised code buys little, while C2
-#: compiling Spark's code base cost ~25 CPU-seconds of the first minute on this
-#: 2-core box; without it the whole pipeline ran a 396k-event backlog in 43 s
-#: against 49 s (benchmarks/RESULTS.md). Without tiers the JVM reserves only 48 MB
-#: for compiled code, and a job that runs on fills it (Spark compiles new classes
-#: as it goes): at 1M users it was full after ~5 minutes of bulk replay and the JVM
-#: disabled its compiler for good, leaving later code interpreted. 240 MB is the
-#: JVM's own default with tiers.
-JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 #: How the query's checkpoint files (offset and commit logs, the state store's files)

@@ -11,12 +11,13 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra import process as process_module
-from infra.broker import BrokerError, KafkaBroker
+from infra.broker import JIT, BrokerError, KafkaBroker
 from infra.jars import JarError
 from ingest.settings import KafkaSettings
 from ingest.topics import TopicLayoutError, check_copartitioned, create_topics
@@ -93,6 +94,18 @@ def test_records_survive_a_restart_and_a_sigkill(tmp_path: Path) -> None:
 
 
 @pytest.mark.broker
+def test_the_local_node_compiles_with_c1_only(kafka_bootstrap: str) -> None:
+    # It shares the machine with the job: C2 compiling its fetch path took CPU from a
+    # cold job reading a backlog (infra.process.JIT_OPTIONS).
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        pytest.skip("the suite runs against an external Kafka")
+    nodes = [p for p in psutil.Process().children(recursive=True)
+             if p.name() == "java" and "kafka.Kafka" in p.cmdline()]
+    assert nodes, "the session's Kafka node should be a child of this process"
+    assert JIT == ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
+    assert all(set(JIT) <= set(p.cmdline()) for p in nodes)
+
+
 def test_a_taken_port_moves_the_broker_to_another(tmp_path: Path) -> None:
     data = tmp_path / "kafka"
     with KafkaBroker(data) as broker:
