@@ -93,7 +93,15 @@ def archive_path(java: Path, spark_home: Path, extra_jars: Sequence[Path], optio
                  root: Path | None = None) -> Path:
     """The archive's file for this JVM, Spark's jars, ``extra_jars`` and ``options``."""
     key = archive_key(java, driver_jars(spark_home, extra_jars), options)
-    return (root or cache_root()) / f"spark-driver-{key}.jsa"
+    return (root or cache_root()) / f"{_family(spark_home)}-{key}.jsa"
+
+
+def _family(spark_home: Path) -> str:
+    """The name shared by the archives of one ``SPARK_HOME`` (one install of PySpark).
+
+    A new archive replaces its family's older ones and leaves other installs' alone.
+    """
+    return "spark-driver-" + hashlib.sha256(str(spark_home.resolve()).encode()).hexdigest()[:8]
 
 
 def driver_option(java: Path | None, spark_home: Path, extra_jars: Sequence[Path],
@@ -138,8 +146,9 @@ def build(*, rebuild: bool = False, workload: str = "job") -> tuple[Path, bool]:
             raise ClassArchiveError(msg)
         # -Xshare:on: a JVM that cannot map the archive for this class path fails to start.
         _child(["--check"], work, "-Xshare:on", archive=draft)
-        for stale in target.parent.glob("spark-driver-*.jsa"):
-            stale.unlink(missing_ok=True)  # archives of jars or a JVM no longer installed
+        family = target.name.rsplit("-", 1)[0]
+        for stale in target.parent.glob(f"{family}-*.jsa"):
+            stale.unlink(missing_ok=True)  # this install's, for jars or a JVM since replaced
         draft.replace(target)
     except BaseException:
         log.error("class archive: the training run's files are kept in %s", work)

@@ -71,7 +71,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     saved = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(cache)
     try:
-        (cache / "spark-driver-0123456789abcdef0123.jsa").write_bytes(b"stale")
+        target = class_archive_path()
+        assert target is not None
+        family = target.name.rsplit("-", 1)[0]
+        (cache / f"{family}-0123456789abcdef0123.jsa").write_bytes(b"stale")  # older jars
+        (cache / "spark-driver-00000000-0123456789abcdef0123.jsa").write_bytes(b"another")
         path, built = build(workload="session")
         assert built
         yield path
@@ -82,12 +86,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             os.environ[CACHE_ENV] = saved
 
 
-def test_a_built_archive_is_the_one_the_driver_gets_and_replaces_stale_ones(
+def test_a_built_archive_is_the_one_the_driver_gets_and_replaces_its_installs_stale_ones(
         trained: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(ARCHIVE_ENV, raising=False)
     assert trained == class_archive_path()
     assert trained.stat().st_size > 10 * 2**20  # Spark's classes, parsed
-    assert [p.name for p in trained.parent.glob("*.jsa")] == [trained.name]
+    # Another install's archive (another SPARK_HOME) stays.
+    assert sorted(p.name for p in trained.parent.glob("*.jsa")) == sorted(
+        [trained.name, "spark-driver-00000000-0123456789abcdef0123.jsa"])
     assert build() == (trained, False)  # cached: not trained again
 
 
