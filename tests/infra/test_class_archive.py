@@ -25,6 +25,20 @@ JAVA = shutil.which("java")
 pytestmark = pytest.mark.skipif(JAVA is None, reason="needs a java on PATH")
 
 
+def test_the_sessions_driver_jvm_maps_the_archive_when_one_is_cached(spark):
+    # First in the module: the fixture below points the cache elsewhere while it lives.
+    path = class_archive_path()
+    jvms = [p for p in psutil.Process().children(recursive=True)
+            if p.name() == "java" and "org.apache.spark.deploy.SparkSubmit" in p.cmdline()]
+    assert jvms
+    if path is None or not path.is_file():
+        pytest.skip("no class archive cached here (`fanout class-archive` builds it)")
+    for jvm in jvms:
+        assert f"-XX:SharedArchiveFile={path}" in jvm.cmdline()
+        mapped = {m.path for m in jvm.memory_maps()}
+        assert str(path) in mapped, "the JVM was given the archive but did not map it"
+
+
 def _jars(root: Path) -> list[Path]:
     jars = root / "jars"
     jars.mkdir(parents=True, exist_ok=True)
@@ -104,16 +118,3 @@ def test_a_jvm_that_cannot_map_the_archive_fails_the_check(trained: Path, tmp_pa
     with pytest.raises(ClassArchiveError, match="failed"):
         class_archive._child(["--check"], tmp_path, "-Xshare:on", archive=broken)
     class_archive._child(["--check"], tmp_path, "-Xshare:on", archive=trained)
-
-
-def test_the_sessions_driver_jvm_maps_the_archive_when_one_is_cached(spark):
-    path = class_archive_path()
-    jvms = [p for p in psutil.Process().children(recursive=True)
-            if p.name() == "java" and "org.apache.spark.deploy.SparkSubmit" in p.cmdline()]
-    assert jvms
-    if path is None or not path.is_file():
-        pytest.skip("no class archive cached here (`fanout class-archive` builds it)")
-    for jvm in jvms:
-        assert f"-XX:SharedArchiveFile={path}" in jvm.cmdline()
-        mapped = {m.path for m in jvm.memory_maps()}
-        assert str(path) in mapped, "the JVM was given the archive but did not map it"
