@@ -170,9 +170,12 @@ def _child(args: list[str], work: Path, java_option: str, archive: Path | None =
                               stdout=sink, stderr=subprocess.STDOUT, cwd=work,
                               timeout=TRAINING_TIMEOUT_S, check=False)
     if done.returncode != 0:
-        tail = out.read_text(errors="replace").strip().splitlines()[-15:]
+        # The JVM lists every class it could not archive as a warning; the cause follows.
+        said = [line for line in out.read_text(errors="replace").strip().splitlines()
+                if "[warning][cds]" not in line]
         msg = (f"class archive: `{' '.join(args)}` failed (exit {done.returncode}); its "
-               "output ends:\n  " + "\n  ".join(tail))
+               "output ends:\n  " + "\n  ".join(said[-15:]) + f"\n(is {work.parent} "
+               "writable, with ~200 MB free?)")
         raise ClassArchiveError(msg)
 
 
