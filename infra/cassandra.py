@@ -340,12 +340,15 @@ commitlog_directory: {path("commitlog")}
 saved_caches_directory: {path("saved_caches")}
 hints_directory: {path("hints")}
 cdc_raw_directory: {path("cdc_raw")}
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
+# A write is acknowledged once its commit log is synced: the view job never writes an
+# applied batch again, so a write the node loses in a crash is lost from the view. With
+# the log synced every 10 s (periodic), a SIGKILL lost 120 of 20,000 acknowledged writes;
+# 32 writer threads share each sync (20,000 writes 4.2 s against 3.05 s periodic).
+commitlog_sync: batch
 commitlog_segment_size: 8MiB
 commitlog_total_space: 256MiB
 concurrent_reads: 4
-concurrent_writes: 4
+concurrent_writes: 32
 concurrent_counter_writes: 2
 concurrent_materialized_view_writes: 2
 concurrent_compactors: 1
