@@ -116,8 +116,6 @@ def build_session(app_name: str, *, shuffle_partitions: int,
     return spark
 
 
-
-
 #: How the query's checkpoint files (offset and commit logs, the state store's files)
 #: are written. Spark's default for a local path goes through Hadoop's FileContext,
 #: whose rename asks for the file's link status by forking `readlink` (no native
