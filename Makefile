@@ -16,7 +16,7 @@ demo: jars
 test: jars
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# The static checks (STYLE §12), a step of their own before the suite in CI.
+# The static checks (docs/style.md §14), a step of their own before the suite in CI.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -1,7 +1,7 @@
 """Settings of the changelog side, and the base every fanout settings class shares.
 
 Settings are built once at a process's entry point (never at import), from its flags
-over its environment over the defaults (STYLE §6). Each package's settings module is
+over its environment over the defaults (docs/style.md §6). Each package's settings module is
 the one home of its environment variable names and shared defaults, as Quix Streams
 keeps its own: a name is declared once, in its field's alias, and a name that other
 code uses too (a child's environment, a message, a ``--help``) is a constant there,

@@ -1,4 +1,4 @@
-"""``python -m serving``: run the read API; flags fall back to the environment (STYLE §6)."""
+"""``python -m serving``: run the read API; flags fall back to the environment (docs/style.md §6)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ decimal strings; every failure becomes one JSON shape ``{"error", "message",
 
 :func:`create_app` does no I/O: the store is built and opened in the lifespan
 handler and the producer connects on the first write, so constructing the app in a
-test or a CLI is free (STYLE §4). It does check the settings: with auth on and no
+test or a CLI is free (docs/style.md §4). It does check the settings: with auth on and no
 secret it raises :class:`~serving.errors.ConfigError` before anything listens.
 """
 

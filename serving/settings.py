@@ -2,7 +2,7 @@
 
 Built once at the process's entry point (``fanout serve``, ``python -m serving``),
 never at import; every field can come from the environment variable named in its
-alias, and CLI flags fall back to these (STYLE §6). The names that other code uses
+alias, and CLI flags fall back to these (docs/style.md §6). The names that other code uses
 are declared here once; the store's and the timeline cap's come from
 :mod:`views.settings`, which the job shares.
 """

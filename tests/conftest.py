@@ -2,7 +2,7 @@
 Cassandra and a freshly booted clock.
 
 Real services start once per session on random loopback ports; each test gets its
-own uniquely prefixed topics (STYLE §8). The fixtures live in ``tests/plugins/``, one
+own uniquely prefixed topics (docs/style.md §8). The fixtures live in ``tests/plugins/``, one
 module per service; pytest takes ``pytest_plugins`` only from this, the root
 conftest. Code the tests share that is not a fixture is in ``tests/support/``.
 """

@@ -1,7 +1,7 @@
 """The session's Kafka node and each test's own topics.
 
 The broker starts once per session on random loopback ports; each test gets its own
-uniquely prefixed topics (STYLE §8). ``KAFKA_BOOTSTRAP`` points the suite at an
+uniquely prefixed topics (docs/style.md §8). ``KAFKA_BOOTSTRAP`` points the suite at an
 existing cluster instead of the local Kafka node.
 """
 

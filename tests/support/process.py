@@ -12,7 +12,7 @@ survived.
 :class:`WriteLockProbe` tells, from outside and with no product hook, whether some
 connection holds the SQLite write lock right now: ``BEGIN IMMEDIATE`` with a zero
 busy timeout fails with "database is locked" exactly then. :func:`wait_for` is the
-bounded poll every test that waits on a process uses (STYLE §9).
+bounded poll every test that waits on a process uses (docs/style.md §9).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ reference (which knows nothing of activity) across random histories, reads and
 micro-batch cuts, with a threshold of a few milliseconds so users go dormant and
 come back often.
 
-Every test runs on both backends (STYLE §7): SQLite in memory, and a real Cassandra
+Every test runs on both backends (docs/style.md §7): SQLite in memory, and a real Cassandra
 node (``cassandra_hosts`` in ``tests/plugins/cassandra.py``) in a keyspace of the test's own. The
 property test's examples share that keyspace, each in an id space of its own
 (:func:`_remap`); Cassandra runs fewer of them, each costing round trips.

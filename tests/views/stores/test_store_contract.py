@@ -1,4 +1,4 @@
-"""The store contract, written once and run against every backend (STYLE §7).
+"""The store contract, written once and run against every backend (docs/style.md §7).
 
 Backends: ``sqlite`` (a temporary file) and ``cassandra``: a real Cassandra node —
 the one the test session starts from the Maven jar cache, or the cluster
