@@ -24,7 +24,7 @@ lint: $(STAMP)
 install: jars
 
 # A no-op once the cache holds every set; `fanout jars` says what to install if Maven
-# is missing. Then the Spark driver's class archive (infra/class_archive.py), trained
+# is missing. Then the Spark driver's class archive (infra/archive_builder.py), trained
 # once on a small run of the job: a no-op while the JVM and the jars stay the same.
 jars: $(STAMP) java
 	$(VENV)/bin/fanout jars

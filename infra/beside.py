@@ -44,7 +44,7 @@ from typing import Final
 
 from infra.process import free_port
 from infra.stack import BESIDE, MARKER, Stack, StackError, spawn, stop_service
-from infra.verify import Served, VerifyResult, lagging, served, verify
+from infra.verify import Served, VerifyResult, end_offsets, lagging, served, verify
 from ingest.settings import KafkaSettings
 from serving.settings import API_WORKERS_ENV
 from views import pointer
@@ -285,8 +285,6 @@ def _catch_up(job: _BesideJob, store: Store, kafka: KafkaSettings, timeout: floa
     them. Writes go on meanwhile, so the end moves; a round that began near it, or
     did not take long, leaves the view behind by about one batch, as the live job is.
     """
-    from infra.demo import end_offsets
-
     deadline = time.monotonic() + timeout
     shown = 0.0
     while True:

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from infra import archive_builder as archive_builder_cli
 from infra import cassandra as cassandra_cli
-from infra import class_archive as class_archive_cli
 from infra import jars as jars_cli
 from infra import load as load_cli
 from infra import rebuild as rebuild_cli
@@ -33,6 +33,7 @@ from infra import schema as schema_cli
 from infra import stack as stack_mod
 from infra import verifier as verifier_cli
 from infra.errors import InfraError
+from infra.process import stop_on_signals
 from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
 from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
@@ -105,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     load_cli.register(sub)
     jars_cli.register(sub)
-    class_archive_cli.register(sub)
+    archive_builder_cli.register(sub)
     cassandra_cli.register(sub)
     verifier_cli.register(sub)
     return parser
@@ -264,7 +265,7 @@ def _add_services(sub: argparse._SubParsersAction) -> None:
 def _cmd_broker(args: argparse.Namespace) -> int:
     from infra.broker import KafkaBroker
 
-    stop = stack_mod.stop_on_signals()
+    stop = stop_on_signals()
     with KafkaBroker(args.run_dir / "kafka", args.run_dir / "logs" / "kafka.log") as broker:
         if args.ready_file:
             args.ready_file.write_text(broker.bootstrap)
@@ -287,7 +288,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
         spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions,
                               master=args.environ.get(SPARK_MASTER_ENV))
         ready = args.ready_file
-        return run(spark, kafka, view, stop=stack_mod.stop_on_signals(),
+        return run(spark, kafka, view, stop=stop_on_signals(),
                    on_started=(lambda: ready.write_text("started")) if ready else None,
                    metrics=JobMetricsSettings.from_env(args.environ))
 

@@ -23,7 +23,7 @@ import httpx
 from infra.errors import InfraError
 from infra.launch import up
 from infra.stack import Stack, down
-from infra.verify import lagging, verify
+from infra.verify import end_offsets, lagging, verify
 from ingest.generator import generate, write
 from ingest.history import iter_events
 from ingest.producer import ChangelogProducer
@@ -107,15 +107,6 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
             time.sleep(0.5)
         bar.n = total
         bar.refresh()
-
-
-def end_offsets(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
-    """The end offset of every (logical topic, partition) of the changelogs."""
-    from views.kafka_offsets import EndOffsets
-
-    offsets = EndOffsets(kafka.bootstrap)
-    tps = offsets.topic_partitions(kafka.physical_topics())
-    return {(kafka.logical(t), p): end for (t, p), end in offsets.ends(tps).items()}
 
 
 def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:

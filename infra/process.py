@@ -2,8 +2,9 @@
 
 Free loopback ports, the tail of a service's log for an error message, a stop that
 asks first (SIGTERM: Kafka shuts down in a controlled way, Cassandra drains its
-memtables) and kills after a timeout, and the JIT setting of the JVMs that share one
-machine with the job.
+memtables) and kills after a timeout, how a service in the foreground is told to stop
+(:func:`stop_on_signals`), and the JIT setting of the JVMs that share one machine with
+the job.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -81,6 +83,14 @@ def terminate(process: subprocess.Popen[bytes], timeout: float, name: str) -> No
                     timeout)
         process.kill()
         process.wait(timeout)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: how a foreground service is told to stop."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 @contextlib.contextmanager

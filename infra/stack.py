@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -259,14 +258,6 @@ def job_lock(checkpoint_dir: Path) -> Iterator[None]:
         lock.write(str(os.getpid()))
         lock.flush()
         yield
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: how a foreground service is told to stop."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def alive(pid: int, marker: str = MARKER) -> bool:

@@ -50,8 +50,8 @@ class SubmitSettings(FanoutSettings):
 
 def main() -> int:
     """Run the view job until SIGTERM; the exit code of :func:`views.job.run`."""
+    from infra.process import stop_on_signals
     from infra.spark import build_session
-    from infra.stack import stop_on_signals
     from ingest.settings import KafkaSettings
     from views.job import run
     from views.settings import ViewSettings

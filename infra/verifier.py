@@ -73,6 +73,7 @@ from pydantic import Field
 
 from infra.errors import InfraError
 from infra.logtail import MEANING_TOPICS, LogicalTP, LogReset, LogTail, named_users
+from infra.process import stop_on_signals
 from infra.settings import API_URL_ENV
 from ingest.events import Event, Follow, Relation
 from ingest.settings import FanoutSettings, KafkaSettings, env_alias
@@ -576,8 +577,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_verifier(args: argparse.Namespace) -> int:
-    from infra.stack import stop_on_signals
-
     settings = VerifierSettings.from_env(args.environ, rate=args.rate, entries=args.entries,
                                          port=args.port)
     ready: Path | None = args.ready_file

@@ -41,6 +41,7 @@ from serving.errors import NotFound
 from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
 from views.join import DEFAULT_LATENESS_MS
+from views.kafka_offsets import EndOffsets
 from views.reference import HomeRow, Reference
 from views.stores.base import PageVersions, Store, TimelineReader
 
@@ -78,6 +79,13 @@ class VerifyResult:
             lines.append("  view is behind the log on: " + ", ".join(self.lagging_partitions))
         lines += [f"  {s}" for s in self.samples]
         return "\n".join(lines)
+
+
+def end_offsets(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
+    """The end offset of every (logical topic, partition) of the changelogs."""
+    offsets = EndOffsets(kafka.bootstrap)
+    tps = offsets.topic_partitions(kafka.physical_topics())
+    return {(kafka.logical(t), p): end for (t, p), end in offsets.ends(tps).items()}
 
 
 def lagging(store: TimelineReader, ends: dict[tuple[str, int], int]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The Spark driver's class archive (infra.class_archive): keyed, trained, checked, used."""
+"""The Spark driver's class archive (infra.class_archive, infra.archive_builder): keyed,
+trained, checked, used."""
 
 from __future__ import annotations
 
@@ -9,16 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra import class_archive
-from infra.class_archive import (
-    ARCHIVE_ENV,
-    CACHE_ENV,
-    ClassArchiveError,
-    archive_key,
-    archive_path,
-    build,
-    driver_option,
-)
+from infra import archive_builder
+from infra.archive_builder import ClassArchiveError, build
+from infra.class_archive import ARCHIVE_ENV, CACHE_ENV, archive_key, archive_path, driver_option
 from infra.spark import class_archive_path
 
 JAVA = shutil.which("java")
@@ -116,5 +110,5 @@ def test_a_jvm_that_cannot_map_the_archive_fails_the_check(trained: Path, tmp_pa
     broken = tmp_path / "broken.jsa"
     broken.write_bytes(trained.read_bytes()[:4096])
     with pytest.raises(ClassArchiveError, match="failed"):
-        class_archive._child(["--check"], tmp_path, "-Xshare:on", archive=broken)
-    class_archive._child(["--check"], tmp_path, "-Xshare:on", archive=trained)
+        archive_builder._child(["--check"], tmp_path, "-Xshare:on", archive=broken)
+    archive_builder._child(["--check"], tmp_path, "-Xshare:on", archive=trained)
