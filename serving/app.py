@@ -51,7 +51,7 @@ from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
 from serving.protocol import ReadsProtocol
 from serving.query import only_query
-from serving.reads import MONITOR_HEADER, FastPath, FastReads, Pages, Read
+from serving.reads import MONITOR_HEADER, NEW_COUNT_CAP, FastPath, FastReads, Pages, Read
 from serving.render import hydrated, iso_millis
 from serving.settings import ServingSettings
 from serving.switch import Served, ViewFollower, served
@@ -116,10 +116,34 @@ class TimelinePage(BaseModel):
     user_id: str = Field(description="The user (or author) whose timeline this is. " + ID_NOTE)
     entries: list[TimelineEntry]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) "
-                                                "page; null when there is none.")
+                                                "page; null when there is none (always "
+                                                "on a page read with ?since=).")
+    top_cursor: Annotated[str | None, Field(
+        description="The first entry's position: pass it as ?since= to read what is "
+                    "newer. Absent from an empty page.")] = None
+    gap: Annotated[bool | None, Field(
+        description="Only with ?since=: true if more entries are new than the page "
+                    "holds; gap_cursor then names the ones left out.")] = None
+    gap_cursor: Annotated[str | None, Field(
+        description="Only with ?since=: pass as ?since= to read the new entries the page "
+                    "left out, from the bottom up (the oldest first, just above the "
+                    "position the since read started from); null when gap is false.")] = None
     consistent: Annotated[bool | None, Field(
         description="Only with ?after=TOKEN: true if the view had applied that write "
                     "when the page was read, false if the wait timed out.")] = None
+
+
+class NewCount(BaseModel):
+    """How many home entries are newer than a position: what a "12 new posts" pill shows."""
+
+    user_id: str = Field(description="The user whose home timeline this is. " + ID_NOTE)
+    count: int = Field(description=f"How many entries ?since= would read, at most "
+                                   f"{NEW_COUNT_CAP}.")
+    capped: bool = Field(description=f"true: more than {NEW_COUNT_CAP} are new (count is "
+                                     f"the cap).")
+    consistent: Annotated[bool | None, Field(
+        description="Only with ?after=TOKEN: true if the view had applied that write "
+                    "when the count was read, false if the wait timed out.")] = None
 
 
 class Health(BaseModel):
@@ -134,7 +158,8 @@ class Health(BaseModel):
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "Bad id, limit, cursor or consistency token."},
+    400: {"model": ErrorBody, "description": "Bad id, limit, cursor, since or consistency "
+                                             "token; since with cursor."},
     "4XX": {"model": ErrorBody, "description": "Client error."},
     "5XX": {"model": ErrorBody, "description": "Server error or store unavailable."},
 }
@@ -356,8 +381,7 @@ _NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 
 
 def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> APIRouter:
-    router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS,
-                       dependencies=[Depends(only_query({"limit", "cursor", "after"}))])
+    router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS)
     user_id_t = Annotated[str, Path(
         description="User id, decimal, in [1, 2^63-1]. " + ID_NOTE,
         examples=["9223372036854775807"], json_schema_extra=ID_PATH_SCHEMA)]
@@ -371,13 +395,25 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
         max_length=MAX_TOKEN,
         description="A write's consistency token: wait (bounded) until the view has "
                     "applied that write; the page then says whether it had (consistent).")]
+    since_t = Annotated[str | None, Query(
+        description="A page's top_cursor (or any position cursor): only the entries "
+                    "newer than it, newest first; or a since page's gap_cursor: the "
+                    "entries of that gap, from the bottom up. Not with cursor.")]
     caller_t = Annotated[int | None, Depends(auth.caller)]
 
+    def owner(user_id: str, caller: int | None) -> int:
+        user = parse_id(user_id, "user_id")
+        if caller is not None and caller != user:
+            msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
+            raise Forbidden(msg, field="user_id")
+        return user
+
     @router.get("/home", summary="Home timeline, newest first", response_model=TimelinePage,
-                response_model_exclude_unset=True, responses={**_AUTH_ERRORS, **_NOT_MODIFIED})
+                response_model_exclude_unset=True, responses={**_AUTH_ERRORS, **_NOT_MODIFIED},
+                dependencies=[Depends(only_query({"limit", "cursor", "after", "since"}))])
     async def home(request: Request, user_id: user_id_t, caller: caller_t,
                    limit: limit_t = None, cursor: cursor_t = None,
-                   after: after_t = None) -> Response:
+                   after: after_t = None, since: since_t = None) -> Response:
         """Posts, replies and reposts by everyone the user follows (DESIGN §4b).
 
         Without blocked (either way), muted or deleted accounts, deleted tweets, replies
@@ -385,20 +421,44 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
         newest appearance). A deleted account's home answers 404. With auth on, only the user's own bearer token may read it. Pages without
         ``after`` carry an ``ETag``; ``If-None-Match`` with it answers 304 while the
         page is unchanged.
+
+        With ``since`` (a page's ``top_cursor``): the entries newer than that position,
+        newest first, at most ``limit``; if more are new, ``gap`` is true and
+        ``gap_cursor``, passed as ``since``, reads the rest from the bottom up (the
+        oldest first) until a page says ``gap: false``.
         """
-        user = parse_id(user_id, "user_id")
-        if caller is not None and caller != user:
-            msg = f"the bearer token is user {caller}'s; it cannot read user {user}'s home"
-            raise Forbidden(msg, field="user_id")
+        user = owner(user_id, caller)
         view = _served(request)
-        read = Read(view.store, user, cursor, limit or settings.default_page, after)
+        read = Read(view.store, user, cursor, limit or settings.default_page, after,
+                    since=since)
+        read.monitor = MONITOR_HEADER in request.headers
+        return _response(*await pages.answer(view, read, "home",
+                                             request.headers.get("if-none-match")))
+
+    @router.get("/home/new_count", summary="How many home entries are new since a position",
+                response_model=NewCount, response_model_exclude_unset=True,
+                responses={**_AUTH_ERRORS, **_NOT_MODIFIED},
+                dependencies=[Depends(only_query({"since", "after"}))])
+    async def new_count(request: Request, user_id: user_id_t, caller: caller_t,
+                        since: Annotated[str, Query(
+                            description="A home page's top_cursor, or a gap_cursor.")],
+                        after: after_t = None) -> Response:
+        """How many entries ``GET …/home?since=`` would read, at most the cap.
+
+        The same entries, decided by the same filter, but not rendered; the owner's
+        token, ``ETag`` and 304 as for the home.
+        """
+        user = owner(user_id, caller)
+        view = _served(request)
+        read = Read(view.store, user, None, NEW_COUNT_CAP, after, since=since, count=True)
         read.monitor = MONITOR_HEADER in request.headers
         return _response(*await pages.answer(view, read, "home",
                                              request.headers.get("if-none-match")))
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
                 response_model=TimelinePage, response_model_exclude_unset=True,
-                responses=_NOT_MODIFIED)
+                responses=_NOT_MODIFIED,
+                dependencies=[Depends(only_query({"limit", "cursor", "after"}))])
     async def tweets(request: Request, user_id: user_id_t, limit: limit_t = None,
                      cursor: cursor_t = None, after: after_t = None) -> Response:
         """The user's own live posts and reposts (public); ETag and 304 as for the home.

@@ -10,7 +10,8 @@ ETag and a 304 for a matching ``If-None-Match``. The FastAPI routes of
 validation, response handling) costs several times what a cached page does, so
 :class:`FastReads`, an ASGI middleware in front of the app, answers the common,
 plainly valid reads itself: ``GET /v1/users/{id}/home|tweets`` with at most ``limit``
-and ``cursor``, no body, and (auth on) a valid bearer token of that user. Anything
+and ``cursor`` (or, on the home, ``since`` instead of ``cursor``), no body, and (auth on)
+a valid bearer token of that user. Anything
 else — an ``?after=`` read, a bad or doubtful parameter, a wrong token, an error while
 reading — goes on to the FastAPI route unchanged, which answers it (or its error)
 exactly as the OpenAPI schema says. The fast path only ever answers requests the
@@ -39,12 +40,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.activity import ActivityLog
 from serving.celebrities import CelebrityCache
-from serving.cursor import decode_cursor
+from serving.cursor import Since, decode_cursor, decode_since
+from serving.errors import BadRequest
 from serving.freshness import Freshness
 from serving.ids import parse_id
 from serving.pagecache import Cached, PageCache, etag_of, matches
-from serving.render import hydrated, page_body
-from serving.timeline import Page, PageFn, author_page, home_page, read_time_page
+from serving.render import count_body, hydrated, page_body
+from serving.timeline import (
+    Page,
+    PageFn,
+    author_page,
+    home_page,
+    home_since,
+    read_time_page,
+    read_time_since,
+)
 from views.delta import Key
 from views.stores.base import PageVersions, TimelineReader
 
@@ -70,6 +80,10 @@ _ROUTES: Final = {kind: _Route(f"/v1/users/{{user_id}}/{kind}", ("timelines",))
                   for kind in ("home", "tweets")}
 
 
+#: The most new entries a count says (:attr:`Read.count`): past it, "at least".
+NEW_COUNT_CAP: Final = 100
+
+
 def home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> PageFn:
     """How a home page is assembled: the fan-out cache merged with celebrities, or not."""
     if not fan_out:
@@ -80,16 +94,52 @@ def home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> P
     return home_page
 
 
+def since_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None, since: Since,
+             count: bool = False) -> PageFn:
+    """:func:`home_fn` for a read of what is new (``?since=``), as a page function.
+
+    The page is :func:`~serving.timeline.home_since`'s for ``since`` (the page
+    function's own ``below`` is None for such a read); ``count``: read newest first,
+    whatever the span, since only how many are served matters.
+    """
+    down = False if count else None
+
+    def page(store: TimelineReader, user: int, below: Key | None, limit: int) -> Page:
+        if not fan_out:
+            return read_time_since(store, user, since, limit, from_bottom=down)
+        celebrities = cache if after is None else None
+        return home_since(store, user, since, limit, celebrities, from_bottom=down)
+
+    return page
+
+
 class Read:
-    """One page request: parse everything first, then wait (if asked), then read."""
+    """One page request: parse everything first, then wait (if asked), then read.
+
+    ``since``: a read of what is new above a position (or inside a gap), which no
+    ``cursor`` may come with; ``count``: its answer is how many entries are new
+    (at most :data:`NEW_COUNT_CAP`), not the entries.
+    """
 
     def __init__(self, store: TimelineReader, user: int, cursor: str | None, limit: int,
-                 after: str | None, view: Any = None) -> None:
+                 after: str | None, view: Any = None, since: str | None = None,
+                 count: bool = False) -> None:
         self.store, self.user, self.limit, self.after = store, user, limit, after
         #: The view ``store`` is part of (:class:`serving.switch.Served`), when the
         #: caller resolved one: what the fast path answers from.
         self.view = view
+        if since is not None and cursor is not None:
+            msg = ("since and cursor cannot be combined: since asks for what is newer "
+                   "than a position (or inside a gap_cursor's gap), cursor for what is older")
+            raise BadRequest(msg, field="since")
         self.below: Key | None = decode_cursor(cursor) if cursor is not None else None
+        self.since: Since | None = decode_since(since) if since is not None else None
+        if count and self.since is None:
+            msg = "since is required: the count is of the entries newer than it"
+            raise BadRequest(msg, field="since")
+        self.count = count
+        if count:
+            self.limit = NEW_COUNT_CAP
         #: A monitor's read (:data:`MONITOR_HEADER`): not the user's activity.
         self.monitor = False
 
@@ -111,8 +161,12 @@ class Read:
             consistent = freshness.wait(self.store, self.after)
         store = reader or self.store
         page = page_fn(store, self.user, self.below, self.limit)
+        if self.count:  # how many, not which: nothing is rendered
+            return count_body(self.user, len(page.entries), page.gap is not None,
+                              consistent), page
         entries = hydrated(store, page.entries, page.tweets, page.users)
-        return page_body(self.user, entries, page.next_key, consistent), page
+        return page_body(self.user, entries, page.next_key, consistent,
+                         since=self.since is not None, gap=page.gap), page
 
 
 class Pages:
@@ -174,7 +228,10 @@ class Pages:
     def _page_fn(self, state: Any, read: Read, kind: str) -> PageFn:
         if kind != "home":
             return author_page
-        return home_fn(self.fan_out, getattr(state, "celebrities", None), read.after)
+        celebrities = getattr(state, "celebrities", None)
+        if read.since is not None:
+            return since_fn(self.fan_out, celebrities, read.after, read.since, read.count)
+        return home_fn(self.fan_out, celebrities, read.after)
 
     def _page(self, read: Read, page_fn: PageFn, kind: str, versions: PageVersions,
               celebrities: CelebrityCache | None, view: int = 0) -> Cached:
@@ -201,7 +258,8 @@ def _key_token(read: Read, kind: str, token: Hashable, celebrities: CelebrityCac
                view: int) -> tuple[Hashable, Hashable]:
     """A page's cache key, and its token: the versions', the celebrity cache's, the view's."""
     generation = celebrities.generation if celebrities is not None else 0
-    return (kind, read.user, read.below, read.limit), (token, generation, view)
+    key = (kind, read.user, read.below, read.limit, read.since, read.count)
+    return key, (token, generation, view)
 
 
 def _response(page: Cached, if_none_match: str | None
@@ -298,8 +356,10 @@ class FastPath:
         params = _query(query)
         if params is None:
             return None
-        limit, cursor = params.get("limit"), params.get("cursor")
+        limit, cursor, since = params.get("limit"), params.get("cursor"), params.get("since")
         if limit is not None and not (_LIMIT.fullmatch(limit) and int(limit) <= self.max_page):
+            return None
+        if since is not None and route.group(2) != "home":
             return None
         try:
             user = parse_id(route.group(1), "user_id")
@@ -309,7 +369,7 @@ class FastPath:
                 if caller is not None and caller != user:
                     return None
             read = Read(view.store, user, cursor, int(limit) if limit else self.default_page,
-                        None, view)
+                        None, view, since)
             read.monitor = MONITOR_HEADER.encode() in named
         except Exception:  # noqa: BLE001 - any doubt: the route decides
             return None
@@ -342,13 +402,13 @@ class FastReads:
 
 
 def _query(raw: bytes) -> dict[str, str] | None:
-    """``limit`` and ``cursor`` from a plain query string; None for anything else."""
+    """``limit``, ``cursor`` and ``since`` from a plain query string; None for anything else."""
     if not raw:
         return {}
     out: dict[str, str] = {}
     for pair in raw.split(b"&"):
         name, eq, value = pair.partition(b"=")
-        if not eq or not value or name not in (b"limit", b"cursor") or b"%" in value \
+        if not eq or not value or name not in (b"limit", b"cursor", b"since") or b"%" in value \
                 or b"+" in value:
             return None
         key = name.decode()

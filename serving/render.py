@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from serving.cursor import encode_cursor
+from serving.cursor import Since, encode_cursor, encode_gap
 from serving.visibility import HomeEntry
 from views.delta import Key
 from views.stores.base import TimelineReader, TweetRow, UserRow
@@ -99,11 +99,37 @@ def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
 
 
 def page_body(user: int, entries: list[dict[str, Any]], next_key: Key | None,
-              consistent: bool | None = None) -> bytes:
-    """A :class:`serving.app.TimelinePage` as JSON; ``consistent`` only when given."""
+              consistent: bool | None = None, *, since: bool = False,
+              gap: Since | None = None) -> bytes:
+    """A :class:`serving.app.TimelinePage` as JSON; ``consistent`` only when given.
+
+    ``top_cursor`` is the position of the first entry (absent from an empty page).
+    ``since``: a page of what is new, with ``gap`` and ``gap_cursor`` (``gap``'s span,
+    when there is one).
+    """
     body: dict[str, Any] = {
         "user_id": str(user), "entries": entries,
         "next_cursor": encode_cursor(next_key) if next_key is not None else None}
+    if entries:
+        first = entries[0]
+        body["top_cursor"] = encode_cursor((first["created_at"], int(first["tweet_id"])))
+    if since:
+        body["gap"] = gap is not None
+        body["gap_cursor"] = _gap_cursor(gap) if gap is not None else None
+    if consistent is not None:
+        body["consistent"] = consistent
+    return orjson.dumps(body)
+
+
+def _gap_cursor(gap: Since) -> str:
+    if gap.ceiling is None:
+        return encode_cursor(gap.floor)
+    return encode_gap(gap.floor, gap.ceiling)
+
+
+def count_body(user: int, count: int, capped: bool, consistent: bool | None = None) -> bytes:
+    """A :class:`serving.app.NewCount` as JSON; ``consistent`` only when given."""
+    body: dict[str, Any] = {"user_id": str(user), "count": count, "capped": capped}
     if consistent is not None:
         body["consistent"] = consistent
     return orjson.dumps(body)

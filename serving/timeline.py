@@ -25,6 +25,10 @@ far (twice the last if none was), until the page is full or the stream ends. Whe
 entry is served never depends on the page it falls in, so the concatenated pages
 equal the query with no limit, and the cursor — the last served entry's key — is
 stable. ``fanout verify`` and the HTTP API both read through here.
+
+What is new above a position (``?since=``, :func:`home_since`) is drawn from the same
+stream and the same filter, cut at that position: the entries the concatenated pages
+hold above it, the newest first, or, to fill a gap, the oldest first.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from serving.celebrities import CelebrityCache
+from serving.cursor import Since
 from serving.errors import NotFound
 from serving.visibility import HomeEntry, Viewer
 from views.delta import TOP, Key
@@ -45,8 +50,8 @@ from views.stores.base import (
     UserRow,
 )
 
-__all__ = ("HomeEntry", "Page", "PageFn", "author_page", "home_page", "home_top",
-           "read_time_page")
+__all__ = ("HomeEntry", "Page", "PageFn", "Since", "author_page", "home_page", "home_since",
+           "home_top", "read_time_page", "read_time_since")
 
 #: The largest candidate batch one round reads (a reader who blocked a prolific
 #: followee may need several rounds; each grows, up to this).
@@ -68,7 +73,8 @@ class Page:
     snapshot), so rendering it reads nothing more; ``asked`` names every row the
     decision read, found or not (``("t", tweet_id)``, ``("u", user_id)``, and
     ``("a", author_id)`` for an author's list of tweets): what a cached copy of the
-    page depends on besides its user's own rows.
+    page depends on besides its user's own rows. ``gap``, on a page of what is new
+    (:func:`home_since`): the span of new entries the page left out, if any.
     """
 
     entries: list[HomeEntry]
@@ -76,6 +82,7 @@ class Page:
     tweets: Mapping[int, TweetRow] = field(default_factory=dict)
     users: Mapping[int, UserRow] = field(default_factory=dict)
     asked: frozenset[tuple[str, int]] = frozenset()
+    gap: Since | None = None
 
 
 def home_page(store: TimelineReader, user: int, below: Key | None, limit: int,
@@ -102,12 +109,116 @@ def read_time_page(store: TimelineReader, user: int, below: Key | None, limit: i
     """
     with store.snapshot():
         viewer = Viewer(store, user)
+        return _page(viewer, _read_time(viewer), below, limit, viewer.home)
 
-        def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
-            entries = viewer.author_tweets(sorted(viewer.followees()), below, n)
-            return entries, len(entries) == n
 
-        return _page(viewer, batch, below, limit, viewer.home)
+def _read_time(viewer: Viewer) -> Batch:
+    """The candidates of fan-out on read: the followees' own lists of tweets."""
+
+    def batch(below: Key, n: int) -> tuple[list[Entry], bool]:
+        entries = viewer.author_tweets(sorted(viewer.followees()), below, n)
+        return entries, len(entries) == n
+
+    return batch
+
+
+def home_since(store: TimelineReader, user: int, since: Since, limit: int,
+               celebrities: CelebrityCache | None = None, *,
+               from_bottom: bool | None = None) -> Page:
+    """What is new in ``user``'s home timeline: the entries inside ``since``'s span.
+
+    Entries strictly above ``since.floor``, and below ``since.ceiling`` if it has one,
+    newest first, at most ``limit``, served by the same candidates and the same §4b
+    filter as :func:`home_page`, so they are exactly the entries of the concatenated
+    pages inside the span. When more than ``limit`` are there, the page's ``gap`` is
+    the span it left out. Without a ceiling the page holds the newest ``limit`` (the
+    gap is below them, down to the floor); with one (a gap being filled) the oldest
+    ``limit``, just above the floor (the gap left is above them, up to the ceiling).
+    ``from_bottom`` chooses the other way for a span with a ceiling or without
+    (counting reads newest first: it is cheaper). ``next_key`` is None: a page of what
+    is new is not paged down.
+    """
+    with store.snapshot():
+        first = (since.ceiling or TOP, _first_batch(limit))
+        start = store.home_start(user, *first)
+        viewer = Viewer(store, user, start.relations)
+        source = _Home(store, user, viewer, celebrities, start, first)
+        return _span(viewer, source.batch, since, limit, from_bottom)
+
+
+def read_time_since(store: TimelineReader, user: int, since: Since, limit: int, *,
+                    from_bottom: bool | None = None) -> Page:
+    """:func:`home_since` evaluated at read time from the follow graph (fan-out on read)."""
+    with store.snapshot():
+        viewer = Viewer(store, user)
+        return _span(viewer, _read_time(viewer), since, limit, from_bottom)
+
+
+def _span(viewer: Viewer, batch: Batch, since: Since, limit: int,
+          from_bottom: bool | None) -> Page:
+    """The page of :func:`home_since`, from ``batch``'s candidates and ``viewer``'s filter."""
+    up = since.ceiling is not None if from_bottom is None else from_bottom
+    if up:
+        out = _span_up(viewer, batch, since, limit)
+        entries = out[-limit:]
+        gap = Since(entries[0].key, since.ceiling) if len(out) > limit else None
+    else:
+        out = _span_down(viewer, batch, since, limit)
+        entries = out[:limit]
+        gap = Since(since.floor, entries[-1].key) if len(out) > limit else None
+    if viewer.reader_deleted():
+        raise _gone(viewer.user or 0)
+    return Page(entries, None, viewer.tweets, viewer.users, frozenset(viewer.asked), gap)
+
+
+def _span_down(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[HomeEntry]:
+    """The newest ``limit + 1`` served entries inside the span (fewer: all of them)."""
+    position, size, out = since.ceiling or TOP, _first_batch(limit), list[HomeEntry]()
+    decided = 0
+    while True:
+        candidates, more = batch(position, size)
+        inside = _above(candidates, since.floor)
+        out += viewer.home(inside)
+        decided += len(inside)
+        if len(out) > limit or not (more and candidates) or len(inside) < len(candidates):
+            return out
+        position = candidates[-1].key
+        size = _next_batch(limit + 1 - len(out), len(out), decided, size)
+
+
+def _span_up(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[HomeEntry]:
+    """The oldest ``limit + 1`` served entries inside the span (fewer: all of them).
+
+    Candidates come newest first only, so every candidate inside the span is read (the
+    span's size, not the page's: filling a gap of ``g`` entries in slices of ``limit``
+    reads about ``g²/2·limit`` candidates in all), and the filter decides on them from
+    the floor up, a page and a half at a time, until one more than a page is served.
+    Whether an entry is served does not depend on which others are decided with it.
+    """
+    position, size, inside = since.ceiling or TOP, _first_batch(limit), list[Entry]()
+    while True:
+        candidates, more = batch(position, size)
+        above = _above(candidates, since.floor)
+        inside += above
+        if not (more and candidates) or len(above) < len(candidates):
+            break
+        position, size = candidates[-1].key, min(size * 2, MAX_BATCH)
+    out: list[HomeEntry] = []
+    end, step = len(inside), _first_batch(limit)
+    while end > 0 and len(out) <= limit:
+        start = max(0, end - step)
+        while 0 < start and inside[start - 1].key == inside[start].key:
+            start -= 1  # one position's candidates are decided together (id claims)
+        out = viewer.home(inside[start:end]) + out
+        end = start
+    return out
+
+
+def _above(candidates: list[Entry], floor: Key) -> list[Entry]:
+    """The candidates (newest first) strictly above ``floor``: a prefix."""
+    if not candidates or candidates[-1].key > floor:
+        return candidates
+    return [c for c in candidates if c.key > floor]
 
 
 def author_page(store: TimelineReader, author: int, below: Key | None, limit: int) -> Page:

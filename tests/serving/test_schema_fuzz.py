@@ -46,7 +46,7 @@ MAX_EXAMPLES = 200
 DEADLINE = timedelta(seconds=5)
 FALLBACK_USER = 42
 #: Opaque tokens: any string fits their schema, only ones the API issued are valid.
-OPAQUE = frozenset({"after", "cursor"})
+OPAQUE = frozenset({"after", "cursor", "since"})
 COUNTS: dict[str, int] = {}
 
 
