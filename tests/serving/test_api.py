@@ -254,6 +254,41 @@ def test_home_entries_are_hydrated(client: httpx.Client, filled: Filled):
     assert kinds == {"post", "reply", "repost"}
 
 
+@pytest.mark.parametrize("limit", [1, 3, MAX_PAGE])
+def test_since_reads_exactly_the_entries_above_a_position(client: httpx.Client, filled: Filled,
+                                                          limit: int):
+    """From positions in each reader's timeline (its top, a third and a half down, the
+    last entry, and below everything), ``?since=`` with its gaps filled from the bottom
+    up reads the §4b SQL's entries above it, and the count says how many."""
+    for user in filled.readers():
+        want = filled.ref.home(user, 10**6)
+        keys = [(r.created_at, r.entry_id) for r in want]
+        picks = {keys[i] for i in (0, len(keys) // 3, len(keys) // 2, -1) if keys} | {(0, 0)}
+        for floor in sorted(picks):
+            since = encode_cursor(floor)
+            got = _since(client, f"/v1/users/{user}/home", since, limit)
+            above = [_entry(filled, r) for r, key in zip(want, keys, strict=True) if key > floor]
+            assert got == above, f"user {user}, since {floor}, limit {limit}"
+            count = client.get(f"/v1/users/{user}/home/new_count", params={"since": since})
+            assert count.json() == {"user_id": str(user), "count": min(len(above), 100),
+                                    "capped": len(above) > 100}, f"user {user}, since {floor}"
+
+
+def _since(client: httpx.Client, path: str, since: str, limit: int) -> list[dict]:
+    """A since read, then its gap filled from the bottom up: the new entries, newest first."""
+    response = client.get(path, params={"since": since, "limit": limit})
+    newest, below = response.json()["entries"], []
+    for _ in range(1000):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert len(body["entries"]) <= limit and body["next_cursor"] is None
+        if not body["gap"]:
+            return newest + below
+        response = client.get(path, params={"since": body["gap_cursor"], "limit": limit})
+        below = response.json()["entries"] + below
+    pytest.fail(f"{path} still had a gap after 1000 requests")
+
+
 def test_pages_validate_against_the_openapi_model(client: httpx.Client, filled: Filled):
     for user in filled.readers()[:4]:
         TimelinePage.model_validate_json(client.get(f"/v1/users/{user}/home").content)
