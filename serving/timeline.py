@@ -142,7 +142,7 @@ def home_since(store: TimelineReader, user: int, since: Since, limit: int,
         first = (since.ceiling or TOP, _first_batch(limit))
         start = store.home_start(user, *first)
         viewer = Viewer(store, user, start.relations)
-        source = _Home(store, user, viewer, celebrities, start, first)
+        source = _Home(store, user, viewer, celebrities, start, first, since.floor)
         return _span(viewer, source.batch, since, limit, from_bottom)
 
 
@@ -292,14 +292,17 @@ class _Home:
     """The fan-out side's candidate stream for one reader (see the module docstring).
 
     ``start`` holds the reader's rows read up front, its cached entries those of the
-    stream's first batch, ``first`` (position, size).
+    stream's first batch, ``first`` (position, size). ``stop``: only candidates above
+    it are wanted (a read of what is new), so none is read below the horizon when the
+    horizon is not above it.
     """
 
     def __init__(self, store: TimelineReader, user: int, viewer: Viewer,
                  cache: CelebrityCache | None, start: HomeStart,
-                 first: tuple[Key, int]) -> None:
+                 first: tuple[Key, int], stop: Key | None = None) -> None:
         self.store, self.user, self.viewer, self.cache = store, user, viewer, cache
         self.horizon = start.horizon
+        self.stop = stop
         self.floor = self.horizon or (-1, -1)
         self.celebs = start.celebrities
         self._first: tuple[tuple[Key, int], list[Entry]] | None = (first, start.cached)
@@ -315,7 +318,8 @@ class _Home:
         starred = self._starred(below, n)
         entries = _newest(self._above_floor(cached), self._above_floor(starred), n)
         above = any(len(got) == n and got[-1].key > self.floor for got in (cached, starred))
-        if len(entries) == n or above or self.horizon is None:
+        if len(entries) == n or above or self.horizon is None \
+                or (self.stop is not None and self.stop >= self.horizon):
             return entries, len(entries) == n or above
         # Keys ≤ horizon: evaluate the query here (tweet ids are ≥ 1).
         deeper = min(below, (self.horizon[0], self.horizon[1] + 1))

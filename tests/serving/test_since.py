@@ -33,11 +33,11 @@ from ingest.consistency import encode_token
 from ingest.events import Delete, Event, Follow, Post, Relation, Repost, Unrepost, UserUpsert
 from serving.app import NewCount, TimelinePage, create_app
 from serving.celebrities import CelebrityCache
-from serving.cursor import decode_cursor, encode_cursor, encode_gap
+from serving.cursor import decode_cursor, decode_since, encode_cursor, encode_gap
 from serving.pagecache import PageCache
 from serving.reads import NEW_COUNT_CAP, FastPath, Pages, Read
 from serving.settings import ServingSettings
-from serving.timeline import AccountGone
+from serving.timeline import AccountGone, home_since
 from tests.support.api import SECRET, assert_error, bearer, running
 from tests.support.histories import ALL, POSTS, USERS, author_of, scenarios
 from tests.support.join import Harness
@@ -46,6 +46,7 @@ from views.delta import Delta, Key
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
+from views.stores.base import ReaderProxy
 from views.stores.sqlite import SQLiteStore
 
 MODES = ("cache", "celebrity cache", "on read")
@@ -449,3 +450,40 @@ def test_bad_input_is_a_400_with_a_reason_counted_in_metrics(world: World):
     want = {r: sum(p.rsplit("/", 1)[1] == name for p, _, _ in BAD) for name, r in routes.items()}
     for route, n in want.items():
         assert value(latency, count, method="GET", route=route, status="400") == n, route
+
+
+class _Counted(ReaderProxy):
+    """A store that counts the reads a page makes besides its ``home_start`` round."""
+
+    def __init__(self, inner: SQLiteStore) -> None:
+        super().__init__(inner)
+        self.reads: list[str] = []
+
+    def author_tweets(self, authors, below, limit):  # noqa: ANN001, ANN201
+        self.reads.append("author_tweets")
+        return super().author_tweets(authors, below, limit)
+
+    def cached(self, user, below, limit):  # noqa: ANN001, ANN201
+        self.reads.append("cached")
+        return super().cached(user, below, limit)
+
+    def hydrate(self, tweets, users, reposts, reader=None, followees=False):  # noqa: ANN001, ANN201
+        self.reads.append(f"hydrate {len(tweets)} tweets, {len(users)} users")
+        return super().hydrate(tweets, users, reposts, reader, followees)
+
+
+def test_with_nothing_new_a_since_read_costs_what_an_empty_page_does():
+    """Above the horizon: no read-time lists, no tweet rows; the reader's profile only."""
+    harness = Harness(JoinConfig(cap=3, promote_at=100, demote_below=80))
+    harness.run([Follow(READER, AUTHOR, T0)]
+                + [Post(100 + i, AUTHOR, T0 + i, f"t{i}") for i in range(10)])
+    store = _Counted(harness.store)
+    assert harness.store.horizon(READER) is not None  # trimmed: the rest is read at read time
+    top = encode_cursor((T0 + 9, 109))
+    page = home_since(store, READER, decode_since(top), 20)
+    assert page.entries == [] and page.gap is None
+    assert store.reads == ["hydrate 0 tweets, 1 users"]
+    store.reads.clear()
+    below = home_since(store, READER, decode_since(encode_cursor((T0 + 2, 102))), 20)
+    assert [e.tweet_id for e in below.entries] == list(range(109, 102, -1))
+    assert "author_tweets" in store.reads  # below the horizon: the query at read time
