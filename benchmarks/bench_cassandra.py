@@ -12,7 +12,7 @@ then runs three phases, each with ``--clients`` client *processes* (this script 
   (:class:`views.stores.cassandra.tasks.TaskWriter`: ``begin``, ``write_tweets``,
   ``write_users``) on synthetic micro-batches of posts fanned out to followers: the
   tweet rows, the ``timeline_meta`` reads and writes, the timeline adds;
-- ``adds``: timeline adds alone, as the sink writes them (``cql.add_ops`` through the
+- ``adds``: timeline adds alone, as the sink writes them (``cql.add_rows`` through the
   writer's bounded ``execute_concurrent``) — pure single-row writes;
 - ``reads``: the API's home read: :func:`serving.timeline.home_page` (limit 20) and
   :func:`serving.app.hydrate` on a :class:`~views.stores.cassandra.CassandraStore`,
@@ -40,10 +40,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from harness import ROOT, save
 from pipeline import percentile, scratch
 
@@ -54,7 +56,7 @@ from views.stores.cassandra import rows as rows_mod  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.config import parse_url  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
-from views.stores.cassandra.store import CassandraStore  # noqa: E402
+from views.stores.cassandra.store import CassandraStore, Columns  # noqa: E402
 from views.stores.cassandra.tasks import TaskWriter  # noqa: E402
 
 PHASES = ("sink", "adds", "reads")
@@ -87,10 +89,11 @@ class _Counting:
 
     counted: _Counted
 
-    def _run(self, ops: list[cql.Op], profile: object = None) -> list[rows_mod.Rows]:
-        self.counted.add([name for name, _ in ops])
+    def _run(self, ops: list[cql.Op], profile: object = None,
+             columns: Sequence[Columns] = ()) -> list[rows_mod.Rows]:
+        self.counted.add([name for name, _ in ops] + [n for n, rows in columns for _ in rows])
         run = super()._run  # type: ignore[misc]
-        return run(ops) if profile is None else run(ops, profile)
+        return run(ops, columns=columns) if profile is None else run(ops, profile, columns)
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), **kw: Any) -> rows_mod.Rows:
         self.counted.add([name])
@@ -185,7 +188,7 @@ def _writes(writer: _Writer, rng: random.Random, args: argparse.Namespace) -> An
         batch[0] += 1
         plan = _plan(rng, args, next_id, _ADDS_BASE, with_tweets=False)
         ts = writer.begin(batch[0], uuid.uuid4().hex)
-        writer._run(cql.add_ops(plan.adds, ts + cql.ADD))
+        writer._run([], columns=[("home_add", cql.add_rows(np.array(list(plan.adds)), ts + cql.ADD))])
         return len(plan.adds)
 
     step = sink_step if args.client == "sink" else adds_step

@@ -51,6 +51,13 @@ class Adds:
         for add in adds:
             self.append(add)
 
+    def extend_columns(self, users: np.ndarray, created: np.ndarray, tweets: np.ndarray,
+                       authors: np.ndarray) -> None:
+        """Append adds given as four int64 columns (a shuffle's rows, column-wise)."""
+        for column, values in zip(self._columns(), (users, created, tweets, authors),
+                                  strict=True):
+            column.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+
     def __iadd__(self, adds: Iterable[Add]) -> Adds:
         self.extend(adds)
         return self
@@ -112,7 +119,7 @@ class Kept:
     def per_user(self) -> Iterator[tuple[int, int]]:
         """``(user, adds)`` for each user with kept adds, in user order."""
         users = self.columns[0][self.order]  # sorted: runs, not a sort
-        starts = _run_starts(users)
+        starts = run_starts(users)
         counts = np.diff(np.append(starts, len(users)))
         return zip(users[starts].tolist(), counts.tolist(), strict=True)
 
@@ -132,7 +139,7 @@ class SortedAdds:
         users, created, tweets, authors = self.columns
         self.order = np.lexsort((authors, tweets, created, users))
         by_user = users[self.order]
-        self.starts = _run_starts(by_user)
+        self.starts = run_starts(by_user)
         self.distinct = by_user[self.starts]
 
     def users(self) -> list[int]:
@@ -156,7 +163,7 @@ class SortedAdds:
         return Kept(self.columns, order[keep])
 
 
-def _run_starts(values: np.ndarray) -> np.ndarray:
+def run_starts(values: np.ndarray) -> np.ndarray:
     """Where each run of equal values starts in sorted ``values``."""
     if not len(values):
         return np.empty(0, np.int64)

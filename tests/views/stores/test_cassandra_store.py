@@ -13,10 +13,11 @@ from __future__ import annotations
 import gc
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
@@ -60,7 +61,7 @@ from views.stores.cassandra.schema import (
     require_current,
     split_cql,
 )
-from views.stores.cassandra.store import CassandraStore
+from views.stores.cassandra.store import CassandraStore, Columns
 
 BIG = 2**63 - 1
 
@@ -240,6 +241,11 @@ def _check_markers(ops: list[cql.Op]) -> None:
         assert cql.STATEMENTS[name].count("?") == len(params), name
 
 
+def _check_columns(name: str, rows: np.ndarray) -> None:
+    """Column-wise values: one column a bind marker, int64 (the wire's bigint)."""
+    assert rows.dtype == np.int64 and rows.shape[1] == cql.STATEMENTS[name].count("?"), name
+
+
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
     plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4),
                  Delta.tweet_deleted(11, 1),       # time from the table
@@ -404,16 +410,16 @@ def test_adds_at_or_below_the_horizon_are_dropped() -> None:
                  *pack(0, {}, horizons={2: (3, 11)}))
     meta = {u: cql.Meta() for u in cql.meta_users(plan)}
     kept = cql.kept_adds(plan, meta)
-    assert kept == [(2, 5, 10, 1), (3, 1, 12, 1)]
+    assert kept.tolist() == [[2, 5, 10, 1], [3, 1, 12, 1]]  # the copy of (3, 1, 12) once
     assert meta[2].horizon == (3, 11)
-    ops = cql.add_ops(kept, 41)
-    _check_markers(ops)
-    assert ops == [("home_add", (2, 5, 10, 1, 41)), ("home_add", (3, 1, 12, 1, 41))]
+    rows = cql.add_rows(kept, 41)
+    _check_columns("home_add", rows)
+    assert rows.tolist() == [[2, 5, 10, 1, 41], [3, 1, 12, 1, 41]]
 
 
 def test_trimming_is_amortized_by_the_size_estimate() -> None:
     meta = {2: cql.Meta((1, 1), 3), 3: cql.Meta(size=0)}
-    adds = [(2, 9, 90, 1), (2, 8, 80, 1), (3, 7, 70, 1)]
+    adds = np.array([(2, 9, 90, 1), (2, 8, 80, 1), (3, 7, 70, 1)])
     assert cql.over_cap(adds, meta, cap=3, slack=1) == [2]
     cut = cql.trim(meta[2], [(9, 90), (8, 80), (5, 50), (4, 40), (1, 1)], 3)
     assert cut == (4, 40) and meta[2] == cql.Meta((4, 40), 3)
@@ -444,7 +450,7 @@ def test_inactive_users_go_dormant_and_come_back() -> None:
     # 20 - 5 > 10: user 3 goes dormant; 4 never read; 5 is dormant already.
     assert cql.go_dormant(plan.adds, meta, 10) == [3]
     assert meta[3] == cql.Meta(DORMANT, 0, 5)
-    assert cql.kept_adds(plan, meta) == [(4, 99, 32, 1)]
+    assert cql.kept_adds(plan, meta).tolist() == [[4, 99, 32, 1]]
     assert cql.go_dormant(plan.adds, {u: cql.Meta(read_at=0) for u in (3, 4, 5)}, 0) == []
     ops = cql.drop_ops([3], 12) + cql.meta_ops({3: meta[3]}, 12)
     _check_markers(ops)
@@ -463,6 +469,8 @@ def test_bookkeeping_ops() -> None:
     assert ops[2] == ("batch_set", (1, 12_345, 1000, "d", 99, 3, 0.5, 7, 1000 + cql.TRIM))
     assert ops[3:] == [("last_batch_set", (1000 + cql.TRIM, 12_345)), ("clock_set", (1000, 1000))]
     assert cql.offset_ops({("t", 0): -1}) == []
+    assert cql.dead_partition_ops(plan.dead + plan.dead) == [("dead_part_add", ("users", 0))]
+    _check_markers(cql.dead_partition_ops(plan.dead))
 
 
 def test_batch_timestamps() -> None:
@@ -579,7 +587,7 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               load_steps())] == [
             "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
-            "005_repost_changes"]
+            "005_repost_changes", "006_dead_letter_partitions"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -615,9 +623,11 @@ class RecordingStore(CassandraStore):
 
     executed: list[tuple[str, tuple[Any, ...]]]
 
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+             columns: Sequence[Columns] = ()) -> list[Any]:
         self.executed += ops
-        return super()._run(ops, profile)
+        self.executed += [(name, tuple(r)) for name, rows in columns for r in rows.tolist()]
+        return super()._run(ops, profile, columns)
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), **kwargs: Any) -> Any:
         self.executed.append((name, params))
@@ -671,7 +681,7 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
 
 def test_big_ids_fit_the_bound_types() -> None:
     plan = _plan(Delta.timeline_add(BIG, BIG - 1, BIG - 2, 2**62))
-    _check_markers(cql.add_ops(plan.adds, 1))
+    _check_columns("home_add", cql.add_rows(np.array(list(plan.adds)), 1))
     assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1
 
 
@@ -716,13 +726,14 @@ class CutShort(CassandraStore):
 
     crash = True
 
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+             columns: Sequence[Columns] = ()) -> list[Any]:
         if self.crash and any(name == "repost_set" for name, _ in ops):
             self.crash = False
             super()._run([op for op in ops if op[0] == "repost_set"], profile)
             msg = "the process died mid-batch"
             raise StoreError(msg)
-        return super()._run(ops, profile)
+        return super()._run(ops, profile, columns)
 
 
 def test_a_repost_moved_by_a_batch_cut_short_moves_when_it_runs_again(keyspace: str) -> None:
@@ -828,7 +839,7 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
                 session.execute("INSERT INTO celebrity_follows (user_id, celebrity_id) "
                                 "VALUES (%s, %s)", (user, celeb))
             assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
-                "004_page_changes", "005_repost_changes"]
+                "004_page_changes", "005_repost_changes", "006_dead_letter_partitions"]
         finally:
             cluster.shutdown()
         with CassandraStore.from_url(url).open() as store:
@@ -836,3 +847,27 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
             assert store.home_start(2, None, 5).celebrities == [7]
             assert store.home_start(3, None, 5).celebrities == []
             assert store.relations(1) == Relations()
+
+
+def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str) -> None:
+    """Letters stored before step 6 are counted after it; new ones list their partition."""
+    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+        config = parse_url(url)
+        cluster, session = connect(config, wait=60)
+        try:
+            replication = config.replication.cql_map()
+            apply_schema(session, config.keyspace, replication, load_steps()[:5])
+            for topic, part, off in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1)):
+                session.execute("INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, "
+                                "reason, raw, seen_at) VALUES (%s, %s, %s, 'bad', 0x00, 1)",
+                                (topic, part, off))
+            assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
+                "006_dead_letter_partitions"]
+        finally:
+            cluster.shutdown()
+        with CassandraStore.from_url(url).open() as store:
+            assert store.dead_letter_count() == 3
+            store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)
+            assert store.dead_letter_count() == 4
+            assert sorted(store._rows("dead_parts")) == [("follows", 3), ("tweets", 0),
+                                                         ("users", 2)]

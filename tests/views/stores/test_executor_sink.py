@@ -16,7 +16,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -51,7 +51,7 @@ from views.stores.base import DORMANT, BatchStats, Entry, Relations, Store, User
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
 from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
-from views.stores.cassandra.store import CassandraStore
+from views.stores.cassandra.store import CassandraStore, Columns
 from views.stores.cassandra.tasks import TaskWriter, close_writers
 from views.stores.sqlite import SQLiteStore
 
@@ -264,13 +264,14 @@ def test_stages_move_a_repost_as_the_sqlite_store_does(two_keyspaces, monkeypatc
     real_run = TaskWriter._run
     cut_short = [False]
 
-    def run(self: TaskWriter, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list:
+    def run(self: TaskWriter, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+            columns: Sequence[Columns] = ()) -> list:
         if cut_short[0] and any(name == "repost_set" for name, _ in ops):
             cut_short[0] = False
             real_run(self, [op for op in ops if op[0] == "repost_set"], profile)
             msg = "the task died mid-batch"
             raise StoreError(msg)
-        return real_run(self, ops, profile)
+        return real_run(self, ops, profile, columns)
 
     monkeypatch.setattr(TaskWriter, "_run", run)
     reference = Recording().open()

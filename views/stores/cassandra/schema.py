@@ -163,8 +163,27 @@ def copy_celebrity_edges(session: Any) -> None:
     log.info("schema step 4: %d celebrity edges copied into relations", len(copied))
 
 
+def list_dead_letter_partitions(session: Any) -> None:
+    """Step 6's data: the partitions of ``dead_letters`` that hold letters already.
+
+    One scan of the table's partition keys, at schema time only; from then on the
+    writer lists a partition with each letter it writes.
+    """
+    from cassandra.query import SimpleStatement
+
+    insert = session.prepare("INSERT INTO dead_letter_partitions (bucket, topic, "
+                             "kafka_partition) VALUES (0, ?, ?)")
+    found = list(session.execute(SimpleStatement(
+        "SELECT DISTINCT topic, kafka_partition FROM dead_letters", fetch_size=5000),
+        timeout=DDL_TIMEOUT))
+    for topic, partition in found:
+        session.execute(insert, (topic, partition))
+    log.info("schema step 6: %d partitions of dead letters listed", len(found))
+
+
 #: Steps that move data as well as define tables: run after the step's statements.
-DATA_STEPS: Final[dict[int, Callable[[Any], None]]] = {4: copy_celebrity_edges}
+DATA_STEPS: Final[dict[int, Callable[[Any], None]]] = {4: copy_celebrity_edges,
+                                                       6: list_dead_letter_partitions}
 
 
 def require_current(session: Any, keyspace: str) -> None:

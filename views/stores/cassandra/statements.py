@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+import numpy as np
+
 from ingest.events import BLOCK, MUTE
 from views.delta import Key
 from views.errors import StoreError
+from views.stores.adds import Adds, SortedAdds, run_starts
 from views.stores.base import (
     DORMANT,
     DeadRow,
@@ -54,6 +56,7 @@ BATCH_BUCKET: Final = 10_000
 _INT_MAX: Final = 2**31 - 1
 #: The horizon of a user whose cached timeline is complete (stored as -1, -1).
 NO_HORIZON: Final[Key] = (-1, -1)
+_NO_ADDS: Final = np.zeros((0, 4), np.int64)
 
 STATEMENTS: Final[dict[str, str]] = {
     # -- home timelines -------------------------------------------------------------
@@ -142,6 +145,11 @@ STATEMENTS: Final[dict[str, str]] = {
                 "seen_at) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "dead_all": "SELECT topic, kafka_partition, kafka_offset, reason, raw, seen_at "
                 "FROM dead_letters",
+    # Where letters are, and a count within one of those partitions (schema step 6).
+    "dead_part_add": "INSERT INTO dead_letter_partitions (bucket, topic, kafka_partition) "
+                     "VALUES (0, ?, ?)",
+    "dead_parts": "SELECT topic, kafka_partition FROM dead_letter_partitions WHERE bucket = 0",
+    "dead_count": "SELECT count(*) FROM dead_letters WHERE topic = ? AND kafka_partition = ?",
     "batch_get": "SELECT write_ts, offsets_digest FROM batches "
                  "WHERE bucket = ? AND batch_id = ?",
     "batch_set": "INSERT INTO batches (bucket, batch_id, write_ts, offsets_digest, "
@@ -207,6 +215,7 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "follow_on": ("follows", 0), "follow_off": ("follows", 1),
     "celeb_edge_on": ("celebrity_follows", 0), "celeb_edge_off": ("celebrity_follows", 1),
     "celeb_on": ("celebrities", None), "celeb_off": ("celebrities", None),
+    "dead_part_add": ("dead_letter_partitions", None),
     "repost_add": ("reposts_by_original", 0), "repost_del": ("reposts_by_original", 1),
     "relation_on": ("relations", 0), "relation_off": ("relations", 1),
 }
@@ -689,25 +698,30 @@ def regenerated(user: int, entries: Sequence[Entry], meta: Meta,
     return [(user, e.created_at, e.tweet_id, e.author_id) for e in kept]
 
 
-def go_dormant(adds: Iterable[tuple[int, int, int, int]], meta: Mapping[int, Meta],
-               inactive_ms: int) -> list[int]:
+def go_dormant(adds: Adds, meta: Mapping[int, Meta], inactive_ms: int) -> list[int]:
     """Users an entry reaches more than ``inactive_ms`` after their newest read.
 
     Their horizon becomes :data:`~views.stores.base.DORMANT` (so :func:`kept_adds`
     drops this batch's adds for them, and every later batch's, until they read again)
     and their cache is dropped (:func:`drop_ops`). A user who never read (-1) never
     goes dormant; 0 turns it off. The batch's HORIZON deltas cannot change who goes
-    dormant (no key reaches DORMANT), so this may run before :func:`kept_adds`.
+    dormant (no key reaches DORMANT), so this may run before :func:`kept_adds`. Only
+    each user's newest add decides, so the adds are reduced to that, column-wise.
     """
-    if not inactive_ms:
+    if not inactive_ms or not len(adds):
         return []
+    users, created, _, _ = adds.columns()
+    order = np.argsort(users, kind="stable")
+    by_user = users[order]
+    starts = run_starts(by_user)
+    newest = np.maximum.reduceat(created[order], starts)
     out = []
-    for user, created_at, _, _ in adds:
+    for user, at in zip(by_user[starts].tolist(), newest.tolist(), strict=True):
         m = meta[user]
-        if 0 <= m.read_at < created_at - inactive_ms and m.horizon != DORMANT:
+        if 0 <= m.read_at < at - inactive_ms and m.horizon != DORMANT:
             m.horizon, m.size = DORMANT, 0
             out.append(user)
-    return sorted(out)
+    return out
 
 
 def drop_ops(users: Iterable[int], ts: int) -> list[Op]:
@@ -720,32 +734,42 @@ def drop_ops(users: Iterable[int], ts: int) -> list[Op]:
     return [("home_drop", (ts, user)) for user in sorted(users)]
 
 
-def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> list[tuple[int, int, int, int]]:
+def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> np.ndarray:
     """Adds above their user's horizon (raised by this batch's HORIZON deltas first).
 
     At or below the horizon a timeline is read through the query, not the cache, so
-    an add there would only be trimmed again.
+    an add there would only be trimmed again. Returns the distinct kept adds as an
+    ``(n, 4)`` int64 array of ``(user, created_at, tweet, author)`` rows, sorted:
+    column-wise, because a catching-up batch carries millions of them
+    (:class:`~views.stores.adds.SortedAdds`).
     """
     for user, key in plan.horizons.items():
         meta[user].horizon = max(meta[user].horizon, key)
-    return sorted({a for a in plan.adds if (a[1], a[2]) > meta[a[0]].horizon})
+    kept = SortedAdds(plan.adds).kept({u: m.horizon for u, m in meta.items()})
+    rows = np.column_stack([c[kept.order] for c in kept.columns]) if len(kept) else _NO_ADDS
+    if len(rows) > 1:  # sorted: a copy sent twice (a rerun, a duplicate) is adjacent
+        rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
+    return rows
 
 
-def add_ops(adds: Iterable[tuple[int, int, int, int]], ts: int) -> list[Op]:
-    """Timeline inserts (run after the batch's wipes and removes, one tick later)."""
-    return [("home_add", (user, created_at, tweet, author, ts))
-            for user, created_at, tweet, author in sorted(set(adds))]
+def add_rows(adds: np.ndarray, ts: int) -> np.ndarray:
+    """``home_add``'s bound values for ``(n, 4)`` adds: the rows with ``ts`` appended.
+
+    Run after the batch's wipes and removes, one tick later; sent column-wise
+    (:func:`views.stores.cassandra.store.column_requests`), never as a tuple a row.
+    """
+    return np.column_stack((adds.reshape(-1, 4), np.full(len(adds), ts, np.int64)))
 
 
-def over_cap(adds: Iterable[tuple[int, int, int, int]], meta: Mapping[int, Meta], cap: int,
-             slack: int) -> list[int]:
-    """Count the adds into each size estimate; the users now past ``cap + slack``.
+def over_cap(adds: np.ndarray, meta: Mapping[int, Meta], cap: int, slack: int) -> list[int]:
+    """Count the ``(n, 4)`` adds into each size estimate; the users now past ``cap + slack``.
 
     The estimate only grows with adds (removes and replays make it an upper bound),
     so a timeline is read and trimmed once per ``slack`` adds, not on every batch.
     """
-    for user, added in Counter(a[0] for a in adds).items():
-        meta[user].size += added
+    users, added = np.unique(adds.reshape(-1, 4)[:, 0], return_counts=True)
+    for user, n in zip(users.tolist(), added.tolist(), strict=True):
+        meta[user].size += n
     return sorted(u for u, m in meta.items() if m.size > cap + slack)
 
 
@@ -782,6 +806,11 @@ def dead_ops(dead: Iterable[DeadRow], now_ms: int) -> list[Op]:
     """Dead letters, kept as first seen (conditional inserts)."""
     return [("dead_add", (d.topic, d.partition, d.offset, d.reason, d.raw or b"", now_ms))
             for d in dead]
+
+
+def dead_partition_ops(dead: Iterable[DeadRow]) -> list[Op]:
+    """The partitions of ``dead_letters`` the letters go to, listed for the bounded count."""
+    return [("dead_part_add", where) for where in sorted({(d.topic, d.partition) for d in dead})]
 
 
 @dataclass(frozen=True)

@@ -79,21 +79,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
 from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
+from cassandra.cqltypes import LongType
 from cassandra.query import BatchStatement, BatchType
 
 from views.delta import Key
 from views.errors import StoreError
+from views.stores.adds import run_starts
 from views.stores.base import (
     BatchInfo,
     DeadLetter,
@@ -119,23 +123,111 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def requests(groups: list[list[int]], ops: Sequence[cql.Op],
-             prepared: dict[str, Any]) -> list[tuple[Any, tuple[Any, ...]]]:
-    """One request per group of :func:`cql.units`: its statement, or an unlogged batch."""
+def requests(groups: list[list[int]], ops: Sequence[cql.Op], prepared: dict[str, Any],
+             protocol: int) -> list[tuple[Any, tuple[Any, ...]]]:
+    """One request per group of :func:`cql.units`: its statement, or an unlogged batch.
+
+    A batch's statements are serialized here by their columns' types
+    (:func:`_serializers`), not bound one by one: binding builds a statement object a row
+    and cost the executor sink ~8 µs a row, most of its client CPU.
+    """
     out: list[tuple[Any, tuple[Any, ...]]] = []
     for group in groups:
         if len(group) == 1:
             name, params = ops[group[0]]
             out.append((prepared[name], params))
             continue
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        rows: list[tuple[bool, bytes, list[bytes | None]]] = []
         for i in group:
             name, params = ops[i]
-            batch.add(prepared[name], params)
-        batch.is_idempotent = True  # upserts and deletes at explicit timestamps
-        out.append((batch, ()))
+            statement = prepared[name]
+            rows.append((True, statement.query_id,
+                         [None if v is None else serialize(v, protocol)
+                          for serialize, v in zip(_serializers(statement), params,
+                                                  strict=True)]))
+        first = prepared[ops[group[0]][0]]
+        out.append((_batch(rows, [rows[0][2][i] for i in first.routing_key_indexes or ()]), ()))
     return out
 
+
+def column_requests(statement: Any, rows: np.ndarray, key: int,
+                    replica: Callable[[Any], Hashable] | None) -> list[Any]:
+    """Unlogged batches of one all-bigint statement, from an ``(n, k)`` int64 array of its values.
+
+    Grouped as :func:`cql.units` groups ops (a partition's rows together, at most
+    :data:`cql.BATCH_MAX`; partitions smaller than :data:`cql.PACK_MAX` packed per replica
+    set), with ``rows[:, key]`` the partition key, and serialized column-wise: a
+    catching-up batch's millions of timeline rows cost no Python object a value
+    beyond the bytes the protocol sends.
+    """
+    if not len(rows):
+        return []
+    if any(c.type is not LongType for c in statement.column_metadata):
+        msg = f"column-wise values are bigint only; {statement.query_string!r} binds others"
+        raise StoreError(msg)
+    rows = rows[np.argsort(rows[:, key], kind="stable")]
+    values = rows.astype(">i8").view("V8").tolist()  # bytes, big-endian: the wire's bigint
+    keys = rows[:, key]
+    starts = run_starts(keys).tolist()
+    out: list[Any] = []
+    packs: dict[Hashable, list[int]] = {}
+    qid = statement.query_id
+    for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+        if end - start >= cql.PACK_MAX:
+            out += [_batch([(True, qid, v) for v in values[i:min(i + cql.BATCH_MAX, end)]],
+                           [values[i][key]]) for i in range(start, end, cql.BATCH_MAX)]
+            continue
+        where = None if replica is None else replica(int(keys[start]))
+        pack = packs.setdefault(where, [])
+        if len(pack) + end - start > cql.PACK_MAX:
+            out.append(_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]]))
+            pack.clear()
+        pack.extend(range(start, end))
+    out += [_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]])
+            for pack in packs.values() if pack]
+    return out
+
+
+def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:
+    """An unlogged batch of serialized statements, routed to the first one's replicas.
+
+    The rows go in as the driver's own :meth:`BatchStatement.add` leaves them once it
+    has bound a statement: ``(prepared, query id, serialized values)``.
+    """
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+    batch._statements_and_parameters = rows  # noqa: SLF001  (what add() fills)
+    batch.is_idempotent = True  # upserts and deletes at explicit timestamps
+    if routing and all(part is not None for part in routing):
+        batch.routing_key = routing
+    return batch
+
+
+@contextlib.contextmanager
+def gc_paused(pause: bool = True) -> Iterator[None]:
+    """Python's cyclic collector off while a column-wise write builds and sends its batches.
+
+    Their values are hundreds of thousands of small acyclic objects, freed by reference
+    counting; left on, the collector walked them again and again while they were built
+    and sent, ~1.5 µs a timeline row of the sink's client CPU.
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@functools.lru_cache(maxsize=512)
+def _serializers(statement: Any) -> tuple[Callable[[Any, int], bytes], ...]:
+    """The serializer of each bind marker of a prepared statement, from its column types."""
+    return tuple(c.type.serialize for c in statement.column_metadata)
+
+
+Columns = tuple[str, np.ndarray]
+"""A statement name and an ``(n, k)`` int64 array of its bound values, a row a write."""
 
 _BIGINT: Final = struct.Struct(">q")  # a bigint partition key as the routing key's bytes
 
@@ -250,20 +342,35 @@ class CassandraStore(Store):
         return self._session
 
     # -- running statements ------------------------------------------------------------------
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
-        """Run ops concurrently (bounded); rows of each, in order."""
-        if not ops:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+             columns: Sequence[Columns] = ()) -> list[reads.Rows]:
+        """Run ops, and ``columns`` writes, concurrently (bounded); rows of each op, in order."""
+        if not ops and not any(len(rows) for _, rows in columns):
             return []
         session = self._require()
         groups = cql.units(ops, self._replica)
         try:
-            results = execute_concurrent(session, requests(groups, ops, self._statements),
-                                         concurrency=self.config.concurrency,
-                                         raise_on_first_error=True, execution_profile=profile)
-            return unbatch(groups, [all_rows(rows) for _, rows in results], len(ops))
+            with gc_paused(bool(columns)):
+                results = execute_concurrent(session, self._requests(groups, ops, columns),
+                                             concurrency=self.config.concurrency,
+                                             raise_on_first_error=True,
+                                             execution_profile=profile)
+            return unbatch(groups, [all_rows(rows) for _, rows in results[:len(groups)]],
+                           len(ops))
         except (DriverException, NoHostAvailable) as exc:
-            msg = f"Cassandra statements failed ({len(ops)} of {ops[0][0]}, ...): {exc}"
+            what = ops[0][0] if ops else columns[0][0]
+            msg = f"Cassandra statements failed ({len(ops)} of {what}, ...): {exc}"
             raise StoreError(msg) from exc
+
+    def _requests(self, groups: list[list[int]], ops: Sequence[cql.Op],
+                  columns: Sequence[Columns]) -> list[Any]:
+        """The requests of :meth:`_run`: the ops' groups first, in order, then ``columns``'."""
+        protocol = self._require().cluster.protocol_version
+        out: list[Any] = requests(groups, ops, self._statements, protocol)
+        for name, rows in columns:
+            out += [(batch, ()) for batch in column_requests(
+                self._statements[name], rows, cql.PARTITION_KEY[name][1] or 0, self._replica)]
+        return out
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), *, scan: bool = False,
               profile: object = EXEC_PROFILE_DEFAULT) -> reads.Rows:
@@ -373,16 +480,18 @@ class CassandraStore(Store):
                            if (s := cql.TweetState.decode(rows)) is not None})
 
     def _write_adds(self, plan: WritePlan, meta: dict[int, cql.Meta], ts: int,
-                    inactive_ms: int) -> tuple[list[tuple[int, int, int, int]], int]:
+                    inactive_ms: int) -> tuple[np.ndarray, int]:
         """Reads, regenerations, dormancy, then the adds; after the batch's removes.
 
-        Returns the adds kept (for trimming) and the timeline rows inserted
+        Returns the adds kept (for trimming; ``(n, 4)``) and the timeline rows inserted
         (regenerated ones included). ``ts`` is the batch's ``T``.
         """
-        back = self._regenerate(cql.record_reads(plan.activity, meta), meta)
+        back = np.array(self._regenerate(cql.record_reads(plan.activity, meta), meta),
+                        np.int64).reshape(-1, 4)
         dormant = cql.go_dormant(plan.adds, meta, inactive_ms)
         adds = cql.kept_adds(plan, meta)
-        self._run(cql.add_ops(back + adds, ts + cql.ADD) + cql.drop_ops(dormant, ts + cql.TRIM))
+        self._run(cql.drop_ops(dormant, ts + cql.TRIM),
+                  columns=[("home_add", cql.add_rows(np.concatenate((back, adds)), ts + cql.ADD))])
         return adds, len(back) + len(adds)
 
     def _regenerate(self, users: list[int], meta: dict[int, cql.Meta]
@@ -410,8 +519,7 @@ class CassandraStore(Store):
             rows += cql.regenerated(user, entries, meta[user], self.cap)
         return rows
 
-    def _write_trims(self, adds: list[tuple[int, int, int, int]], meta: dict[int, cql.Meta],
-                     ts: int) -> None:
+    def _write_trims(self, adds: np.ndarray, meta: dict[int, cql.Meta], ts: int) -> None:
         """Trim the timelines whose size estimate passed cap + slack; write timeline_meta."""
         users = cql.over_cap(adds, meta, self.cap, self.trim_slack)
         heads = self._run([("home_head", (u, cql.bounded_limit(self.cap + 1))) for u in users])
@@ -431,7 +539,7 @@ class CassandraStore(Store):
         now_ms = int(time.time() * 1000)
         changed = Changes.of(plan, moved)
         self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms)
-                  + ([changed.op(ts)] if changed else []))
+                  + cql.dead_partition_ops(plan.dead) + ([changed.op(ts)] if changed else []))
         if batch_id >= 0:
             record = cql.BatchRecord(batch_id, ts, cql.offsets_digest(plan.offsets), now_ms,
                                      plan.rows(), seconds, plan.max_event_time)
@@ -578,8 +686,14 @@ class CassandraStore(Store):
         return out
 
     def dead_letter_count(self) -> int:
-        """Dead letters held: a scan of ``dead_letters`` only, tiny unless a producer is broken."""
-        return int(self._rows("count_dead_letters", scan=True)[0][0])
+        """Dead letters held: a count in each partition that holds any (a bounded read).
+
+        ``dead_letter_partitions`` lists them (a few per topic), so the job's and the
+        API's metrics never aggregate over the whole table.
+        """
+        parts = self._rows("dead_parts")
+        counts = self._run([("dead_count", (t, p)) for t, p in parts], EXEC_PROFILE_DEFAULT)
+        return sum(int(rows[0][0]) for rows in counts if rows)
 
     def home_users(self) -> list[int]:
         """Users with a follow, a cached timeline or a celebrity edge (three key scans)."""

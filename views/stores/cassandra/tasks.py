@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Final
 
 from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
@@ -101,23 +102,30 @@ class TaskWriter(CassandraStore):
         return schema.connect(self.config, wait=self.config.retry_s)
 
     # -- running statements, retried ----------------------------------------------------
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
-        """Run ops concurrently (bounded; a partition's writes batched); retry failures.
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+             columns: Sequence[cs.Columns] = ()) -> list[reads.Rows]:
+        """Run ops and ``columns`` writes concurrently (bounded; a partition's writes batched).
 
-        A failed request (a statement, or one partition's batch) runs again, with backoff.
+        A failed request (a statement, or a batch) runs again, with backoff.
         """
-        return self._run_groups(ops, cql.units(ops, self._replica), profile)
+        return self._run_groups(ops, cql.units(ops, self._replica), profile, columns)
 
     def _run_groups(self, ops: list[cql.Op], groups: list[list[int]],
-                    profile: object = WRITE_PROFILE) -> list[reads.Rows]:
+                    profile: object = WRITE_PROFILE,
+                    columns: Sequence[cs.Columns] = ()) -> list[reads.Rows]:
         """:meth:`_run` with the requests given: groups of op indices, a request each."""
+        with cs.gc_paused(bool(columns)):
+            return self._execute(ops, groups, profile, self._requests(groups, ops, columns))
+
+    def _execute(self, ops: list[cql.Op], groups: list[list[int]], profile: object,
+                 requests: list[Any]) -> list[reads.Rows]:
+        """Run the requests of :meth:`_run_groups`; a failed one again, with backoff."""
         session = self._require()
-        requests = cs.requests(groups, ops, self._statements)
         results: list[reads.Rows] = [[] for _ in groups]
-        pending = list(range(len(groups)))
+        pending = list(range(len(requests)))
         attempt = 0
         give_up = time.monotonic() + self.config.retry_s
-        while True:
+        while pending:
             attempt += 1
             outcomes = execute_concurrent(session, [requests[g] for g in pending],
                                           concurrency=self.config.concurrency,
@@ -125,14 +133,15 @@ class TaskWriter(CassandraStore):
                                           execution_profile=profile)
             failed: list[tuple[int, BaseException]] = []
             for g, (ok, value) in zip(pending, outcomes, strict=True):
-                if ok:
-                    results[g] = list(value)
-                else:
+                if not ok:
                     failed.append((g, value))
+                elif g < len(groups):
+                    results[g] = list(value)
             if not failed:
-                return cs.unbatch(groups, results, len(ops))
+                break
             first = failed[0][1]
-            example = ops[groups[failed[0][0]][0]][0]
+            g = failed[0][0]
+            example = ops[groups[g][0]][0] if g < len(groups) else requests[g][0]
             pause = min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
             if time.monotonic() + pause > give_up or not transient(first):
                 msg = (f"Cassandra: {len(failed)} of {len(pending)} requests failed after "
@@ -145,6 +154,7 @@ class TaskWriter(CassandraStore):
                         len(pending), attempt, example, first, pause, self.config.retry_s)
             time.sleep(pause)
             pending = [g for g, _ in failed]
+        return cs.unbatch(groups, results, len(ops))
 
     # -- the tweet stage ---------------------------------------------------------------------
     def write_tweets(self, plan: WritePlan, ts: int) -> tuple[list[cql.Op], int]:
@@ -158,7 +168,7 @@ class TaskWriter(CassandraStore):
                                                      ts + cql.REMOVE)
         changed = Changes.of(plan, moved)
         self._run(cql.dead_ops(plan.dead, int(time.time() * 1000))
-                  + ([changed.op(ts)] if changed else []))
+                  + cql.dead_partition_ops(plan.dead) + ([changed.op(ts)] if changed else []))
         return removes, skipped
 
     # -- the user stage -----------------------------------------------------------------------
