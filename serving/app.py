@@ -128,6 +128,11 @@ class TimelinePage(BaseModel):
         description="Only with ?since=: pass as ?since= to read the new entries the page "
                     "left out, from the bottom up (the oldest first, just above the "
                     "position the since read started from); null when gap is false.")] = None
+    gap_above: Annotated[bool | None, Field(
+        description="Only with ?since=: true if the entries left out are newer than this "
+                    "page's (a gap filled from the bottom up), false if older (the first "
+                    "page of what is new, or a gap too large to fill from the bottom, "
+                    "answered from its top) or if none are.")] = None
     consistent: Annotated[bool | None, Field(
         description="Only with ?after=TOKEN: true if the view had applied that write "
                     "when the page was read, false if the wait timed out.")] = None

@@ -166,7 +166,8 @@ class Read:
                               consistent), page
         entries = hydrated(store, page.entries, page.tweets, page.users)
         return page_body(self.user, entries, page.next_key, consistent,
-                         since=self.since is not None, gap=page.gap), page
+                         since=self.since is not None, gap=page.gap,
+                         gap_above=page.gap_above), page
 
 
 class Pages:

@@ -100,12 +100,12 @@ def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
 
 def page_body(user: int, entries: list[dict[str, Any]], next_key: Key | None,
               consistent: bool | None = None, *, since: bool = False,
-              gap: Since | None = None) -> bytes:
+              gap: Since | None = None, gap_above: bool = False) -> bytes:
     """A :class:`serving.app.TimelinePage` as JSON; ``consistent`` only when given.
 
     ``top_cursor`` is the position of the first entry (absent from an empty page).
-    ``since``: a page of what is new, with ``gap`` and ``gap_cursor`` (``gap``'s span,
-    when there is one).
+    ``since``: a page of what is new, with ``gap``, ``gap_cursor`` (``gap``'s span,
+    when there is one) and ``gap_above`` (whether that span is above the entries).
     """
     body: dict[str, Any] = {
         "user_id": str(user), "entries": entries,
@@ -116,6 +116,7 @@ def page_body(user: int, entries: list[dict[str, Any]], next_key: Key | None,
     if since:
         body["gap"] = gap is not None
         body["gap_cursor"] = _gap_cursor(gap) if gap is not None else None
+        body["gap_above"] = gap_above
     if consistent is not None:
         body["consistent"] = consistent
     return orjson.dumps(body)

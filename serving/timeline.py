@@ -57,6 +57,10 @@ __all__ = ("HomeEntry", "Page", "PageFn", "Since", "author_page", "home_page", "
 #: followee may need several rounds; each grows, up to this).
 MAX_BATCH = 1000
 
+#: The most candidates a gap is read for to fill it from the bottom up
+#: (:func:`home_since`); a gap that holds more is answered from its top down instead.
+MAX_GAP_SCAN = 5 * MAX_BATCH
+
 #: The newest candidates below a key, at most n, and whether more may follow.
 Batch = Callable[[Key, int], tuple[list[Entry], bool]]
 
@@ -74,7 +78,8 @@ class Page:
     decision read, found or not (``("t", tweet_id)``, ``("u", user_id)``, and
     ``("a", author_id)`` for an author's list of tweets): what a cached copy of the
     page depends on besides its user's own rows. ``gap``, on a page of what is new
-    (:func:`home_since`): the span of new entries the page left out, if any.
+    (:func:`home_since`): the span of new entries the page left out, if any, and
+    ``gap_above`` whether that span is above the page's entries (else below).
     """
 
     entries: list[HomeEntry]
@@ -83,6 +88,7 @@ class Page:
     users: Mapping[int, UserRow] = field(default_factory=dict)
     asked: frozenset[tuple[str, int]] = frozenset()
     gap: Since | None = None
+    gap_above: bool = False
 
 
 def home_page(store: TimelineReader, user: int, below: Key | None, limit: int,
@@ -133,10 +139,11 @@ def home_since(store: TimelineReader, user: int, since: Since, limit: int,
     pages inside the span. When more than ``limit`` are there, the page's ``gap`` is
     the span it left out. Without a ceiling the page holds the newest ``limit`` (the
     gap is below them, down to the floor); with one (a gap being filled) the oldest
-    ``limit``, just above the floor (the gap left is above them, up to the ceiling).
-    ``from_bottom`` chooses the other way for a span with a ceiling or without
-    (counting reads newest first: it is cheaper). ``next_key`` is None: a page of what
-    is new is not paged down.
+    ``limit``, just above the floor (the gap left is above them, up to the ceiling),
+    unless the span holds more than :data:`MAX_GAP_SCAN` candidates: then the newest,
+    as without a ceiling. ``from_bottom`` chooses the other way for a span with a
+    ceiling or without (counting reads newest first: it is cheaper). ``next_key`` is
+    None: a page of what is new is not paged down.
     """
     with store.snapshot():
         first = (since.ceiling or TOP, _first_batch(limit))
@@ -158,8 +165,8 @@ def _span(viewer: Viewer, batch: Batch, since: Since, limit: int,
           from_bottom: bool | None) -> Page:
     """The page of :func:`home_since`, from ``batch``'s candidates and ``viewer``'s filter."""
     up = since.ceiling is not None if from_bottom is None else from_bottom
-    if up:
-        out = _span_up(viewer, batch, since, limit)
+    out = _span_up(viewer, batch, since, limit) if up else None
+    if out is not None:
         entries = out[-limit:]
         gap = Since(entries[0].key, since.ceiling) if len(out) > limit else None
     else:
@@ -168,7 +175,8 @@ def _span(viewer: Viewer, batch: Batch, since: Since, limit: int,
         gap = Since(since.floor, entries[-1].key) if len(out) > limit else None
     if viewer.reader_deleted():
         raise _gone(viewer.user or 0)
-    return Page(entries, None, viewer.tweets, viewer.users, frozenset(viewer.asked), gap)
+    return Page(entries, None, viewer.tweets, viewer.users, frozenset(viewer.asked), gap,
+                gap_above=gap is not None and gap.floor != since.floor)
 
 
 def _span_down(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[HomeEntry]:
@@ -186,7 +194,8 @@ def _span_down(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[H
         size = _next_batch(limit + 1 - len(out), len(out), decided, size)
 
 
-def _span_up(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[HomeEntry]:
+def _span_up(viewer: Viewer, batch: Batch, since: Since,
+             limit: int) -> list[HomeEntry] | None:
     """The oldest ``limit + 1`` served entries inside the span (fewer: all of them).
 
     Candidates come newest first only, so every candidate inside the span is read (the
@@ -194,12 +203,15 @@ def _span_up(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[Hom
     reads about ``g²/2·limit`` candidates in all), and the filter decides on them from
     the floor up, a page and a half at a time, until one more than a page is served.
     Whether an entry is served does not depend on which others are decided with it.
+    None when the span holds more than :data:`MAX_GAP_SCAN` candidates.
     """
     position, size, inside = since.ceiling or TOP, _first_batch(limit), list[Entry]()
     while True:
         candidates, more = batch(position, size)
         above = _above(candidates, since.floor)
         inside += above
+        if len(inside) > MAX_GAP_SCAN:
+            return None
         if not (more and candidates) or len(above) < len(candidates):
             break
         position, size = candidates[-1].key, min(size * 2, MAX_BATCH)

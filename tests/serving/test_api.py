@@ -275,17 +275,21 @@ def test_since_reads_exactly_the_entries_above_a_position(client: httpx.Client, 
 
 
 def _since(client: httpx.Client, path: str, since: str, limit: int) -> list[dict]:
-    """A since read, then its gap filled from the bottom up: the new entries, newest first."""
+    """A since read, then its gap filled (from the bottom up, as ``gap_above`` says): the
+    new entries, newest first."""
     response = client.get(path, params={"since": since, "limit": limit})
-    newest, below = response.json()["entries"], []
+    upper, lower = [], []
     for _ in range(1000):
         assert response.status_code == 200, response.text
         body = response.json()
         assert len(body["entries"]) <= limit and body["next_cursor"] is None
+        if body["gap_above"]:
+            lower = body["entries"] + lower
+        else:
+            upper += body["entries"]
         if not body["gap"]:
-            return newest + below
+            return upper + lower
         response = client.get(path, params={"since": body["gap_cursor"], "limit": limit})
-        below = response.json()["entries"] + below
     pytest.fail(f"{path} still had a gap after 1000 requests")
 
 

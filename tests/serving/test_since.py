@@ -22,6 +22,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import orjson
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 
 from ingest.consistency import encode_token
 from ingest.events import Delete, Event, Follow, Post, Relation, Repost, Unrepost, UserUpsert
+from serving import timeline
 from serving.app import NewCount, TimelinePage, create_app
 from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor, decode_since, encode_cursor, encode_gap
@@ -85,18 +87,23 @@ class Reads:
         return orjson.loads(bodies[0])
 
 
-def fill(get: Any, since: str, limit: int) -> tuple[list[dict[str, Any]], int]:
-    """What a client reads with ``?since=``: the first page, then each gap from the
-    bottom up until a page says there is none. The new entries, newest first, and how
-    many requests that took. ``get(since, limit)`` gives a page's JSON."""
+def fill(get: Any, since: str, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """What a client reads with ``?since=``: the first page, then the gap's pages until
+    one says there is none left, each put where ``gap_above`` says the rest of the gap
+    is. The new entries, newest first, and where each page left the rest of the gap
+    (``above``, ``below``, or ``none``). ``get(since, limit)`` gives a page's JSON."""
     page = get(since, limit)
-    newest, below = page["entries"], []
-    for requests in range(1, 1000):
+    upper, lower, left = [], [], []  # the entries above the gap, and below it
+    for _ in range(1000):
         _a_since_page(page, limit)
+        if page["gap_above"]:
+            lower = page["entries"] + lower  # filled from the bottom: just above the old top
+        else:
+            upper += page["entries"]  # the gap, if any, is below them
+        left.append("none" if not page["gap"] else "above" if page["gap_above"] else "below")
         if not page["gap"]:
-            return newest + below, requests
+            return upper + lower, left
         page = get(page["gap_cursor"], limit)
-        below = page["entries"] + below  # the gap's oldest first: just above the old top
     pytest.fail("still a gap after 1000 requests")
 
 
@@ -107,8 +114,9 @@ def _a_since_page(page: dict[str, Any], limit: int) -> None:
     if page["gap"]:
         assert len(entries) == limit, "a page that leaves a gap is full"
         assert page["gap_cursor"].startswith("g1.")
+        assert isinstance(page["gap_above"], bool)
     else:
-        assert page["gap_cursor"] is None
+        assert page["gap_cursor"] is None and page["gap_above"] is False
 
 
 def _key(entry: dict[str, Any]) -> Key:
@@ -152,9 +160,17 @@ def arrivals(draw: st.DrawFn, during: list[list[Event]], user: int) -> list[list
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios(), data=st.data(), cap=st.integers(1, 4),
        promote_at=st.integers(1, 4), depth=st.integers(1, 4), held=st.integers(1, 4),
-       limit=st.integers(1, 3), user=st.sampled_from(USERS), mode=st.sampled_from(MODES))
+       limit=st.integers(1, 3), user=st.sampled_from(USERS), mode=st.sampled_from(MODES),
+       scan=st.sampled_from([timeline.MAX_GAP_SCAN, 3, 6]))
 def test_filling_since_ends_with_exactly_the_new_first_page(scenario, data, cap, promote_at,
-                                                            depth, held, limit, user, mode):
+                                                            depth, held, limit, user, mode,
+                                                            scan):
+    """``scan``: gaps of more candidates are filled from their top down."""
+    with mock.patch.object(timeline, "MAX_GAP_SCAN", scan):
+        _fill_since(scenario, data, cap, promote_at, depth, held, limit, user, mode)
+
+
+def _fill_since(scenario, data, cap, promote_at, depth, held, limit, user, mode):  # noqa: ANN001, ANN202
     before, during = scenario
     during = data.draw(arrivals(during, user))
     store = SQLiteStore(":memory:", cap=cap, trim_slack=0).open()
@@ -184,8 +200,10 @@ def test_filling_since_ends_with_exactly_the_new_first_page(scenario, data, cap,
         assert page is not None
         return page
 
-    new, requests = fill(get, top, limit)
+    new, left = fill(get, top, limit)
+    requests = len(left)
     event(f"since pages: {min(requests, 4)}{'+' if requests >= 4 else ''}")
+    event(f"a gap filled from its top down: {'below' in left[1:]}")
     event(f"new entries: {min(len(new), 8)}{'+' if len(new) >= 8 else ''}")
     event(f"celebrities: {min(len(store.celebrities()), 2)}")
     floor = decode_cursor(top)
@@ -295,7 +313,7 @@ def test_a_client_reads_what_is_new_and_fills_the_gap_from_the_bottom_up(world: 
     assert top is not None
     nothing = world.client.get(HOME_PATH, params={"since": top})
     assert nothing.json() == {"user_id": str(READER), "entries": [], "next_cursor": None,
-                              "gap": False, "gap_cursor": None}
+                              "gap": False, "gap_cursor": None, "gap_above": False}
     _arrive(world)
     new = [112, 300, 211, 210, 110]  # 111 deleted, 301 undone; 300 shows 200 (moved up)
     pages = []
@@ -307,8 +325,9 @@ def test_a_client_reads_what_is_new_and_fills_the_gap_from_the_bottom_up(world: 
         pages.append(_ids(response.json()))
         return response.json()
 
-    got, _ = fill(get, top, 2)
+    got, left = fill(get, top, 2)
     assert pages == [[112, 300], [210, 110], [211]]  # the newest, then the gap bottom-up
+    assert left == ["below", "above", "none"]
     assert [int(e["tweet_id"]) for e in got] == new
     whole = world.client.get(HOME_PATH, params={"limit": 7}).json()
     assert _ids(whole) == [*new, 202, 102]  # 200 left its old place for the repost
@@ -328,8 +347,12 @@ def test_the_count_is_capped_and_a_large_gap_fills_exactly(world: World):
     def get(since: str, limit: int) -> dict[str, Any]:
         return world.client.get(HOME_PATH, params={"since": since, "limit": limit}).json()
 
-    got, requests = fill(get, top, 50)
-    assert requests == 3
+    got, left = fill(get, top, 50)
+    assert left == ["below", "above", "none"]
+    assert [int(e["tweet_id"]) for e in got] == list(range(1109, 999, -1))
+    with mock.patch.object(timeline, "MAX_GAP_SCAN", 30):  # too large a gap: from its top
+        got, left = fill(get, top, 40)  # (40: pages the page cache does not hold)
+    assert left == ["below", "below", "none"]
     assert [int(e["tweet_id"]) for e in got] == list(range(1109, 999, -1))
 
 
