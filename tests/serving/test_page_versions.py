@@ -12,6 +12,7 @@ rendered anew from the store.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import time
 import types
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from ingest.events import Activity, Delete, Follow, Post, Repost, UserUpsert
 from serving.celebrities import CelebrityCache
+from serving.cursor import encode_cursor
 from serving.pagecache import PageCache
 from serving.reads import Pages, Read
 from serving.timeline import AccountGone
@@ -61,8 +63,8 @@ def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespa
 
 
 def _read(pages: Pages, state: types.SimpleNamespace, user: int, kind: str = HOME,
-          limit: int = 20) -> bytes | str:
-    read = Read(state.store, user, None, limit, None)
+          limit: int = 20, since: str | None = None, count: bool = False) -> bytes | str:
+    read = Read(state.store, user, None, limit, None, since=since, count=count)
     try:
         return pages.answer_now(state, read, kind, None)[2]
     except AccountGone:
@@ -212,6 +214,10 @@ def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
     assert Changes.decode(changes.op(7)[1][3:9]) == changes
 
 
+#: Positions to read what is new above: below everything, and mid-history (times 0-8).
+SINCE = (encode_cursor((0, 0)), encode_cursor((5, 0)))
+
+
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=histories(max_size=40), seed=st.integers(0, 2**32),
@@ -244,6 +250,16 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
                         except AccountGone:
                             anew = "gone"
                         assert cached == anew, f"user {user}, {kind}, limit {limit}"
+                    # What is new above a position, and how many: cached under the
+                    # home's token, so the same batches must invalidate them.
+                    for since, limit, count in itertools.product(SINCE, (2, 20), (False, True)):
+                        cached = _read(pages, state, user, HOME, limit, since, count)
+                        read = Read(store, user, None, limit, None, since=since, count=count)
+                        try:
+                            anew = read.body(pages._page_fn(state, read, HOME), None)
+                        except AccountGone:
+                            anew = "gone"
+                        assert cached == anew, f"user {user}, since {since}, limit {limit}"
         finally:
             state.versions.close()
             store.close()
