@@ -31,7 +31,17 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from ingest.consistency import encode_token
-from ingest.events import Delete, Event, Follow, Post, Relation, Repost, Unrepost, UserUpsert
+from ingest.events import (
+    AccountDelete,
+    Delete,
+    Event,
+    Follow,
+    Post,
+    Relation,
+    Repost,
+    Unrepost,
+    UserUpsert,
+)
 from serving import timeline
 from serving.app import NewCount, TimelinePage, create_app
 from serving.celebrities import CelebrityCache
@@ -395,6 +405,11 @@ def test_etag_and_304_until_something_new_arrives(world: World):
         again = world.client.get(path, params={"since": top}, headers={"If-None-Match": etag})
         assert again.status_code == 304 and again.content == b""
     bodies = {p: world.client.get(p, params={"since": top}) for p in (HOME_PATH, COUNT_PATH)}
+    world.run(Post(130, STRANGER, T0 + 400, "not followed"))  # a commit the pages do not show
+    for path, before in bodies.items():
+        same = world.client.get(path, params={"since": top},
+                                headers={"If-None-Match": before.headers["etag"]})
+        assert same.status_code == 304, path
     world.run(Post(120, AUTHOR, T0 + 500, "news"))
     for path, before in bodies.items():
         fresh = world.client.get(path, params={"since": top},
@@ -411,6 +426,14 @@ def test_the_owners_token_only(world: World):
         other = world.anon.get(path, params={"since": top}, headers=bearer(FAN))
         assert assert_error(other, 403)["field"] == "user_id"
         assert world.client.get(path, params={"since": top}).status_code == 200
+
+
+def test_a_deleted_account_is_404(world: World):
+    top = encode_cursor((0, 0))
+    world.run(AccountDelete(READER, T0 + 600))
+    for path in (HOME_PATH, COUNT_PATH):
+        assert assert_error(world.client.get(path, params={"since": top}), 404)["error"] \
+            == "not_found"
 
 
 def test_after_with_since(world: World):
