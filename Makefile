@@ -1,19 +1,24 @@
 # The two set-up commands of the README. Each installs what it needs first into a
 # local virtualenv (.venv) and the Maven jar cache (Kafka, Cassandra, Spark's Kafka
 # connector; ~/.cache/fanout/jars, fetched once), then runs. Nothing here needs root
-# except installing Java and Maven.
+# except installing Java and Maven. No step goes quiet for more than 10 s.
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint install jars java clean
+.PHONY: demo test lint install jars class-archive java clean
 
+# The demo needs the packages and the jars only: its job starts without the driver's
+# class archive, which would hold up a first demo for about a minute to save its
+# job a second or two.
 demo: jars
 	$(VENV)/bin/fanout demo
 
-test: jars
+# The tests use the class archive (tests/infra/test_class_archive.py checks that the
+# driver maps it), so the test target builds it.
+test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.
@@ -21,19 +26,29 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-install: jars
+install: jars class-archive
 
 # A no-op once the cache holds every set; `fanout jars` says what to install if Maven
-# is missing. Then the Spark driver's class archive (infra/archive_builder.py), trained
-# once on a small run of the job: a no-op while the JVM and the jars stay the same.
+# is missing.
 jars: $(STAMP) java
 	$(VENV)/bin/fanout jars
+
+# The Spark driver's class archive (infra/archive_builder.py), trained once on a small
+# run of the job, ~1 minute: a no-op while the JVM and the jars stay the same. Every
+# job started after it starts faster.
+class-archive: jars
 	$(VENV)/bin/fanout class-archive
+
+# pip says nothing for a minute or more while it installs: say_while prints a line
+# every 10 s until the command ends, and ends with its exit status.
+say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
+	while kill -0 $$pid 2>/dev/null; do sleep 1; n=$$((n + 1)); \
+	  [ $$((n % 10)) -ne 0 ] || echo "  $(1): $$n s so far"; done; wait $$pid
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(call say_while,installing pip,$(PY) -m pip install --quiet --upgrade pip)
+	$(call say_while,installing fanout and its packages into $(VENV),$(PY) -m pip install --quiet -e '.[test]')
 	touch $(STAMP)
 
 java:

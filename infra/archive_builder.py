@@ -16,7 +16,6 @@ import argparse
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from typing import Final
 
 from infra.class_archive import ARCHIVE_ENV, CACHE_ENV, OFF
 from infra.errors import InfraError
+from infra.process import run_saying
 from infra.settings import SPARK_JAVA_OPTIONS_ENV
 
 log = logging.getLogger(__name__)
@@ -57,17 +57,20 @@ def build(*, rebuild: bool = False, workload: str = "job") -> tuple[Path, bool]:
         raise ClassArchiveError(msg)
     if target.is_file() and not rebuild:
         return target, False
+    log.info("class archive: none for this JVM and these jars yet; building %s", target)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".train-", dir=target.parent))
     try:
         draft = work / "draft.jsa"
         _child(["--train", str(draft), "--workload", workload], work,
-               f"-XX:ArchiveClassesAtExit={draft}")
+               f"-XX:ArchiveClassesAtExit={draft}",
+               what=f"class archive: training the Spark driver on a small run of the {workload}")
         if not draft.is_file():
             msg = f"the training JVM wrote no archive (its output is in {work})"
             raise ClassArchiveError(msg)
         # -Xshare:on: a JVM that cannot map the archive for this class path fails to start.
-        _child(["--check"], work, "-Xshare:on", archive=draft)
+        _child(["--check"], work, "-Xshare:on", archive=draft,
+               what="class archive: checking that a new driver maps it")
         family = target.name.rsplit("-", 1)[0]
         for stale in target.parent.glob(f"{family}-*.jsa"):
             stale.unlink(missing_ok=True)  # this install's, for jars or a JVM since replaced
@@ -79,16 +82,19 @@ def build(*, rebuild: bool = False, workload: str = "job") -> tuple[Path, bool]:
     return target, True
 
 
-def _child(args: list[str], work: Path, java_option: str, archive: Path | None = None) -> None:
-    """Run this module in a fresh interpreter (so with a JVM of its own) with one option."""
+def _child(args: list[str], work: Path, java_option: str, archive: Path | None = None,
+           what: str = "class archive") -> None:
+    """Run this module in a fresh interpreter (so with a JVM of its own) with one option.
+
+    ``what`` names the run in the lines said while it goes on (:func:`run_saying`).
+    """
     env = {**os.environ, ARCHIVE_ENV: str(archive) if archive else OFF,
            SPARK_JAVA_OPTIONS_ENV: " ".join(
                filter(None, (os.environ.get(SPARK_JAVA_OPTIONS_ENV, ""), java_option)))}
     out = work / f"{args[0].lstrip('-')}.log"
     with out.open("wb") as sink:
-        done = subprocess.run([sys.executable, "-m", "infra.archive_builder", *args], env=env,
-                              stdout=sink, stderr=subprocess.STDOUT, cwd=work,
-                              timeout=TRAINING_TIMEOUT_S, check=False)
+        done = run_saying([sys.executable, "-m", "infra.archive_builder", *args], what,
+                          stdout=sink, cwd=work, env=env, timeout=TRAINING_TIMEOUT_S)
     if done.returncode != 0:
         # The JVM lists every class it could not archive as a warning; the cause follows.
         said = [line for line in out.read_text(errors="replace").strip().splitlines()

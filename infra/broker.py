@@ -31,7 +31,15 @@ from confluent_kafka.admin import AdminClient
 
 from infra.errors import InfraError
 from infra.jars import KAFKA, classpath
-from infra.process import JIT_OPTIONS, LOOPBACK, free_port, log_tail, port_free, terminate
+from infra.process import (
+    JIT_OPTIONS,
+    LOOPBACK,
+    Heartbeat,
+    free_port,
+    log_tail,
+    port_free,
+    terminate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +283,9 @@ def wait_until_serving(process: subprocess.Popen[bytes], bootstrap: str,
                        deadline: float, log_path: Path) -> bool:
     """Wait until the broker answers a metadata request; False if it exited."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    beat = Heartbeat(f"waiting for Kafka on {bootstrap}")
     while True:
+        beat()
         if process.poll() is not None:
             return False
         if time.monotonic() >= deadline:

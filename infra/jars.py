@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -27,6 +26,7 @@ from typing import Final
 from xml.sax.saxutils import escape
 
 from infra.errors import InfraError
+from infra.process import run_saying
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +116,10 @@ def resolve(jars: JarSet, root: Path | None = None) -> Path:
         (work / "pom.xml").write_text(_pom(jars))
         out = work / "jars"
         log.info("fetching %s from Maven Central into %s", ", ".join(jars.artifacts), root)
-        result = subprocess.run(
+        result = run_saying(
             [mvn, "-B", "-q", "-f", str(work / "pom.xml"), f"{DEPENDENCY_PLUGIN}:copy-dependencies",
              "-DincludeScope=runtime", f"-DoutputDirectory={out}"],
-            capture_output=True, text=True, check=False, timeout=1800)
+            f"fetching the {jars.name} jars", capture=True, timeout=1800)
         if result.returncode != 0 or not any(out.glob("*.jar")):
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
             msg = (f"could not fetch {', '.join(jars.artifacts)} with Maven (exit "

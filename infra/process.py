@@ -3,8 +3,9 @@
 Free loopback ports, the tail of a service's log for an error message, a stop that
 asks first (SIGTERM: Kafka shuts down in a controlled way, Cassandra drains its
 memtables) and kills after a timeout, how a service in the foreground is told to stop
-(:func:`stop_on_signals`), and the JIT setting of the JVMs that share one machine with
-the job.
+(:func:`stop_on_signals`), the JIT setting of the JVMs that share one machine with
+the job, and a line now and then while something slow is awaited (:class:`Heartbeat`,
+:func:`run_saying`): no step of an install or a start goes quiet for long.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import IO, Final
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,10 @@ LOOPBACK: Final = "127.0.0.1"
 #: minutes of bulk replay and the JVM disabled its compiler for good, leaving later
 #: code interpreted. 240 MB is the JVM's own default with tiers.
 JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+#: Longest a slow step (a JVM starting, a Maven fetch, the class archive's training run)
+#: goes without saying that it goes on, in seconds.
+HEARTBEAT_S: Final = 5.0
 
 _PR_SET_TIMERSLACK: Final = 29
 _PR_GET_TIMERSLACK: Final = 30
@@ -83,6 +89,51 @@ def terminate(process: subprocess.Popen[bytes], timeout: float, name: str) -> No
                     timeout)
         process.kill()
         process.wait(timeout)
+
+
+class Heartbeat:
+    """Logs, at most every ``every`` seconds, that the wait for ``what`` goes on.
+
+    Call it from a polling loop; the first line comes ``every`` seconds after creation.
+    """
+
+    def __init__(self, what: str, every: float = HEARTBEAT_S) -> None:
+        self.what, self.every = what, every
+        self.began = self._said = time.monotonic()
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self._said >= self.every:
+            self._said = now
+            log.info("%s: %.0f s so far", self.what, now - self.began)
+
+
+def run_saying(argv: list[str], what: str, *, timeout: float, capture: bool = False,
+               stdout: IO[bytes] | None = None, cwd: Path | None = None,
+               env: dict[str, str] | None = None,
+               every: float = HEARTBEAT_S) -> subprocess.CompletedProcess[str]:
+    """:func:`subprocess.run` of a slow command, with a :class:`Heartbeat` every ``every`` s.
+
+    ``capture``: its output and errors as text in the result; else its output goes to
+    ``stdout`` (errors with it). Past ``timeout`` seconds it is killed and
+    :class:`subprocess.TimeoutExpired` raised, as ``run`` does.
+    """
+    beat = Heartbeat(what, every)
+    deadline = time.monotonic() + timeout
+    pipe = subprocess.PIPE if capture else stdout
+    with subprocess.Popen(argv, stdout=pipe, stderr=subprocess.PIPE if capture else
+                          subprocess.STDOUT, text=capture, cwd=cwd, env=env) as child:
+        while True:
+            try:
+                out, err = child.communicate(timeout=min(1.0, beat.every))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    child.communicate()
+                    raise subprocess.TimeoutExpired(argv, timeout) from None
+                beat()
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
 def stop_on_signals() -> threading.Event:

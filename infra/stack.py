@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from infra.errors import InfraError
+from infra.process import Heartbeat
 from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
 from infra.verifier import VERIFIER_PORT_ENV
 from infra.verifier import enabled as verifier_enabled
@@ -221,7 +222,9 @@ def _await(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: st
     ``watch`` says what else died meanwhile (a service this one needs), or None.
     """
     deadline = time.monotonic() + timeout
+    beat = Heartbeat(f"waiting for {what}")
     while not ready():
+        beat()
         if process.poll() is not None:
             msg = f"{what} exited before it was ready; {hint}"
             raise StackError(msg)
