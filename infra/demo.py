@@ -12,6 +12,7 @@ entry of each kind (post, reply, repost) fetched over HTTP, the result of
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import time
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ import httpx
 
 from infra.errors import InfraError
 from infra.launch import up
+from infra.process import HEARTBEAT_S
 from infra.stack import Stack, down
 from infra.verify import end_offsets, lagging, verify
 from ingest.generator import generate, write
@@ -79,8 +81,11 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
     try:
         clock.step("wait for the view job to catch up", lambda: catch_up(kafka, store))
         _show_timelines(stack, store)
+        # As `fanout verify` reads: in a process per core, each reopening the store.
+        opener = functools.partial(store_from_url, stack.store_url, cap=store.cap)
         result = clock.step("verify against the SQL",
-                            lambda: verify(kafka, store, store.cap))
+                            lambda: verify(kafka, store, store.cap, opener=opener,
+                                           progress=True))
         print(result.render())
         if result.users_checked == 0:
             print("verify checked no user: the view is empty")
@@ -96,7 +101,8 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
     ends = end_offsets(kafka)
     total = sum(ends.values())
     deadline = time.monotonic() + timeout
-    with progress_bar(total=total, desc="view applied", unit="rec", unit_scale=True) as bar:
+    with progress_bar(total=total, desc="view applied", unit="rec", unit_scale=True,
+                      log_interval=HEARTBEAT_S) as bar:
         while lagging(store, ends):
             applied = store.applied_offsets()
             bar.n = sum(min(applied.get(tp, -1) + 1, end) for tp, end in ends.items())
