@@ -3,17 +3,20 @@
 A client holds a page and remembers its ``top_cursor``; more entries arrive (posts,
 reposts that move an original up, celebrities' posts merged at read time, deletes,
 undone reposts, blocks and mutes that take entries away); the client reads what is
-new with ``?since=`` and fills every gap from the bottom up with the ``gap_cursor``
-it is given. What it ends with must be exactly the entries above its old top that
-``/home`` serves now — none missing, none twice, in order — so that they and the
-page below its old top make the new first page; and the count must be their number,
-capped. The property runs on random §4b histories through :class:`serving.reads.Pages`
-(the code every door of the API answers with) on each way a home page is assembled:
-the fan-out cache, with the in-process celebrity cache, and fan-out on read.
+new with ``?since=`` and fills every gap with the ``gap_cursor`` it is given, from the
+bottom up (or from the top, for a gap too large to read whole, as ``gap_above`` says).
+What it ends with must be exactly the entries above its old top that ``/home`` serves
+now — none missing, none twice, in order — and the new first page must begin with
+them; the count must be their number, capped. The property runs on random §4b
+histories through :class:`serving.reads.Pages` (the code every door of the API answers
+with) on each way a home page is assembled: the fan-out cache, with the in-process
+celebrity cache, and fan-out on read.
 
 Over real HTTP: the protocol's fast path, the ASGI fast path and the FastAPI route
 give the same bytes; bad input is a 400 in the JSON shape, counted in ``/metrics``;
-the owner's token, ETag/304 and ``?after=`` hold as for ``/home``.
+the owner's token, 404 for a deleted account, ETag/304 and ``?after=`` hold as for
+``/home``. With nothing new above the horizon, a since read costs what an empty page
+does.
 """
 
 from __future__ import annotations
