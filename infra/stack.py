@@ -236,6 +236,7 @@ def _await(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: st
             msg = f"{what} was not ready after {timeout:.0f}s; {hint}"
             raise StackError(msg)
         time.sleep(0.1)
+    log.info("%s: ready after %.1f s", what, time.monotonic() - beat.began)
 
 
 @contextlib.contextmanager
