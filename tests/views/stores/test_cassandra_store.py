@@ -503,7 +503,7 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
     keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
             "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
-            "reposts_by_original": "original_id", "relations": "user_id"}
+            "reposts_by_original": "original_id", "relations": "user_id", "tweets": "tweet_id"}
     for name, (table, arg) in cql.PARTITION_KEY.items():
         assert f" {table} " in cql.STATEMENTS[name] and name not in cql.NOT_IDEMPOTENT
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name

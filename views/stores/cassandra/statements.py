@@ -216,6 +216,8 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "celeb_edge_on": ("celebrity_follows", 0), "celeb_edge_off": ("celebrity_follows", 1),
     "celeb_on": ("celebrities", None), "celeb_off": ("celebrities", None),
     "dead_part_add": ("dead_letter_partitions", None),
+    "tweet_live": ("tweets", 0), "tweet_gone": ("tweets", 2), "tweet_gone_at": ("tweets", 3),
+    "tweet_take": ("tweets", 0), "repost_set": ("tweets", 0),
     "repost_add": ("reposts_by_original", 0), "repost_del": ("reposts_by_original", 1),
     "relation_on": ("relations", 0), "relation_off": ("relations", 1),
 }
