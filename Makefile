@@ -40,10 +40,10 @@ class-archive: jars
 	$(VENV)/bin/fanout class-archive
 
 # pip says nothing for a minute or more while it installs: say_while prints a line
-# every 10 s until the command ends, and ends with its exit status.
+# every 5 s until the command ends, and ends with its exit status.
 say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
 	while kill -0 $$pid 2>/dev/null; do sleep 1; n=$$((n + 1)); \
-	  [ $$((n % 10)) -ne 0 ] || echo "  $(1): $$n s so far"; done; wait $$pid
+	  [ $$((n % 5)) -ne 0 ] || echo "  $(1): $$n s so far"; done; wait $$pid
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
