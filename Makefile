@@ -48,7 +48,7 @@ say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(call say_while,installing pip,$(PY) -m pip install --quiet --upgrade pip)
-	$(call say_while,installing fanout and its packages into $(VENV),$(PY) -m pip install --quiet -e '.[test]')
+	$(call say_while,installing the packages,$(PY) -m pip install --quiet -e '.[test]')
 	touch $(STAMP)
 
 java:

@@ -283,9 +283,10 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
     ``workers`` processes (default: one per core). A store that answers reads in process
     (``reads_in_process``: SQLite) is read serially in each (on SQLite, 8 threads checked
     fewer users a second than the same reads done serially, at a quarter more CPU a
-    user), through a :class:`RowCache`. A store whose reads wait on the network is read by :data:`READERS` threads in
-    each, whose waits overlap, through the store's page reader (rows shared by many
-    timelines read once, as the API's page renders do: :meth:`PageVersions.reader`).
+    user), through a :class:`RowCache`. A store whose reads wait on the network is read
+    by :data:`READERS` threads in each, whose waits overlap, through the store's page
+    reader (rows shared by many timelines read once, as the API's page renders do:
+    :meth:`PageVersions.reader`).
     Without an opener: those threads in this process, or inline. ``started``: the
     processes, started already (:func:`_reader_pool`), left to their owner to stop.
     """

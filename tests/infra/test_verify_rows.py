@@ -1,4 +1,4 @@
-"""Verify's kept rows (infra.verify.RowCache): read once per store position, dropped when it moves."""
+"""Verify's kept rows (infra.verify.RowCache): read once per store position, dropped after."""
 
 from __future__ import annotations
 
