@@ -50,6 +50,7 @@ from views.stores.cassandra.config import (
     load_balancing,
     parse_url,
 )
+from views.stores.cassandra.executor import Columns
 from views.stores.cassandra.schema import (
     SchemaError,
     Step,
@@ -61,7 +62,7 @@ from views.stores.cassandra.schema import (
     require_current,
     split_cql,
 )
-from views.stores.cassandra.store import CassandraStore, Columns
+from views.stores.cassandra.store import CassandraStore
 
 BIG = 2**63 - 1
 

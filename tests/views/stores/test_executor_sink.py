@@ -50,9 +50,9 @@ from views.row import arrow_schema
 from views.stores.base import DORMANT, BatchStats, Entry, Relations, Store, UserRow
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
+from views.stores.cassandra.executor import Columns
 from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
-from views.stores.cassandra.store import CassandraStore, Columns
-from views.stores.cassandra.tasks import TaskWriter, close_writers
+from views.stores.cassandra.store import CassandraStore, close_task_stores
 from views.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -107,16 +107,15 @@ def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: i
                     tweet_tasks_twice: bool = False) -> BatchStats:
     """What ExecutorSink.__call__ does, with the two shuffles done here."""
     ts, digest = sink.begin(batch_id)
-    config, cap = sink.config, sink.store.cap
     routed = []
     for part in _split(_arrow(deltas), _tweet_key, n):
         for _ in range(2 if tweet_tasks_twice else 1):  # a task Spark ran again
-            out = list(tweet_stage(config, cap, ts, iter(part.to_batches())))
+            out = list(tweet_stage(sink.open_store, ts, iter(part.to_batches())))
         routed += out
     table = _no_nulls_where_not_null(pa.Table.from_batches(routed))
     tallies = [SimpleNamespace(**row)
                for part in _split(table, lambda r: r["route"], n)
-               for batch in user_stage(config, cap, ts, iter(part.to_batches()),
+               for batch in user_stage(sink.open_store, ts, iter(part.to_batches()),
                                        sink.store.inactive_ms)
                for row in batch.to_pylist()]
     return sink.finish(batch_id, ts, digest, tallies, 0.0)
@@ -154,7 +153,7 @@ def _keyspaces(hosts: str, inactive_days: float = 0.0
         finally:
             driver.close()
             executors.close()
-            close_writers()
+            close_task_stores()
 
 
 @pytest.fixture
@@ -261,10 +260,10 @@ def test_stages_move_a_repost_as_the_sqlite_store_does(two_keyspaces, monkeypatc
                [Repost(rid, r, o2, b, 5), Delete(rid, forger, 8),
                 Repost(rid2, r, o1, a, 0), Delete(rid2, forger, 9)],
                [Repost(rid, r, o2, b, 4), Unrepost(rid, r, 9)]]
-    real_run = TaskWriter._run
+    real_run = CassandraStore._run
     cut_short = [False]
 
-    def run(self: TaskWriter, ops: list[cql.Op], profile: object = WRITE_PROFILE,
+    def run(self: CassandraStore, ops: list[cql.Op], profile: object = WRITE_PROFILE,
             columns: Sequence[Columns] = ()) -> list:
         if cut_short[0] and any(name == "repost_set" for name, _ in ops):
             cut_short[0] = False
@@ -273,7 +272,7 @@ def test_stages_move_a_repost_as_the_sqlite_store_does(two_keyspaces, monkeypatc
             raise StoreError(msg)
         return real_run(self, ops, profile, columns)
 
-    monkeypatch.setattr(TaskWriter, "_run", run)
+    monkeypatch.setattr(CassandraStore, "_run", run)
     reference = Recording().open()
     join = LocalJoin(JoinConfig(cap=CAP, promote_at=25, demote_below=20), reference)
     sink = ExecutorSink(executors)
@@ -396,10 +395,10 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
         pytest.skip("the Cassandra node is not a local process: it cannot be paused")
     _, executors = two_keyspaces
     config = dataclasses.replace(executors.config, timeout=1.0, retry_s=60.0)
-    writer = TaskWriter(config, CAP)
+    writer = CassandraStore.for_tasks(config, CAP)
     writer.open()
     ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
-    caplog.set_level(logging.WARNING, logger="views.stores.cassandra.tasks")
+    caplog.set_level(logging.WARNING, logger="views.stores.cassandra.executor")
     resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
     try:
         os.kill(pid, signal.SIGSTOP)
@@ -415,7 +414,7 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
 
 def test_a_bad_statement_is_not_retried(two_keyspaces):
     _, executors = two_keyspaces
-    writer = TaskWriter(executors.config, CAP)
+    writer = CassandraStore.for_tasks(executors.config, CAP)
     writer.open()
     try:
         with pytest.raises(StoreError, match="after 1 attempt"):

@@ -7,8 +7,10 @@
 - :mod:`~views.stores.cassandra.statements`: every CQL statement, and the pure step
   from a write plan to bound values;
 - :mod:`~views.stores.cassandra.rows`: the reads' queries and row decoders;
-- :mod:`~views.stores.cassandra.tasks`: the writer of one Spark task (the executor
-  sink's);
+- :mod:`~views.stores.cassandra.executor`: requests built from ops, run concurrently
+  under one failure policy (retried for the store's ``retry_s``);
+- :mod:`~views.stores.cassandra.sink` and :mod:`~views.stores.cassandra.tasks`: the
+  executor sink, and what one of its Spark tasks writes through a store;
 - :mod:`~views.stores.cassandra.schema` and ``cql/``: the versioned schema steps.
 
 Importing this package loads cassandra-driver, which is why

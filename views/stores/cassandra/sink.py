@@ -60,9 +60,9 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -73,9 +73,14 @@ from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
 from views.stores.base import BatchStats, ViewWriter, WritePlan, fold
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.config import CassandraConfig
-from views.stores.cassandra.store import CassandraStore
-from views.stores.cassandra.tasks import TaskWriter, writer
+from views.stores.cassandra.tasks import TaskWriter
+
+if TYPE_CHECKING:
+    from views.stores.cassandra.store import CassandraStore
+
+#: What opens the store a task writes through, in the task's process
+#: (:meth:`CassandraStore.task_stores`).
+Opener = Callable[[], "CassandraStore"]
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +200,7 @@ def _unpack(d: Delta, out: _Routed) -> None:
         raise StoreError(msg)
 
 
-def tweet_stage(config: CassandraConfig, cap: int, ts: int,
+def tweet_stage(open_store: Opener, ts: int,
                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A task of stage 1: write its tweets, pass everything else on one user per row."""
     deltas = [d for b in batches for d in deltas_from_arrow(pa.Table.from_batches([b]))]
@@ -203,7 +208,7 @@ def tweet_stage(config: CassandraConfig, cap: int, ts: int,
     tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
     if tweet_side:
         plan = ViewWriter.plan(tweet_side)
-        removes, _ = writer(config, cap).write_tweets(plan, ts)
+        removes, _ = TaskWriter(open_store()).write_tweets(plan, ts)
         if removes:
             cols = np.array([params for _, params in removes], dtype=np.int64)
             out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
@@ -258,7 +263,7 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
     return plan, rows, dead
 
 
-def user_stage(config: CassandraConfig, cap: int, ts: int, batches: Iterator[pa.RecordBatch],
+def user_stage(open_store: Opener, ts: int, batches: Iterator[pa.RecordBatch],
                inactive_ms: int = 0) -> Iterator[pa.RecordBatch]:
     """A task of stage 2: write its users' rows; yield its tally and offsets.
 
@@ -268,7 +273,7 @@ def user_stage(config: CassandraConfig, cap: int, ts: int, batches: Iterator[pa.
     plan, rows, dead = _user_plan(table)
     adds = removes = 0
     if plan.rows():
-        counts = writer(config, cap).write_users(plan, ts, inactive_ms)
+        counts = TaskWriter(open_store()).write_users(plan, ts, inactive_ms)
         adds, removes = counts.adds, counts.removes
     offsets = sorted(plan.offsets.items())
     yield pa.RecordBatch.from_pydict({
@@ -301,7 +306,7 @@ class ExecutorSink(Sink):
     def __init__(self, store: CassandraStore, checkpoint: Path | None = None, *,
                  partitions: int | None = None, on_batch: OnBatch | None = None) -> None:
         super().__init__(store, on_batch)
-        self.config = store.config
+        self.open_store = store.task_stores()
         self.checkpoint = checkpoint
         self.partitions = partitions
 
@@ -311,10 +316,10 @@ class ExecutorSink(Sink):
         n = self.partitions or frame.sparkSession.sparkContext.defaultParallelism
         tallies = (frame.mapInArrow(unpacked_batches, DELTA_DDL)
                    .repartition(n, tweet_route())
-                   .mapInArrow(functools.partial(tweet_stage, self.config, self.store.cap, ts),
+                   .mapInArrow(functools.partial(tweet_stage, self.open_store, ts),
                                ROUTED_DDL)
                    .repartition(n, "route")
-                   .mapInArrow(functools.partial(user_stage, self.config, self.store.cap, ts,
+                   .mapInArrow(functools.partial(user_stage, self.open_store, ts,
                                                  inactive_ms=self.store.inactive_ms),
                                TALLY_DDL)
                    .collect())
@@ -353,7 +358,7 @@ class ExecutorSink(Sink):
             self.on_batch(stats, stats.seconds)
 
     def _open(self) -> TaskWriter:
-        return writer(self.config, self.store.cap)  # the driver's, kept like an executor's
+        return TaskWriter(self.open_store())  # the driver's store, kept like an executor's
 
     def _run_digest(self, batch_id: int) -> str:
         """Name of this checkpoint's batch: the query id Spark keeps in it, and the batch id."""

@@ -78,26 +78,21 @@ is thread-safe).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import gc
 import logging
-import struct
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cassandra import DriverException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
-from cassandra.concurrent import execute_concurrent
-from cassandra.cqltypes import LongType
-from cassandra.query import BatchStatement, BatchType
 
 from views.delta import Key
 from views.errors import StoreError
-from views.stores.adds import run_starts
 from views.stores.base import (
     BatchInfo,
     DeadLetter,
@@ -116,6 +111,17 @@ from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.changes import Changes, FeedVersions, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
+from views.stores.cassandra.executor import (
+    Columns,
+    all_rows,
+    column_requests,
+    execute,
+    gc_paused,
+    replica_of,
+    requests,
+    retrying,
+    unbatch,
+)
 
 if TYPE_CHECKING:
     from views.sink import Sink
@@ -123,160 +129,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def requests(groups: list[list[int]], ops: Sequence[cql.Op], prepared: dict[str, Any],
-             protocol: int) -> list[tuple[Any, tuple[Any, ...]]]:
-    """One request per group of :func:`cql.units`: its statement, or an unlogged batch.
-
-    A batch's statements are serialized here by their columns' types
-    (:func:`_serializers`), not bound one by one: binding builds a statement object a row
-    and cost the executor sink ~8 µs a row, most of its client CPU.
-    """
-    out: list[tuple[Any, tuple[Any, ...]]] = []
-    for group in groups:
-        if len(group) == 1:
-            name, params = ops[group[0]]
-            out.append((prepared[name], params))
-            continue
-        rows: list[tuple[bool, bytes, list[bytes | None]]] = []
-        for i in group:
-            name, params = ops[i]
-            statement = prepared[name]
-            rows.append((True, statement.query_id,
-                         [None if v is None else serialize(v, protocol)
-                          for serialize, v in zip(_serializers(statement), params,
-                                                  strict=True)]))
-        first = prepared[ops[group[0]][0]]
-        out.append((_batch(rows, [rows[0][2][i] for i in first.routing_key_indexes or ()]), ()))
-    return out
-
-
-def column_requests(statement: Any, rows: np.ndarray, key: int,
-                    replica: Callable[[Any], Hashable] | None) -> list[Any]:
-    """Unlogged batches of one all-bigint statement, from an ``(n, k)`` int64 array of its values.
-
-    Grouped as :func:`cql.units` groups ops (a partition's rows together, at most
-    :data:`cql.BATCH_MAX`; partitions smaller than :data:`cql.PACK_MAX` packed per replica
-    set), with ``rows[:, key]`` the partition key, and serialized column-wise: a
-    catching-up batch's millions of timeline rows cost no Python object a value
-    beyond the bytes the protocol sends.
-    """
-    if not len(rows):
-        return []
-    if any(c.type is not LongType for c in statement.column_metadata):
-        msg = f"column-wise values are bigint only; {statement.query_string!r} binds others"
-        raise StoreError(msg)
-    rows = rows[np.argsort(rows[:, key], kind="stable")]
-    values = rows.astype(">i8").view("V8").tolist()  # bytes, big-endian: the wire's bigint
-    keys = rows[:, key]
-    starts = run_starts(keys).tolist()
-    out: list[Any] = []
-    packs: dict[Hashable, list[int]] = {}
-    qid = statement.query_id
-    for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
-        if end - start >= cql.PACK_MAX:
-            out += [_batch([(True, qid, v) for v in values[i:min(i + cql.BATCH_MAX, end)]],
-                           [values[i][key]]) for i in range(start, end, cql.BATCH_MAX)]
-            continue
-        where = None if replica is None else replica(int(keys[start]))
-        pack = packs.setdefault(where, [])
-        if len(pack) + end - start > cql.PACK_MAX:
-            out.append(_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]]))
-            pack.clear()
-        pack.extend(range(start, end))
-    out += [_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]])
-            for pack in packs.values() if pack]
-    return out
-
-
-def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:
-    """An unlogged batch of serialized statements, routed to the first one's replicas.
-
-    The rows go in as the driver's own :meth:`BatchStatement.add` leaves them once it
-    has bound a statement: ``(prepared, query id, serialized values)``.
-    """
-    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-    batch._statements_and_parameters = rows  # noqa: SLF001  (what add() fills)
-    batch.is_idempotent = True  # upserts and deletes at explicit timestamps
-    if routing and all(part is not None for part in routing):
-        batch.routing_key = routing
-    return batch
-
-
-@contextlib.contextmanager
-def gc_paused(pause: bool = True) -> Iterator[None]:
-    """Python's cyclic collector off while a column-wise write builds and sends its batches.
-
-    Their values are hundreds of thousands of small acyclic objects, freed by reference
-    counting; left on, the collector walked them again and again while they were built
-    and sent, ~1.5 µs a timeline row of the sink's client CPU.
-    """
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-@functools.lru_cache(maxsize=512)
-def _serializers(statement: Any) -> tuple[Callable[[Any, int], bytes], ...]:
-    """The serializer of each bind marker of a prepared statement, from its column types."""
-    return tuple(c.type.serialize for c in statement.column_metadata)
-
-
-Columns = tuple[str, np.ndarray]
-"""A statement name and an ``(n, k)`` int64 array of its bound values, a row a write."""
-
-_BIGINT: Final = struct.Struct(">q")  # a bigint partition key as the routing key's bytes
-
-
-def replica_of(cluster: Any, keyspace: str) -> Callable[[Any], Hashable] | None:
-    """A partition key's replicas, from the driver's token map (None: no token map).
-
-    Every batched table has a bigint partition key (or a constant one); memoized.
-    """
-    token_map = getattr(cluster.metadata, "token_map", None)
-    if token_map is None:
-        return None
-    token_class = token_map.token_class
-
-    @functools.lru_cache(maxsize=65536)
-    def replicas(key: Any) -> Hashable:
-        if not isinstance(key, int):
-            return None
-        token = token_class.from_key(_BIGINT.pack(key))
-        return frozenset(token_map.get_replicas(keyspace, token))
-
-    return replicas
-
-
-def all_rows(result: Any) -> reads.Rows:
-    """A result set's rows, its first page as the driver holds it (no loop in Python).
-
-    A result with more pages is iterated: the pages after the first are fetched as
-    its rows are consumed.
-    """
-    return list(result) if result.has_more_pages else result.current_rows
-
-
-def unbatch(groups: list[list[int]], results: list[reads.Rows], n: int) -> list[reads.Rows]:
-    """Each op's rows, in the order of the ops, from the results of its group's request."""
-    rows: list[reads.Rows] = [[] for _ in range(n)]
-    for group, result in zip(groups, results, strict=True):
-        if len(group) == 1:
-            rows[group[0]] = result
-    return rows
-
-
 class CassandraStore(Store):
     """Store in a Cassandra keyspace; see the module docstring."""
 
     def __init__(self, config: CassandraConfig, cap: int = 800,
-                 inactive_days: float = 0.0) -> None:
+                 inactive_days: float = 0.0, *, retry_s: float = 0.0) -> None:
         super().__init__(cap, inactive_days)
         self.config = config
+        #: How long a request that fails transiently, or an open no node answers, is tried
+        #: again (:mod:`~views.stores.cassandra.executor`; 0: the first failure fails).
+        self.retry_s = retry_s
         self._cluster: Any = None
         self._session: Any = None
         self._statements: dict[str, Any] = {}
@@ -292,6 +154,15 @@ class CassandraStore(Store):
     def from_url(cls, url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
         """Build (not connect) from ``cassandra://hosts/keyspace?options``."""
         return cls(parse_url(url), cap=cap, inactive_days=inactive_days)
+
+    @classmethod
+    def for_tasks(cls, config: CassandraConfig, cap: int = 800) -> CassandraStore:
+        """The store an executor sink's task writes through (:mod:`.tasks`).
+
+        It waits out the URL's ``retry`` for a node, and never runs DDL: many clients
+        changing a schema at once is how it diverges.
+        """
+        return cls(dataclasses.replace(config, auto_schema=False), cap, retry_s=config.retry_s)
 
     def __repr__(self) -> str:
         return f"CassandraStore({self.config!r}, cap={self.cap})"
@@ -318,7 +189,7 @@ class CassandraStore(Store):
 
     def _connect(self) -> tuple[Any, Any]:
         """(Cluster, Session); the one place that opens connections."""
-        return schema.connect(self.config)
+        return schema.connect(self.config, wait=self.retry_s)
 
     @staticmethod
     def _prepare(session: Any) -> dict[str, Any]:
@@ -344,33 +215,41 @@ class CassandraStore(Store):
     # -- running statements ------------------------------------------------------------------
     def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
              columns: Sequence[Columns] = ()) -> list[reads.Rows]:
-        """Run ops, and ``columns`` writes, concurrently (bounded); rows of each op, in order."""
+        """Run ops, and ``columns`` writes, concurrently (bounded); rows of each op, in order.
+
+        A partition's writes go as one request (:func:`cql.units`); a failed request is
+        run again while :attr:`retry_s` allows (:func:`~.executor.execute`).
+        """
+        return self._run_groups(ops, cql.units(ops, self._replica), profile, columns)
+
+    def _run_groups(self, ops: list[cql.Op], groups: list[list[int]],
+                    profile: object = WRITE_PROFILE,
+                    columns: Sequence[Columns] = ()) -> list[reads.Rows]:
+        """:meth:`_run` with the requests given: groups of op indices, a request each."""
         if not ops and not any(len(rows) for _, rows in columns):
             return []
         session = self._require()
-        groups = cql.units(ops, self._replica)
-        try:
-            with gc_paused(bool(columns)):
-                results = execute_concurrent(session, self._requests(groups, ops, columns),
-                                             concurrency=self.config.concurrency,
-                                             raise_on_first_error=True,
-                                             execution_profile=profile)
-            return unbatch(groups, [all_rows(rows) for _, rows in results[:len(groups)]],
-                           len(ops))
-        except (DriverException, NoHostAvailable) as exc:
-            what = ops[0][0] if ops else columns[0][0]
-            msg = f"Cassandra statements failed ({len(ops)} of {what}, ...): {exc}"
-            raise StoreError(msg) from exc
+        with gc_paused(bool(columns)):
+            built, names = self._requests(groups, ops, columns)
+            results = execute(session, built, names, profile=profile,
+                              concurrency=self.config.concurrency, retry_s=self.retry_s)
+        return unbatch(groups, results[:len(groups)], len(ops))
 
     def _requests(self, groups: list[list[int]], ops: Sequence[cql.Op],
-                  columns: Sequence[Columns]) -> list[Any]:
-        """The requests of :meth:`_run`: the ops' groups first, in order, then ``columns``'."""
+                  columns: Sequence[Columns]) -> tuple[list[Any], list[str]]:
+        """The requests of :meth:`_run`, and the statement each runs.
+
+        The ops' groups first, in order, then ``columns``'.
+        """
         protocol = self._require().cluster.protocol_version
         out: list[Any] = requests(groups, ops, self._statements, protocol)
+        names = [ops[group[0]][0] for group in groups]
         for name, rows in columns:
-            out += [(batch, ()) for batch in column_requests(
-                self._statements[name], rows, cql.PARTITION_KEY[name][1] or 0, self._replica)]
-        return out
+            batches = column_requests(self._statements[name], rows,
+                                      cql.PARTITION_KEY[name][1] or 0, self._replica)
+            out += [(batch, ()) for batch in batches]
+            names += [name] * len(batches)
+        return out, names
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), *, scan: bool = False,
               profile: object = EXEC_PROFILE_DEFAULT) -> reads.Rows:
@@ -653,9 +532,17 @@ class CassandraStore(Store):
 
     def job_sink(self, checkpoint: Path) -> Sink:
         """Written from the executors, the batch never on the driver (:mod:`.sink`)."""
-        from views.stores.cassandra.sink import ExecutorSink  # it imports this module
+        from views.stores.cassandra.sink import ExecutorSink  # pyarrow: the job's alone
 
         return ExecutorSink(self, checkpoint)
+
+    def task_stores(self) -> Callable[[], CassandraStore]:
+        """What opens this store's keyspace in a process that runs the executor sink's tasks.
+
+        Picklable: Spark ships it to the executors, where :func:`task_store` keeps one
+        open store per process.
+        """
+        return functools.partial(task_store, self.config, self.cap)
 
     def page_versions(self) -> FeedVersions:
         """Per-page tokens from the batches' change feed (:mod:`.changes`)."""
@@ -701,3 +588,34 @@ class CassandraStore(Store):
         for name in ("followers_all", "home_users_all", "celeb_users_all"):
             found.update(reads.column(self._rows(name, scan=True)))
         return sorted(found)
+
+
+_TASK_STORES: dict[tuple[CassandraConfig, int], CassandraStore] = {}
+_TASK_STORES_LOCK = threading.Lock()
+
+
+def task_store(config: CassandraConfig, cap: int) -> CassandraStore:
+    """The open :meth:`CassandraStore.for_tasks` of ``config`` in this process, kept.
+
+    Opening reads the schema's version at the read level: with the quorum lost (two
+    nodes of three down), a new executor process would fail its task at once, and
+    Spark's four attempts would end the job instead of waiting out the store's
+    ``retry`` for the nodes to come back; so the open is retried as requests are.
+    """
+    key = (config, cap)
+    with _TASK_STORES_LOCK:
+        found = _TASK_STORES.get(key)
+        if found is None:
+            found = CassandraStore.for_tasks(config, cap)
+            retrying("opening the store", found.open, found.retry_s)
+            _TASK_STORES[key] = found
+            log.info("executor process opened a Cassandra session for %s", config.keyspace)
+        return found
+
+
+def close_task_stores() -> None:
+    """Close every store :func:`task_store` kept (tests, and processes that outlive their jobs)."""
+    with _TASK_STORES_LOCK:
+        for kept in _TASK_STORES.values():
+            kept.close()
+        _TASK_STORES.clear()

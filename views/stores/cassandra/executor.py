@@ -1,0 +1,273 @@
+"""Running the Cassandra store's statements: requests built in bulk, and one failure policy.
+
+Every read and write of :class:`~views.stores.cassandra.store.CassandraStore` runs here:
+a list of ops (a statement name and its values) becomes requests — one statement, or an
+unlogged batch of a partition's statements, small partitions of one replica set packed
+(:func:`cql.units`) — serialized by their columns' types without binding
+(:func:`requests`, :func:`column_requests`), and :func:`execute` runs them concurrently.
+
+**Retries.** Every write is an upsert or delete keyed by its primary key at an explicit
+timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is kept), so
+running one again writes the same cells. :func:`execute` runs a request that failed
+transiently — a timeout, too few replicas, a lost connection, no node answering — again
+whole, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
+per attempt; then, or at once for any other failure, it raises :class:`StoreError`. The
+store's ``retry_s`` is that one parameter: 0 (the API's reads, the driver's batches)
+fails at the first failure; the executor sink's tasks wait out the URL's ``retry``
+(120 s by default: long enough for a node to restart), after which Spark may run the
+task again, which is as safe. :func:`retrying` opens a store under the same policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import struct
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, Final, TypeVar
+
+import numpy as np
+from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
+from cassandra.cluster import NoHostAvailable
+from cassandra.concurrent import execute_concurrent
+from cassandra.connection import ConnectionException
+from cassandra.cqltypes import LongType
+from cassandra.query import BatchStatement, BatchType
+
+from views.errors import StoreError
+from views.stores.adds import run_starts
+from views.stores.cassandra import statements as cql
+from views.stores.cassandra.rows import Rows
+
+log = logging.getLogger(__name__)
+
+#: Backoff before the second run; doubled per attempt, capped at ``_BACKOFF_MAX``.
+_BACKOFF_S: Final = 0.2
+_BACKOFF_MAX: Final = 15.0
+#: Failures worth running a statement again for: the node was slow, short of
+#: replicas or unreachable. Anything else (a bad request) fails at once.
+TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure,
+                    NoHostAvailable, ConnectionException)
+#: Cassandra's "CAS operation result is unknown" (protocol error 0x1700): a conditional
+#: insert's Paxos round reached too few replicas in time, as on a loaded or shrunken
+#: ring. The driver has no class for it; the dead-letter insert it comes from is IF NOT
+#: EXISTS, so running it again keeps the first sighting either way.
+CAS_WRITE_UNKNOWN: Final = 0x1700
+
+_T = TypeVar("_T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed request is worth running again (see :data:`TRANSIENT`)."""
+    return isinstance(exc, TRANSIENT) or getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
+
+
+def _pause(attempt: int) -> float:
+    """The backoff after the ``attempt``-th failed run."""
+    return min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
+
+
+def execute(session: Any, requests: Sequence[Any], names: Sequence[str], *, profile: object,
+            concurrency: int, retry_s: float) -> list[Rows]:
+    """Run ``requests`` concurrently; each one's rows, in order (module docstring: retries).
+
+    ``names``: what each request runs, for the log and the error.
+    """
+    results: list[Rows] = [[] for _ in requests]
+    pending = list(range(len(requests)))
+    attempt = 0
+    give_up = time.monotonic() + retry_s
+    while pending:
+        attempt += 1
+        outcomes = execute_concurrent(session, [requests[i] for i in pending],
+                                      concurrency=concurrency, raise_on_first_error=False,
+                                      execution_profile=profile)
+        failed: list[tuple[int, BaseException]] = []
+        for i, (ok, value) in zip(pending, outcomes, strict=True):
+            if ok:
+                results[i] = all_rows(value)
+            else:
+                failed.append((i, value))
+        if not failed:
+            break
+        first, example = failed[0][1], names[failed[0][0]]
+        pause = _pause(attempt)
+        if time.monotonic() + pause > give_up or not transient(first):
+            msg = (f"Cassandra: {len(failed)} of {len(pending)} requests failed after "
+                   f"{attempt} attempt(s) in {retry_s:.0f}s, e.g. {example}: {first}")
+            if retry_s:
+                msg += "; start the job again (`fanout up`) once the cluster answers"
+            raise StoreError(msg) from first
+        log.warning("Cassandra: %d of %d requests failed (attempt %d, e.g. %s: %s); "
+                    "running them again in %.1fs (giving up after %.0fs)", len(failed),
+                    len(pending), attempt, example, first, pause, retry_s)
+        time.sleep(pause)
+        pending = [i for i, _ in failed]
+    return results
+
+
+def retrying(what: str, call: Callable[[], _T], retry_s: float) -> _T:
+    """``call()``, run again while it fails transiently, for up to ``retry_s`` (as requests are)."""
+    give_up = time.monotonic() + retry_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except Exception as exc:
+            pause = _pause(attempt)
+            if not transient(exc) or time.monotonic() + pause > give_up:
+                raise
+            log.warning("Cassandra: %s failed (attempt %d: %s); trying again in %.1fs "
+                        "(giving up after %.0fs)", what, attempt, exc, pause, retry_s)
+            time.sleep(pause)
+
+
+def requests(groups: list[list[int]], ops: Sequence[cql.Op], prepared: dict[str, Any],
+             protocol: int) -> list[tuple[Any, tuple[Any, ...]]]:
+    """One request per group of :func:`cql.units`: its statement, or an unlogged batch.
+
+    A batch's statements are serialized here by their columns' types
+    (:func:`_serializers`), not bound one by one: binding builds a statement object a row
+    and cost the executor sink ~8 µs a row, most of its client CPU.
+    """
+    out: list[tuple[Any, tuple[Any, ...]]] = []
+    for group in groups:
+        if len(group) == 1:
+            name, params = ops[group[0]]
+            out.append((prepared[name], params))
+            continue
+        rows: list[tuple[bool, bytes, list[bytes | None]]] = []
+        for i in group:
+            name, params = ops[i]
+            statement = prepared[name]
+            rows.append((True, statement.query_id,
+                         [None if v is None else serialize(v, protocol)
+                          for serialize, v in zip(_serializers(statement), params,
+                                                  strict=True)]))
+        first = prepared[ops[group[0]][0]]
+        out.append((_batch(rows, [rows[0][2][i] for i in first.routing_key_indexes or ()]), ()))
+    return out
+
+
+def column_requests(statement: Any, rows: np.ndarray, key: int,
+                    replica: Callable[[Any], Hashable] | None) -> list[Any]:
+    """Unlogged batches of one all-bigint statement, from an ``(n, k)`` int64 array of its values.
+
+    Grouped as :func:`cql.units` groups ops (a partition's rows together, at most
+    :data:`cql.BATCH_MAX`; partitions smaller than :data:`cql.PACK_MAX` packed per replica
+    set), with ``rows[:, key]`` the partition key, and serialized column-wise: a
+    catching-up batch's millions of timeline rows cost no Python object a value
+    beyond the bytes the protocol sends.
+    """
+    if not len(rows):
+        return []
+    if any(c.type is not LongType for c in statement.column_metadata):
+        msg = f"column-wise values are bigint only; {statement.query_string!r} binds others"
+        raise StoreError(msg)
+    rows = rows[np.argsort(rows[:, key], kind="stable")]
+    values = rows.astype(">i8").view("V8").tolist()  # bytes, big-endian: the wire's bigint
+    keys = rows[:, key]
+    starts = run_starts(keys).tolist()
+    out: list[Any] = []
+    packs: dict[Hashable, list[int]] = {}
+    qid = statement.query_id
+    for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+        if end - start >= cql.PACK_MAX:
+            out += [_batch([(True, qid, v) for v in values[i:min(i + cql.BATCH_MAX, end)]],
+                           [values[i][key]]) for i in range(start, end, cql.BATCH_MAX)]
+            continue
+        where = None if replica is None else replica(int(keys[start]))
+        pack = packs.setdefault(where, [])
+        if len(pack) + end - start > cql.PACK_MAX:
+            out.append(_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]]))
+            pack.clear()
+        pack.extend(range(start, end))
+    out += [_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]])
+            for pack in packs.values() if pack]
+    return out
+
+
+def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:
+    """An unlogged batch of serialized statements, routed to the first one's replicas.
+
+    The rows go in as the driver's own :meth:`BatchStatement.add` leaves them once it
+    has bound a statement: ``(prepared, query id, serialized values)``.
+    """
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+    batch._statements_and_parameters = rows  # noqa: SLF001  (what add() fills)
+    batch.is_idempotent = True  # upserts and deletes at explicit timestamps
+    if routing and all(part is not None for part in routing):
+        batch.routing_key = routing
+    return batch
+
+
+@contextlib.contextmanager
+def gc_paused(pause: bool = True) -> Iterator[None]:
+    """Python's cyclic collector off while a column-wise write builds and sends its batches.
+
+    Their values are hundreds of thousands of small acyclic objects, freed by reference
+    counting; left on, the collector walked them again and again while they were built
+    and sent, ~1.5 µs a timeline row of the sink's client CPU.
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@functools.lru_cache(maxsize=512)
+def _serializers(statement: Any) -> tuple[Callable[[Any, int], bytes], ...]:
+    """The serializer of each bind marker of a prepared statement, from its column types."""
+    return tuple(c.type.serialize for c in statement.column_metadata)
+
+
+Columns = tuple[str, np.ndarray]
+"""A statement name and an ``(n, k)`` int64 array of its bound values, a row a write."""
+
+_BIGINT: Final = struct.Struct(">q")  # a bigint partition key as the routing key's bytes
+
+
+def replica_of(cluster: Any, keyspace: str) -> Callable[[Any], Hashable] | None:
+    """A partition key's replicas, from the driver's token map (None: no token map).
+
+    Every batched table has a bigint partition key (or a constant one); memoized.
+    """
+    token_map = getattr(cluster.metadata, "token_map", None)
+    if token_map is None:
+        return None
+    token_class = token_map.token_class
+
+    @functools.lru_cache(maxsize=65536)
+    def replicas(key: Any) -> Hashable:
+        if not isinstance(key, int):
+            return None
+        token = token_class.from_key(_BIGINT.pack(key))
+        return frozenset(token_map.get_replicas(keyspace, token))
+
+    return replicas
+
+
+def all_rows(result: Any) -> Rows:
+    """A result set's rows, its first page as the driver holds it (no loop in Python).
+
+    A result with more pages is iterated: the pages after the first are fetched as
+    its rows are consumed.
+    """
+    return list(result) if result.has_more_pages else result.current_rows
+
+
+def unbatch(groups: list[list[int]], results: list[Rows], n: int) -> list[Rows]:
+    """Each op's rows, in the order of the ops, from the results of its group's request."""
+    rows: list[Rows] = [[] for _ in range(n)]
+    for group, result in zip(groups, results, strict=True):
+        if len(group) == 1:
+            rows[group[0]] = result
+    return rows
