@@ -92,7 +92,8 @@ def test_acknowledged_writes_survive_a_sigkill(tmp_path: Path) -> None:
     # The job records a batch's offsets once Cassandra acknowledged its writes, and never
     # writes that batch again: an acknowledged write the node loses is lost from the view.
     # With the commit log synced every 10 s (periodic), 120 of 20,000 were gone after a
-    # SIGKILL; a write is acknowledged only once its commit log is synced (batch).
+    # SIGKILL; a write is acknowledged only once its commit log is synced (group: one
+    # fsync for the writes of a 10 ms window).
     _jars_or_skip()
     data = tmp_path / "node"
     node = LocalCassandra(data, heap_mb=512).start()
