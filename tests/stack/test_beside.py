@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.demo import end_offsets
+from infra.verify import end_offsets
 from infra.stack import session_members
 from infra.verify import wait_caught_up
 from ingest.settings import KafkaSettings
