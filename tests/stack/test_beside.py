@@ -30,9 +30,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.verify import end_offsets
 from infra.stack import session_members
-from infra.verify import wait_caught_up
+from infra.verify import end_offsets, wait_caught_up
 from ingest.settings import KafkaSettings
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
