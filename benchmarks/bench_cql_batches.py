@@ -2,17 +2,24 @@
 
     .venv/bin/python benchmarks/bench_cql_batches.py              # ~2 min
     .venv/bin/python benchmarks/bench_cql_batches.py --rows 20000 --rounds 1
+    .venv/bin/python benchmarks/bench_cql_batches.py --modes columns --per-user 100 \
+        --rows 100000 --rounds 4 --commitlog group,batch,periodic --name commitlog
 
 Starts one local Cassandra node (:class:`infra.cassandra.LocalCassandra`), makes a
 keyspace with the schema, and writes ``--rows`` timeline adds through a
-:class:`~views.stores.cassandra.tasks.TaskWriter` in two shapes: 25 rows per user
+:class:`~views.stores.cassandra.store.CassandraStore` as the sink's tasks open it, in
+two shapes: 25 rows per user
 (a follow backfill, a busy timeline) and one row per user (a fan-out to many
-followers). Each shape is written two ways, alternating for ``--rounds``: one
-statement per row (``--mode single``: what the writer sent before), and as the
-writer sends them now (:func:`~views.stores.cassandra.statements.units`: a batch per
-partition, small partitions packed per replica set). Reported per way: rows/s, rows
+followers). Each shape is written three ways, alternating for ``--rounds``: one
+statement per row (``single``), as ops batched the way the writer batches them
+(``batched``: :func:`~views.stores.cassandra.statements.units`, a batch per
+partition, small partitions packed per replica set), and as the sink writes timeline
+adds (``columns``: the same batches built from int64 columns,
+:func:`~views.stores.cassandra.executor.column_requests`). Reported per way: rows/s, rows
 per client CPU-second (this process) and per Cassandra CPU-second (``utime + stime``
-of the node's JVM). Results go to ``benchmarks/results/cql-batches.json``.
+of the node's JVM). ``--commitlog`` repeats it all on a fresh node for each way the
+node syncs its commit log before acknowledging a write. Results go to
+``benchmarks/results/cql-batches.json`` (``--name``).
 """
 
 from __future__ import annotations
@@ -27,15 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from harness import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import LocalCassandra  # noqa: E402
+from infra.cassandra import COMMITLOG_SYNC, LocalCassandra  # noqa: E402
 from views.stores.cassandra import parse_url  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
-from views.stores.cassandra.tasks import TaskWriter  # noqa: E402
+from views.stores.cassandra.store import CassandraStore  # noqa: E402
 
 
 def _cpu(pid: int) -> float:
@@ -54,13 +62,16 @@ def _adds(rows: int, per_user: int) -> list[cql.Op]:
             for user in range(rows // per_user) for i in range(per_user)]
 
 
-def _one(writer: TaskWriter, ops: list[cql.Op], mode: str, node_pid: int) -> dict[str, Any]:
+def _one(writer: CassandraStore, ops: list[cql.Op], mode: str, node_pid: int) -> dict[str, Any]:
+    columns = np.array([params for _, params in ops], dtype=np.int64)
     own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
     if mode == "single":  # no PARTITION_KEY statement: each op its own request
         groups = [[i] for i in range(len(ops))]
         writer._run_groups(ops, groups)
-    else:
+    elif mode == "batched":
         writer._run(ops)
+    else:  # as the sink writes timeline adds: int64 columns, serialized in bulk
+        writer._run([], columns=[("home_add", columns)])
     wall = time.perf_counter() - start
     own, node = _own_cpu() - own, _cpu(node_pid) - node
     return {"mode": mode, "rows": len(ops), "wall_s": round(wall, 2),
@@ -74,26 +85,32 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30000, help="rows per shape and way")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--heap-mb", type=int, default=512)
+    parser.add_argument("--modes", default="single,batched,columns",
+                        help="ways to send the rows, in turn (default all three)")
+    parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
+    parser.add_argument("--commitlog", default="group",
+                        help="the node's commit-log syncs to compare, a node each: "
+                             f"{', '.join(COMMITLOG_SYNC)} (default group, the stack's)")
     parser.add_argument("--name", default="cql-batches")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fanout-cql-") as tmp, \
-            LocalCassandra(Path(tmp) / "node", Path(tmp) / "node.log",
-                           heap_mb=args.heap_mb) as node:
-        url = node.url("bench_batches")
-        apply_at(url)
-        writer = TaskWriter(parse_url(url))
-        writer.open()
-        try:
-            for per_user in (25, 1):
-                for _ in range(args.rounds):
-                    for mode in ("single", "batched"):
-                        run = _one(writer, _adds(args.rows, per_user), mode, node.pid)
-                        run["rows_per_user"] = per_user
-                        print(run, flush=True)
-                        runs.append(run)
-        finally:
-            writer.close()
+    for commitlog in args.commitlog.split(","):
+        with tempfile.TemporaryDirectory(prefix="fanout-cql-") as tmp, \
+                LocalCassandra(Path(tmp) / "node", Path(tmp) / "node.log",
+                               heap_mb=args.heap_mb, commitlog=commitlog) as node:
+            url = node.url("bench_batches")
+            apply_at(url)
+            writer = CassandraStore.for_tasks(parse_url(url)).open()
+            try:
+                for per_user in map(int, args.per_user.split(",")):
+                    for _ in range(args.rounds):
+                        for mode in args.modes.split(","):
+                            run = _one(writer, _adds(args.rows, per_user), mode, node.pid)
+                            run.update(rows_per_user=per_user, commitlog=commitlog)
+                            print(run, flush=True)
+                            runs.append(run)
+            finally:
+                writer.close()
     print(save(args.name, {"args": vars(args), "runs": runs}))
 
 

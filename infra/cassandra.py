@@ -117,7 +117,11 @@ class LocalCassandra:
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,
                  heap_mb: int = 768, start_timeout: float = 180.0, stop_timeout: float = 60.0,
                  java: str = "java", jar_root: Path | None = None,
-                 timer_slack_ns: int = TIMER_SLACK_NS) -> None:
+                 timer_slack_ns: int = TIMER_SLACK_NS, commitlog: str = "group") -> None:
+        if commitlog not in COMMITLOG_SYNC:
+            msg = f"commitlog must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog!r}"
+            raise CassandraError(msg)
+        self.commitlog = commitlog  # how writes wait for the log's fsync (node_yaml)
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path) if log_path else self.data_dir / "logs" / "system.log"
         self.heap_mb = heap_mb
@@ -253,7 +257,8 @@ class LocalCassandra:
     def _spawn(self, java: str, jars: list[Path], deadline: float) -> bool:
         """Start one JVM; True once it answers CQL, False if it lost a port at start."""
         assert self._ports is not None and self._log_file is not None
-        (self.data_dir / "cassandra.yaml").write_text(node_yaml(self.data_dir, self._ports))
+        (self.data_dir / "cassandra.yaml").write_text(node_yaml(self.data_dir, self._ports,
+                                                                     self.commitlog))
         offset = self._log_file.seek(0, os.SEEK_END)
         self._process = self._popen([java, *self._jvm_options(jars), MAIN_CLASS])
         (self.data_dir / PID_FILE).write_text(str(self._process.pid))
@@ -309,7 +314,17 @@ class LocalCassandra:
         return self._process
 
 
-def node_yaml(data_dir: Path, ports: Ports) -> str:
+#: ``commitlog_sync`` settings a local node can take: the default, ``group``, and the two a
+#: benchmark weighs it against (``benchmarks/bench_cql_batches.py --commitlog``).
+#: ``periodic`` acknowledges writes before their fsync: a SIGKILL loses some.
+COMMITLOG_SYNC: Final = {
+    "group": "commitlog_sync: group\ncommitlog_sync_group_window: 10ms",
+    "batch": "commitlog_sync: batch",
+    "periodic": "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms",
+}
+
+
+def node_yaml(data_dir: Path, ports: Ports, commitlog: str = "group") -> str:
     """The node's ``cassandra.yaml``: loopback, one token, small pools and caches.
 
     Only keys Cassandra 5.0's ``Config`` knows (its loader rejects others); the rest
@@ -347,8 +362,7 @@ cdc_raw_directory: {path("cdc_raw")}
 # rows cost the node 19.4 µs of CPU each against 28.0 µs synced per write (batch) and 17.6
 # µs periodic, at 79.7k, 40.6k and 71.3k rows/s (benchmarks/RESULTS.md, "The Cassandra
 # store"); 32 writer threads share each sync.
-commitlog_sync: group
-commitlog_sync_group_window: 10ms
+{COMMITLOG_SYNC[commitlog]}
 commitlog_segment_size: 8MiB
 commitlog_total_space: 256MiB
 concurrent_reads: 4

@@ -54,6 +54,11 @@ def test_the_yaml_names_only_loopback_and_the_given_ports(tmp_path: Path) -> Non
     assert "native_transport_port: 1111" in text and "storage_port: 2222" in text
     assert "listen_address: 127.0.0.1" in text and "rpc_address: 127.0.0.1" in text
     assert str(tmp_path.resolve() / "commitlog") in text
+    # Writes are acknowledged after their fsync unless a benchmark asks for periodic.
+    assert "commitlog_sync: group\ncommitlog_sync_group_window: 10ms" in text
+    assert "commitlog_sync: periodic" in node_yaml(tmp_path, Ports(1, 2, 3), "periodic")
+    with pytest.raises(CassandraError, match="commitlog must be one of"):
+        LocalCassandra(tmp_path, commitlog="sometimes")
 
 
 def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
