@@ -62,7 +62,7 @@ from views import pointer
 from views.pointer import ViewRecord
 from views.settings import TIMELINE_CAP_ENV
 from views.stores import store_from_url
-from views.stores.base import PageVersions, Store, TimelineReader
+from views.stores.contract import PageVersions, Store, TimelineReader
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 

@@ -18,7 +18,7 @@ offers the repost itself — for at most one refresh.
 **Incremental refresh.** Reloading every celebrity's ``depth`` tweets twice a second
 costs about a core on a large graph, so a refresh does only what changed. When the
 store's ``version`` (the position of
-:meth:`~views.stores.base.TimelineReader.page_versions`) has not moved, it does
+:meth:`~views.stores.contract.TimelineReader.page_versions`) has not moved, it does
 nothing. Otherwise it reads the celebrity list, loads new celebrities whole, drops
 demoted ones, and reads each held celebrity's newest ``window`` tweets: those above
 the newest held one are added, held ones inside the window that are gone (deleted)
@@ -58,7 +58,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from views.delta import Key
-from views.stores.base import Entry, TimelineReader
+from views.stores.contract import TimelineReader
+from views.stores.rows import Entry
 
 log = logging.getLogger(__name__)
 

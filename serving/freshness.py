@@ -3,7 +3,7 @@
 A write's consistency token names the changelog record it produced (logical topic,
 partition, offset; :mod:`ingest.consistency`). The store keeps the highest applied
 offset per (logical topic, partition), so the read polls
-:meth:`~views.stores.base.TimelineReader.applied_offsets` until the token's offset is
+:meth:`~views.stores.contract.TimelineReader.applied_offsets` until the token's offset is
 applied or ``timeout`` passes, and then reads; the answer says which happened
 (``consistent``). The wait runs on a worker thread (sync endpoints), never on the
 event loop, and at most ``max_waiters`` reads wait at once: the rest answer at once
@@ -19,7 +19,7 @@ from typing import Final
 from ingest.consistency import Applied, decode_token
 from ingest.errors import InvalidToken
 from serving.errors import BadRequest
-from views.stores.base import TimelineReader
+from views.stores.contract import TimelineReader
 
 _FIRST_POLL: Final = 0.005
 _MAX_POLL: Final = 0.05

@@ -53,7 +53,8 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest.writer import WriterStats
-from views.stores.base import BatchInfo, Store
+from views.stores.contract import Store
+from views.stores.rows import BatchInfo
 
 log = logging.getLogger(__name__)
 

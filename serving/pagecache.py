@@ -8,7 +8,7 @@ instead of the page's queries, hydration and serialization — so a delete, a ne
 tweet or a profile change is seen by the very next read, exactly as without the cache.
 
 **Tokens** are the store's to give
-(:meth:`views.stores.base.TimelineReader.page_versions`): one for the whole store, or
+(:meth:`views.stores.contract.TimelineReader.page_versions`): one for the whole store, or
 one per page (moved by the batches that touch the page's user or the rows it was
 decided on), as far as the backend can tell what a batch touched. A page is kept only
 if nothing was committed while it was rendered, so a page never carries a token older

@@ -22,7 +22,7 @@ uvicorn's HTTP protocol, before any ASGI request exists, for stores read in proc
 and for a network store's pages that are cached and known valid without waiting.
 
 A store whose reads are answered in process (in microseconds, as its
-:attr:`~views.stores.base.TimelineReader.reads_in_process` declares) is read on the
+:attr:`~views.stores.contract.TimelineReader.reads_in_process` declares) is read on the
 event loop (a worker thread would cost more than the read); a network store's reads
 and every ``?after=`` wait run on worker threads.
 """
@@ -56,7 +56,7 @@ from serving.timeline import (
     read_time_since,
 )
 from views.delta import Key
-from views.stores.base import PageVersions, TimelineReader
+from views.stores.contract import PageVersions, TimelineReader
 
 log = logging.getLogger(__name__)
 

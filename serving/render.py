@@ -23,7 +23,8 @@ import orjson
 from serving.cursor import Since, encode_cursor, encode_gap
 from serving.visibility import HomeEntry
 from views.delta import Key
-from views.stores.base import TimelineReader, TweetRow, UserRow
+from views.stores.contract import TimelineReader
+from views.stores.rows import TweetRow, UserRow
 
 _EPOCH = datetime(1970, 1, 1)  # naive UTC, rendered with a "Z" suffix
 

@@ -31,7 +31,7 @@ from typing import Final
 from serving.celebrities import CelebrityCache
 from views import pointer
 from views.pointer import ViewRecord
-from views.stores.base import PageVersions, Store, TimelineReader
+from views.stores.contract import PageVersions, Store, TimelineReader
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ newest ``limit`` entries that DESIGN §4b serves. They are drawn from a stream o
 
 What depends on the reader alone — the horizon, the celebrities followed, blocks and
 mutes, and the first batch's cached entries — is read together up front
-(:meth:`~views.stores.base.TimelineReader.home_start`), one round trip on a networked
+(:meth:`~views.stores.contract.TimelineReader.home_start`), one round trip on a networked
 store.
 
 Each batch of candidates goes through :class:`serving.visibility.Viewer` (blocks,
@@ -42,13 +42,8 @@ from serving.cursor import Since
 from serving.errors import NotFound
 from serving.visibility import HomeEntry, Viewer
 from views.delta import TOP, Key
-from views.stores.base import (
-    Entry,
-    HomeStart,
-    TimelineReader,
-    TweetRow,
-    UserRow,
-)
+from views.stores.contract import TimelineReader
+from views.stores.rows import Entry, HomeStart, TweetRow, UserRow
 
 __all__ = ("HomeEntry", "Page", "PageFn", "Since", "author_page", "home_page", "home_since",
            "home_top", "read_time_page", "read_time_since")

@@ -12,7 +12,7 @@ For an entry of user ``u`` to be served (the pinned semantics of DESIGN §4b):
 - its row is live (a post not deleted, a repost shown), and a repost's original is a
   live post — not a repost — by the repost's ``original_author``;
 - its row is its actor's: a tweet id belongs to one author, and where several claim
-  one the store's row holds the owner (:mod:`views.stores.base`). An entry listed
+  one the store's row holds the owner (:mod:`views.stores.plan`). An entry listed
   under another author at the row's own position — two claims at one time, one
   timeline row — is the owner's entry, served if the owner is in ``F(u)``;
 - neither the actor nor the original's author is a deleted account, blocked by or
@@ -38,7 +38,8 @@ from collections.abc import Container, Iterable, Sequence
 from typing import NamedTuple
 
 from views.delta import Key
-from views.stores.base import Entry, Relations, TimelineReader, TweetRow, UserRow
+from views.stores.contract import TimelineReader
+from views.stores.rows import Entry, Relations, TweetRow, UserRow
 
 
 class HomeEntry(NamedTuple):

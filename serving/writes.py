@@ -61,7 +61,8 @@ from serving.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailabl
 from serving.handlers import ErrorBody
 from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.query import only_query
-from views.stores.base import TimelineReader, TweetRow
+from views.stores.contract import TimelineReader
+from views.stores.rows import TweetRow
 
 log = logging.getLogger(__name__)
 

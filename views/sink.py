@@ -2,7 +2,7 @@
 
 Each call runs exactly one action on the batch (``toArrow``), so the stateful step
 above it is computed once (DESIGN §10), then hands the deltas to
-:meth:`~views.stores.base.ViewWriter.apply`, which writes them in one transaction.
+:meth:`~views.stores.contract.ViewWriter.apply`, which writes them in one transaction.
 
 :class:`Sink` applies before returning. :class:`SpoolingSink` (what the job uses)
 overlaps the store write with Spark's next micro-batch: it writes the batch's deltas
@@ -45,7 +45,7 @@ import pyarrow.ipc as ipc
 from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, unpack_deltas
 from views.errors import StoreError
 from views.row import arrow_schema
-from views.stores.base import BatchStats, ViewWriter
+from views.stores.contract import BatchStats, ViewWriter
 
 log = logging.getLogger(__name__)
 

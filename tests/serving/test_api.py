@@ -46,7 +46,7 @@ from views.errors import StoreError
 from views.join import JoinConfig
 from views.reference import HomeRow, Reference
 from views.stores import store_from_url
-from views.stores.base import Entry, TweetRow, UserRow
+from views.stores.rows import Entry, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
 
 BIG = 2**63 - 1

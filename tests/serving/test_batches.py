@@ -11,7 +11,7 @@ import types
 from serving.timeline import MAX_BATCH, _page
 from serving.visibility import HomeEntry
 from views.delta import TOP, Key
-from views.stores.base import Entry
+from views.stores.rows import Entry
 
 
 def _sizes(limit: int, served: int, of: int, stream: int = 10_000) -> tuple[list[int], int]:

@@ -25,7 +25,7 @@ from serving.timeline import home_page, home_top
 from tests.support.join import Harness
 from views.join import JoinConfig
 from views.reference import Reference
-from views.stores.base import Entry
+from views.stores.rows import Entry
 
 CELEB = 1
 OTHER = 9  # whose tweets the celebrity reposts

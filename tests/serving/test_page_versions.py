@@ -33,8 +33,9 @@ from tests.support.histories import USERS, histories, split
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.stores import store_from_url
-from views.stores.base import TweetRow, WritePlan
 from views.stores.cassandra.changes import HOME, OWN, Changes, FeedVersions
+from views.stores.plan import WritePlan
+from views.stores.rows import TweetRow
 
 T0 = 1_700_000_000_000
 

@@ -61,7 +61,7 @@ from views.delta import Delta, Key
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
-from views.stores.base import ReaderProxy
+from views.stores.contract import ReaderProxy
 from views.stores.sqlite import SQLiteStore
 
 MODES = ("cache", "celebrity cache", "on read")

@@ -3,7 +3,7 @@
 The contract has a duplicate be an exact copy, so one id has one author. Nothing at
 ingest can check that (the join is partitioned by author), so where it is broken the
 id belongs to the earliest claim by ``(created_at, author_id)``, whatever the arrival
-order (``views.stores.base``, ``views.reference``): the other authors' records of it
+order (``views.stores.plan``, ``views.reference``): the other authors' records of it
 are not served, and each such id gets a dead letter (``ID_CONFLICTS``). These are the
 shapes found then, and the cases the rule has to get right;
 ``test_served_4b_timelines_equal_the_sql`` in ``tests/views/stores/test_store_contract.py`` checks
@@ -31,7 +31,7 @@ from views.changelog import Changelog
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
-from views.stores.base import ID_CONFLICTS
+from views.stores.plan import ID_CONFLICTS
 from views.stores.sqlite import SQLiteStore
 
 CAP = 50

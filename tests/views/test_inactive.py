@@ -34,8 +34,8 @@ from views.delta import TOP
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
-from views.stores.base import DORMANT
 from views.stores.cassandra.store import CassandraStore
+from views.stores.rows import DORMANT
 from views.stores.sqlite import SQLiteStore
 
 MS = 1 / 86_400_000  # one millisecond, in days

@@ -16,7 +16,8 @@ from views.join import JoinConfig
 from views.local import LocalJoin
 from views.row import arrow_schema
 from views.sink import SpoolingSink, deltas_from_arrow
-from views.stores.base import Entry, Relations, Store, TweetRow, UserRow
+from views.stores.contract import Store
+from views.stores.rows import Entry, Relations, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
 
 #: The delta row's Arrow schema, as Spark hands it to foreachBatch.

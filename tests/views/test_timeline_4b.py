@@ -53,7 +53,7 @@ from views.delta import Delta
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import HomeRow, Reference
-from views.stores.base import BatchStats, Store
+from views.stores.contract import BatchStats, Store
 from views.stores.sqlite import SQLiteStore
 
 Row = tuple[int, int, int, int, int]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from views.errors import ViewError
-from views.stores.base import Store
+from views.stores.contract import Store
 
 
 def store_from_url(url: str, cap: int = 800, inactive_days: float = 0.0) -> Store:

@@ -22,20 +22,17 @@ from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
 from views.stores.adds import CHUNK, Adds, SortedAdds
-from views.stores.base import (
+from views.stores.contract import PageVersions, Position, Store
+from views.stores.plan import WritePlan, stored_conflicts
+from views.stores.rows import (
     DORMANT,
     BatchInfo,
     DeadLetter,
     Entry,
-    PageVersions,
-    Position,
     RelationRow,
     Relations,
-    Store,
     TweetRow,
     UserRow,
-    WritePlan,
-    stored_conflicts,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +84,7 @@ INSERT OR IGNORE INTO page_version VALUES (0, 0);
 #: Ids per ``IN (...)`` of one read (SQLite allows 32,766 bound values; any build 999).
 _IN_CHUNK = 900
 #: When another author's claim on a tweet id gives way to the row written
-#: (views.stores.base.outranks): it claims nothing (a delete of unknown time), or the
+#: (views.stores.plan.outranks): it claims nothing (a delete of unknown time), or the
 #: written claim is earlier by (created_at, author_id).
 _RIVAL = ("tweets.author_id != excluded.author_id AND (tweets.created_at = 0 OR "
           "(excluded.created_at, excluded.author_id) < (tweets.created_at, tweets.author_id))")
@@ -359,7 +356,7 @@ class SQLiteStore(Store):
         gone = [t for t in plan.tweets.values() if t.deleted] + plan.foreign_deletes
         # A tweet id belongs to whoever posted it: a delete under another author's
         # id (a forged or mistaken delete) neither hides it nor keeps it hidden. Of two
-        # authors' claims, the earlier owns the id (views.stores.base): _RIVAL.
+        # authors' claims, the earlier owns the id (views.stores.plan): _RIVAL.
         db.executemany(
             "INSERT INTO tweets VALUES (?, ?, ?, ?, 0, ?, 0, 0) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from views.delta import TOP, Delta
 from views.stores.adds import CHUNK, Adds, Kept, SortedAdds
-from views.stores.base import Store
+from views.stores.contract import Store
 
 ids = st.integers(min_value=0, max_value=2**62)
 small = st.integers(min_value=0, max_value=6)  # collisions: equal users, times, tweets

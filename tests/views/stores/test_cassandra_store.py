@@ -30,16 +30,6 @@ from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_n
 from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
-from views.stores.base import (
-    DORMANT,
-    Entry,
-    RelationRow,
-    Relations,
-    Store,
-    TweetRow,
-    UserRow,
-    WritePlan,
-)
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import (
     WRITE_PROFILE,
@@ -63,6 +53,9 @@ from views.stores.cassandra.schema import (
     split_cql,
 )
 from views.stores.cassandra.store import CassandraStore
+from views.stores.contract import Store
+from views.stores.plan import WritePlan
+from views.stores.rows import DORMANT, Entry, RelationRow, Relations, TweetRow, UserRow
 
 BIG = 2**63 - 1
 

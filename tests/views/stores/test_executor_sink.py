@@ -47,12 +47,13 @@ from views.errors import StoreError
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.row import arrow_schema
-from views.stores.base import DORMANT, BatchStats, Entry, Relations, Store, UserRow
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
 from views.stores.cassandra.executor import Columns
 from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore, close_task_stores
+from views.stores.contract import BatchStats, Store
+from views.stores.rows import DORMANT, Entry, Relations, UserRow
 from views.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -49,9 +49,11 @@ from views.delta import Delta, Key, pack
 from views.errors import StoreError
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.reference import Reference
-from views.stores.base import ID_CONFLICTS, Entry, Relations, Store
 from views.stores.cassandra.statements import BATCH_BUCKET
 from views.stores.cassandra.store import CassandraStore
+from views.stores.contract import Store
+from views.stores.plan import ID_CONFLICTS
+from views.stores.rows import Entry, Relations
 from views.stores.sqlite import SQLiteStore
 
 _SPACES = itertools.count(1)

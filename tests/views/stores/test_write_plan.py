@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from views.delta import Delta
-from views.stores.base import Store, WritePlan
 from views.stores.cassandra.sink import _Routed, _unpack, _user_plan
+from views.stores.contract import Store
+from views.stores.plan import WritePlan
 
 USERS = st.integers(1, 4)
 TIMES = st.integers(1, 6)

@@ -65,19 +65,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from views.delta import Key
-from views.stores.base import (
-    Entry,
-    Hydrated,
-    PageVersions,
-    Position,
-    ReaderProxy,
-    TimelineReader,
-    TweetRow,
-    UserRow,
-    WritePlan,
-)
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.rows import FLOOR
+from views.stores.contract import PageVersions, Position, ReaderProxy, TimelineReader
+from views.stores.plan import WritePlan
+from views.stores.rows import Entry, Hydrated, TweetRow, UserRow
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
-from views.stores.base import Entry, Relations, TweetRow, UserRow, as_entry
 from views.stores.cassandra import statements as cql
+from views.stores.rows import Entry, Relations, TweetRow, UserRow, as_entry
 
 Rows = list[tuple[Any, ...]]
 

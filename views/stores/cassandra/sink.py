@@ -71,9 +71,10 @@ from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
 from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
-from views.stores.base import BatchStats, ViewWriter, WritePlan, fold
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.tasks import TaskWriter
+from views.stores.contract import BatchStats, ViewWriter
+from views.stores.plan import WritePlan, fold
 
 if TYPE_CHECKING:
     from views.stores.cassandra.store import CassandraStore
@@ -227,7 +228,7 @@ def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
     """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead).
 
     The rows come in whatever order the shuffle delivered them; :class:`WritePlan`'s
-    row folds (and :func:`~views.stores.base.fold` for the whole deltas) give the same
+    row folds (and :func:`~views.stores.plan.fold` for the whole deltas) give the same
     plan for any order, and the same as the driver's path.
     """
     plan, rows, dead = WritePlan(), 0, 0

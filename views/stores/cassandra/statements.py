@@ -2,7 +2,7 @@
 
 Every statement fanout sends to Cassandra is in :data:`STATEMENTS`, as fixed text with
 bind markers: values are never formatted into CQL. The functions below turn a
-:class:`~views.stores.base.WritePlan` plus what the writer has read into *ops* —
+:class:`~views.stores.plan.WritePlan` plus what the writer has read into *ops* —
 ``(statement name, bound values)`` pairs — with no driver and no I/O, so they are
 unit-tested directly; :mod:`views.stores.cassandra.store` prepares the statements and runs
 the ops.
@@ -31,16 +31,8 @@ from ingest.events import BLOCK, MUTE
 from views.delta import Key
 from views.errors import StoreError
 from views.stores.adds import Adds, SortedAdds, run_starts
-from views.stores.base import (
-    DORMANT,
-    DeadRow,
-    Entry,
-    ProfileRow,
-    RelationRow,
-    TweetRow,
-    WritePlan,
-    outranks,
-)
+from views.stores.plan import WritePlan, outranks
+from views.stores.rows import DORMANT, DeadRow, Entry, ProfileRow, RelationRow, TweetRow
 
 Op = tuple[str, tuple[Any, ...]]
 """A statement name of :data:`STATEMENTS` and the values to bind to it."""
@@ -403,7 +395,7 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
     A tweet id belongs to whoever posted it: a delete under another author's id
     neither hides the tweet nor keeps it hidden, and a tweet its author deleted
     stays deleted (no live write over it). Of two authors' claims the earlier owns
-    the id (:func:`~views.stores.base.outranks`): a later one writes nothing but the
+    the id (:func:`~views.stores.plan.outranks`): a later one writes nothing but the
     removal of its author's own ``author_tweets`` row. An id the batch also writes a repost of
     is left to :func:`repost_ops`: SQLite writes reposts after tweets, so the join's
     repost state is what stays, and here both would land at one timestamp, where
@@ -501,7 +493,7 @@ def repost_ops(reposts: Mapping[int, TweetRow], states: Mapping[int, TweetState]
     and a repost of its original (``reposts_by_original``), and hiding it deletes
     both. Not final, unlike a tweet's delete: a later batch may show it again, and its
     timestamp wins. A repost id another author claimed earlier is theirs: nothing is
-    written (:func:`~views.stores.base.outranks`).
+    written (:func:`~views.stores.plan.outranks`).
     """
     ops: list[Op] = []
     for repost, row in sorted(reposts.items()):
@@ -703,7 +695,7 @@ def regenerated(user: int, entries: Sequence[Entry], meta: Meta,
 def go_dormant(adds: Adds, meta: Mapping[int, Meta], inactive_ms: int) -> list[int]:
     """Users an entry reaches more than ``inactive_ms`` after their newest read.
 
-    Their horizon becomes :data:`~views.stores.base.DORMANT` (so :func:`kept_adds`
+    Their horizon becomes :data:`~views.stores.rows.DORMANT` (so :func:`kept_adds`
     drops this batch's adds for them, and every later batch's, until they read again)
     and their cache is dropped (:func:`drop_ops`). A user who never read (-1) never
     goes dormant; 0 turns it off. The batch's HORIZON deltas cannot change who goes

@@ -48,7 +48,7 @@ wins) are read-then-written: safe because one job writes a keyspace.
 **Inactive users** (DESIGN §4b, as the SQLite store does them):
 ``timeline_meta.read_at`` keeps each user's newest read. A user whom an entry reaches
 more than ``inactive_ms`` after that read goes dormant: the horizon becomes
-:data:`~views.stores.base.DORMANT` and the partition is dropped (one partition
+:data:`~views.stores.rows.DORMANT` and the partition is dropped (one partition
 tombstone at ``T+2``, above anything the batch added), so fan-out skips the user and
 reads evaluate at read time. A dormant user's next read regenerates the cache after
 phase (2): the newest ``cap`` entries of the followees off the celebrity path, read
@@ -93,19 +93,6 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 
 from views.delta import Key
 from views.errors import StoreError
-from views.stores.base import (
-    BatchInfo,
-    DeadLetter,
-    Entry,
-    HomeStart,
-    Hydrated,
-    Relations,
-    Store,
-    TweetRow,
-    UserRow,
-    WritePlan,
-    stored_conflicts,
-)
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
@@ -121,6 +108,18 @@ from views.stores.cassandra.executor import (
     requests,
     retrying,
     unbatch,
+)
+from views.stores.contract import Store
+from views.stores.plan import WritePlan, stored_conflicts
+from views.stores.rows import (
+    BatchInfo,
+    DeadLetter,
+    Entry,
+    HomeStart,
+    Hydrated,
+    Relations,
+    TweetRow,
+    UserRow,
 )
 
 if TYPE_CHECKING:

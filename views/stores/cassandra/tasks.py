@@ -38,9 +38,9 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from views.stores.base import WritePlan
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.changes import Changes, committed_op
+from views.stores.plan import WritePlan
 
 if TYPE_CHECKING:
     from views.stores.cassandra.store import CassandraStore
