@@ -359,9 +359,9 @@ cdc_raw_directory: {path("cdc_raw")}
 # applied batch again, so a write the node loses in a crash is lost from the view. With
 # the log synced every 10 s (periodic), a SIGKILL lost 120 of 20,000 acknowledged writes.
 # Group sync acknowledges the writes of a 10 ms window after one fsync: the sink's timeline
-# rows cost the node 19.4 µs of CPU each against 28.0 µs synced per write (batch) and 17.6
-# µs periodic, at 79.7k, 40.6k and 71.3k rows/s (benchmarks/RESULTS.md, "The Cassandra
-# store"); 32 writer threads share each sync.
+# rows went in at 74k/s against 54k/s synced per write (batch) and 57k/s periodic, for
+# 21.5, 23.9 and 19.3 µs of node CPU a row (benchmarks/results/commitlog.json); 32 writer
+# threads share each sync.
 {COMMITLOG_SYNC[commitlog]}
 commitlog_segment_size: 8MiB
 commitlog_total_space: 256MiB
