@@ -49,6 +49,7 @@ from serving.ids import ID_NOTE, ID_PATH_SCHEMA, parse_id
 from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics, shared_dir, worker_exited
 from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
+from serving.pageversions import PageVersions
 from serving.protocol import ReadsProtocol
 from serving.query import only_query
 from serving.reads import MONITOR_HEADER, NEW_COUNT_CAP, FastPath, FastReads, Pages, Read
@@ -62,7 +63,7 @@ from views import pointer
 from views.pointer import ViewRecord
 from views.settings import TIMELINE_CAP_ENV
 from views.stores import store_from_url
-from views.stores.contract import PageVersions, Store, TimelineReader
+from views.stores.contract import Store, TimelineReader
 
 __all__ = ("create_app", "hydrate", "iso_millis", "serve")
 

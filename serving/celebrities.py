@@ -17,9 +17,8 @@ offers the repost itself — for at most one refresh.
 
 **Incremental refresh.** Reloading every celebrity's ``depth`` tweets twice a second
 costs about a core on a large graph, so a refresh does only what changed. When the
-store's ``version`` (the position of
-:meth:`~views.stores.contract.TimelineReader.page_versions`) has not moved, it does
-nothing. Otherwise it reads the celebrity list, loads new celebrities whole, drops
+store's ``version`` (the position of the page tokens, :mod:`serving.pageversions`)
+has not moved, it does nothing. Otherwise it reads the celebrity list, loads new celebrities whole, drops
 demoted ones, and reads each held celebrity's newest ``window`` tweets: those above
 the newest held one are added, held ones inside the window that are gone (deleted)
 are dropped, and a celebrity with ``window`` new tweets or more is reloaded whole.

@@ -7,8 +7,8 @@ read still asks the store whether anything was committed since — one cheap que
 instead of the page's queries, hydration and serialization — so a delete, a new
 tweet or a profile change is seen by the very next read, exactly as without the cache.
 
-**Tokens** are the store's to give
-(:meth:`views.stores.contract.TimelineReader.page_versions`): one for the whole store, or
+**Tokens** come from :mod:`serving.pageversions`, built on what the store gives
+(:meth:`~views.stores.contract.TimelineReader.version`): one for the whole store, or
 one per page (moved by the batches that touch the page's user or the rows it was
 decided on), as far as the backend can tell what a batch touched. A page is kept only
 if nothing was committed while it was rendered, so a page never carries a token older

@@ -45,6 +45,7 @@ from serving.errors import BadRequest
 from serving.freshness import Freshness
 from serving.ids import parse_id
 from serving.pagecache import Cached, PageCache, etag_of, matches
+from serving.pageversions import PageVersions
 from serving.render import count_body, hydrated, page_body
 from serving.timeline import (
     Page,
@@ -56,7 +57,7 @@ from serving.timeline import (
     read_time_since,
 )
 from views.delta import Key
-from views.stores.contract import PageVersions, TimelineReader
+from views.stores.contract import TimelineReader
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Final
 
 from serving.celebrities import CelebrityCache
+from serving.pageversions import PageVersions, page_versions
 from views import pointer
 from views.pointer import ViewRecord
-from views.stores.contract import PageVersions, Store, TimelineReader
+from views.stores.contract import Store, TimelineReader
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def served(store: Store, label: str,
            celebrities: Callable[[TimelineReader, PageVersions], CelebrityCache | None],
            record: ViewRecord | None = None) -> Served:
     """An opened ``store`` with its versions and celebrity cache, under a new serial."""
-    versions = store.page_versions()
+    versions = page_versions(store)
     versions.keep_fresh()  # cached pages answered on the event loop (serving.reads)
     return Served(store, versions, celebrities(store, versions), label, next(_serials), record)
 

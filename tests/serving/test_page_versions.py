@@ -26,6 +26,7 @@ from ingest.events import Activity, Delete, Follow, Post, Repost, UserUpsert
 from serving.celebrities import CelebrityCache
 from serving.cursor import encode_cursor
 from serving.pagecache import PageCache
+from serving.pageversions import HOME, OWN, FeedVersions
 from serving.reads import Pages, Read
 from serving.timeline import AccountGone
 from tests.support.cassandra import fresh_keyspace
@@ -33,7 +34,7 @@ from tests.support.histories import USERS, histories, split
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.stores import store_from_url
-from views.stores.cassandra.changes import HOME, OWN, Changes, FeedVersions
+from views.stores.cassandra.changes import CassandraFeed, Changes
 from views.stores.plan import WritePlan
 from views.stores.rows import TweetRow
 
@@ -327,7 +328,8 @@ def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
         store = store_from_url(url, cap=50).open()
         now = [1000.0]
-        versions = FeedVersions(store, store._rows, 0.4, clock=lambda: now[0])
+        versions = FeedVersions(store, CassandraFeed(store, store._rows, 0.4),
+                                clock=lambda: now[0])
         try:
             versions.check(HOME, 1)  # a read: the first question
             asked = versions.questions

@@ -5,8 +5,8 @@ against the side it uses and none asks which backend it holds:
 
 - :class:`TimelineReader`, what serving reads (a page's rows, the celebrities, the
   applied offsets), with the capabilities a server needs: whether reads are answered
-  in process (:attr:`~TimelineReader.reads_in_process`) and the page caches' tokens
-  (:meth:`~TimelineReader.page_versions`);
+  in process (:attr:`~TimelineReader.reads_in_process`) and where its committed state
+  stands, for caches kept across reads (:meth:`~TimelineReader.version`);
 - :class:`ViewWriter`, what the view job writes through (:meth:`~ViewWriter.apply`,
   or the sink a backend builds for the job's checkpoint, :meth:`~ViewWriter.job_sink`);
 - :class:`StoreAdmin`, what operators, metrics and ``verify`` read about the store
@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,8 +48,10 @@ from views.stores.rows import (
     TweetRow,
     UserRow,
 )
+from views.stores.versions import StoreVersion
 
 if TYPE_CHECKING:
+    from serving.pageversions import PageVersions
     from views.sink import Sink
 
 
@@ -65,82 +67,12 @@ class BatchStats:
     seconds: float
 
 
-
-#: A store's committed position, as :meth:`PageVersions.check` reports it.
-Position = Hashable
-
-
-class PageVersions:
-    """Tokens that say whether a cached page's inputs changed (``serving.pagecache``).
-
-    A page is a function of the store's committed rows. :meth:`check` asks the store
-    what is committed now (one cheap question) and gives that position and the page's
-    token; a page kept under a token is served again while :meth:`check` gives the
-    same token. :meth:`keep` says whether a page rendered after ``check`` returned
-    ``position`` may be kept: nothing was committed in between, so its contents are
-    the token's. ``rows`` names every row the decision read, found or not (``("t",
-    tweet_id)``, ``("u", user_id)``, ``("a", author_id)`` for an author's list of
-    tweets), for backends whose tokens follow them.
-
-    This default has one token for the whole store, the applied changelog offsets,
-    which every micro-batch moves; backends that know more override it (SQLite: a
-    version only page-visible writes move; Cassandra: per user, from the batches'
-    change feed).
-    """
-
-    def __init__(self, store: TimelineReader) -> None:
-        self.store = store
-
-    def position(self) -> Position:
-        """What the store has committed now."""
-        return tuple(sorted(self.store.applied_offsets().items()))
-
-    def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
-        """The committed position, and the token of ``kind``'s page of ``user`` there."""
-        position = self.position()
-        return position, position
-
-    def keep_fresh(self) -> None:
-        """Keep :meth:`check_now` answerable while pages are read (a server's tokens).
-
-        This default has nothing to keep fresh.
-        """
-
-    def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
-        """:meth:`check`, if it can be answered without waiting on the store; else None.
-
-        What lets a cached page be served on the event loop, with no worker thread, by a
-        server whose store is read over the network. This default never can.
-        """
-        return None
-
-    def keep(self, position: Position, kind: str, user: int,
-             rows: Iterable[tuple[str, int]]) -> bool:
-        """Whether a page rendered from ``position`` may be kept under its token."""
-        return self.position() == position
-
-    def reader(self, store: TimelineReader) -> TimelineReader:
-        """What a page of ``store`` rendered for the page cache reads.
-
-        ``store`` itself, or (for the store these tokens are of) a backend's reader that
-        keeps rows across pages while the tokens say they stand (Cassandra:
-        :class:`~views.stores.cassandra.changes.CachedRows`). Such a reader lags the
-        store as a cached page does, by the backend's answer window: ``?after=`` reads
-        do not go through it.
-        """
-        return store
-
-    def close(self) -> None:
-        """Release what the tokens hold (connections, indexes)."""
-
-
-
 class TimelineReader(abc.ABC):
     """What serving reads: a page's rows, the celebrities, and how far the view has applied.
 
     Reads see committed rows only. Besides the reads, a reader declares what a server
     needs to know of it, so that no caller asks which backend it holds:
-    :attr:`reads_in_process` and :meth:`page_versions`.
+    :attr:`reads_in_process` and :meth:`version`.
     """
 
     #: Whether reads are answered in this process in microseconds (no network), so a
@@ -237,16 +169,26 @@ class TimelineReader(abc.ABC):
         """Highest applied offset per (logical topic, partition).
 
         Where the view stands: what an ``?after=`` read waits for, what ``verify`` and
-        the health check report, and the default page token (:class:`PageVersions`).
+        the health check report, and the default :meth:`version`.
         """
 
+    def version(self) -> StoreVersion:
+        """Where this store's committed state stands, for caches kept across reads.
+
+        A :class:`~views.stores.versions.StoreVersion` (this default: the applied
+        offsets), or a :class:`~views.stores.versions.ChangeFeed` when the backend keeps
+        one; what serving's page caches build their tokens on
+        (:mod:`serving.pageversions`). One per reading process, built after the store is
+        opened; close it before the store.
+        """
+        return StoreVersion(self)
+
+    @abc.abstractmethod
     def page_versions(self) -> PageVersions:
-        """The page caches' validity tokens for this store (see :class:`PageVersions`).
+        """Serving's page tokens over this store (:func:`serving.pageversions.page_versions`).
 
-        One per reading process, built after the store is opened; close it before the
-        store.
+        For readers outside serving that read pages as the API does (``verify``).
         """
-        return PageVersions(self)
 
 
 class ReaderProxy(TimelineReader):
@@ -303,6 +245,9 @@ class ReaderProxy(TimelineReader):
 
     def applied_offsets(self) -> dict[tuple[str, int], int]:
         return self.inner.applied_offsets()
+
+    def version(self) -> StoreVersion:
+        return self.inner.version()
 
     def page_versions(self) -> PageVersions:
         return self.inner.page_versions()

@@ -21,6 +21,10 @@ from views.delta import TOP, Delta, Key
 DORMANT: Key = TOP
 
 
+#: Below every timeline key (times are ≥ 0, ids ≥ 1): a read bounded by it reads all.
+FLOOR: Key = (-1, -1)
+
+
 class Entry(NamedTuple):
     """One timeline entry: position and author."""
 

@@ -17,12 +17,13 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.errors import StoreError
 from views.stores.adds import CHUNK, Adds, SortedAdds
-from views.stores.contract import PageVersions, Position, Store
+from views.stores.contract import Store
 from views.stores.plan import WritePlan, stored_conflicts
 from views.stores.rows import (
     DORMANT,
@@ -34,6 +35,10 @@ from views.stores.rows import (
     TweetRow,
     UserRow,
 )
+from views.stores.versions import StoreVersion
+
+if TYPE_CHECKING:
+    from serving.pageversions import PageVersions
 
 log = logging.getLogger(__name__)
 
@@ -716,11 +721,17 @@ class SQLiteStore(Store):
         rows = self._conn().execute('SELECT topic, partition, "offset" FROM applied_offsets')
         return {(t, p): o for t, p, o in rows}
 
-    def page_versions(self) -> PageVersions:
+    def version(self) -> StoreVersion:
         """The page version, which only page-visible writes move (:class:`PageVersion`)."""
         if str(self.path).startswith((":memory:", "file::memory:")):
-            return PageVersions(self)  # another connection to :memory: is another database
+            return StoreVersion(self)  # another connection to :memory: is another database
         return PageVersion(self)
+
+    def page_versions(self) -> PageVersions:
+        """Serving's page tokens over this store, for readers outside serving (``verify``)."""
+        from serving.pageversions import page_versions
+
+        return page_versions(self)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         rows = self._conn().execute(
@@ -747,7 +758,7 @@ class SQLiteStore(Store):
         return int(self._conn().execute("SELECT count(*) FROM dead_letters").fetchone()[0])
 
 
-class PageVersion(PageVersions):
+class PageVersion(StoreVersion):
     """One token for every page: the ``page_version`` row, read when a commit landed.
 
     The sink bumps ``page_version`` in a batch's own transaction when anything a page
@@ -764,7 +775,7 @@ class PageVersion(PageVersions):
         self._seen: int | None = None
         self._version: Hashable = None
 
-    def position(self) -> Position:
+    def position(self) -> Hashable:
         with self._lock:
             seen = self._db.execute("PRAGMA data_version").fetchone()[0]
             if seen != self._seen:

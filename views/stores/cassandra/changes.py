@@ -12,132 +12,33 @@ every executor task of :mod:`views.stores.cassandra.tasks`) writes that as one
 committed (``writer_clock.committed_ts``); a retried writer writes the same row (its
 ``part`` is a hash of the contents).
 
-:class:`FeedVersions` reads it in an API process. Each page read asks one cheap
-question, the committed timestamp (one row); when it moved, the rows of the batches
-in between are read (one partition per hour of ``T``) and the pages they touch are
-forgotten: a home or own page by its user, any page by the tweet and user rows and
-the authors' lists of tweets it was decided on (registered by :meth:`FeedVersions.keep`:
-a celebrity's new post reaches no follower's home by the fan-out, only the pages that
-read the celebrity's list). A page's token is the timestamp of the last batch that
-touched it, within an *epoch*: everything of an earlier epoch is forgotten wholesale
-(at start, after a gap the feed cannot cover, when the keyspace went back in time, or
-when the indexes grow past their bound). Activity records and trims touch no page: a
-page is a function of the query, which neither changes.
-
-**Rows across pages.** Tweet and profile rows change only by the batches that name
-them in the feed (a delete, a repost shown or hidden, a profile, an account deleted),
-so :meth:`FeedVersions.reader` gives the page renders a reader
-(:class:`CachedRows`) that keeps the rows it read, up to :data:`MAX_ROWS` each, and
-forgets each as soon as a batch taken in names it; a row read while a batch was being
-taken in is not kept (it may predate that batch). It keeps two more answers the same
-way. An original's shown reposts above a key (every page asks it of each entry, and a
-tweet is on the pages of all its author's followers): a batch that shows, hides or
-moves a repost names its original in the feed's ``originals``, which no page watches —
-a repost that can change what a reader sees reaches that reader's page through its
-timeline or its reposter's list of tweets. And a reader's followees (read when a page
-holds a reply to a third user, or a newer appearance of an original): a batch that
-writes a follow edge names its follower among the ``homes``. A page of 200 entries
-whose tweets other pages read already costs only its ``home_start`` round.
-
-Reads share questions: a read takes the last answer if it was asked for at most
-``fresh_s`` before the read arrived (the store URL's ``page_fresh_ms``, 20 ms by
-default; 0: only an answer asked for after it arrived), else waits for the next. The
-store sees at most about one such request per process and window, not one per read,
-and a cached page lags a commit by at most the window — on top of the second or so
-a post takes to reach the store, and never for ``?after=`` reads, which bypass the
-cache. An API process's tokens (:meth:`FeedVersions.keep_fresh`) ask again every half
-window while pages are read (a read in the last two windows), from a thread of their
-own, and never hold the indexes' lock over the network, so a cached page's token is
-known without waiting (:meth:`FeedVersions.check_now`) and the page is served on the
-event loop: two such requests a window per process while reads arrive, a few per read
-when reads are sparse, none when idle.
+:class:`CassandraFeed` reads it for the page caches of an API process
+(:mod:`serving.pageversions`): :meth:`~CassandraFeed.position` is the committed
+timestamp (one row), :meth:`~CassandraFeed.since` the rows of the batches in between
+(one partition per hour of ``T``). Reads take an answer up to the store URL's
+``page_fresh_ms`` old (20 ms by default; 0: only an answer asked for after the read
+arrived).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import threading
-import time
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from views.delta import Key
+from views.stores import versions
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.rows import FLOOR
-from views.stores.contract import PageVersions, Position, ReaderProxy, TimelineReader
-from views.stores.plan import WritePlan
-from views.stores.rows import Entry, Hydrated, TweetRow, UserRow
-
-log = logging.getLogger(__name__)
+from views.stores.contract import TimelineReader
 
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
 BUCKET_US: Final = 3_600_000_000
-#: Ids per writer beyond which its row says ``everything`` instead of listing them.
-EVERYTHING: Final = 250_000
 #: Hours an API process may fall behind and still catch up from the feed (its TTL is a day).
 MAX_BUCKETS: Final = 20
-#: Pages (and dependent ids) an API process indexes before forgetting everything.
-MAX_INDEXED: Final = 500_000
-#: Windows without a page read after which :meth:`FeedVersions.refresh` stops asking: a
-#: read that arrives later would have found the answer stale anyway, so an isolated read
-#: costs at most a few questions, not one every half window for a second.
-REFRESH_IDLE_WINDOWS: Final = 2
-#: Tweet or profile rows a :class:`CachedRows` keeps (each table) before forgetting them;
-#: also the reposts, and the followees, it keeps (entries, all lists together).
-MAX_ROWS: Final = 200_000
-#: An original's reposts, or a reader's followees, are kept up to this many (a viral
-#: tweet's or a prolific follower's list is read each time).
-MAX_LIST: Final = 2_000
-
-HOME: Final = "home"
-OWN: Final = "tweets"
 
 
-@dataclass(frozen=True)
-class Changes:
-    """What one writer of one batch changed (see the module docstring)."""
-
-    homes: frozenset[int] = frozenset()
-    authors: frozenset[int] = frozenset()
-    tweets: frozenset[int] = frozenset()
-    users: frozenset[int] = frozenset()
-    everything: bool = False
-    #: originals whose shown reposts changed: no page depends on them (module docstring)
-    originals: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, plan: WritePlan, moved: Iterable[int] = ()) -> Changes:
-        """The pages and rows ``plan`` may change; timeline trims and reads change none.
-
-        ``moved``: originals a repost of the plan was stored under before
-        (:func:`~views.stores.cassandra.statements.moved_originals`).
-        """
-        if len(plan.adds) + len(plan.removes) > EVERYTHING:  # a bulk batch: no set built
-            return cls(everything=True)
-        homes = {*plan.adds.users, *(r[0] for r in plan.removes), *(w[0] for w in plan.wipes),
-                 *plan.horizons, *(f for f, _ in plan.follows), *(u for u, _ in plan.celeb_edges),
-                 *plan.deleted_users}
-        homes.update(who for user, other, _ in plan.relations for who in (user, other))
-        rows = (*plan.tweets.values(), *plan.reposts.values(), *plan.foreign_deletes)
-        originals = {r.original_id for r in plan.reposts.values() if r.original_id}
-        changes = cls(frozenset(homes), frozenset({r.author_id for r in rows}
-                                                  | set(plan.deleted_users)),
-                      frozenset({r.tweet_id for r in rows}),
-                      frozenset(plan.users.keys() | plan.deleted_users.keys()),
-                      originals=frozenset(originals.union(moved)))
-        if changes.size() > EVERYTHING:
-            return cls(everything=True)
-        return changes
-
-    def size(self) -> int:
-        return len(self.homes) + len(self.authors) + len(self.tweets) + len(self.users) \
-            + len(self.originals)
-
-    def __bool__(self) -> bool:
-        return self.everything or self.size() > 0
+class Changes(versions.Changes):
+    """What one writer of one batch changed, as a ``page_changes`` row holds it."""
 
     def op(self, ts: int) -> cql.Op:
         """The ``page_changes`` row at batch timestamp ``ts``, keyed by its contents."""
@@ -162,23 +63,6 @@ def committed_op(ts: int) -> cql.Op:
     return ("committed_set", (ts, ts))
 
 
-def _split(kept: Mapping[int, Any], ids: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
-    """The kept rows of ``ids``, and the ids (once each) not kept."""
-    get = kept.get
-    found = {i: row for i in ids if (row := get(i)) is not None}
-    if len(found) == len(ids):  # all kept, none twice: the usual answer, one loop
-        return found, []
-    return found, [i for i in dict.fromkeys(ids) if i not in found]
-
-
-def _above(entries: list[Entry], bound: Key) -> list[Entry]:
-    """The entries (newest first) strictly above ``bound``: a prefix."""
-    for i, e in enumerate(entries):
-        if (e.created_at, e.tweet_id) <= bound:
-            return entries[:i]
-    return entries
-
-
 def _pack(ids: Iterable[int]) -> bytes:
     return array("q", sorted(ids)).tobytes()
 
@@ -193,274 +77,22 @@ def _unpack(blob: bytes | None) -> frozenset[int]:
 Run = Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
-class FeedVersions(PageVersions):
-    """Per-page tokens kept current from the change feed (see the module docstring)."""
+class CassandraFeed(versions.ChangeFeed):
+    """The store's change feed, read through ``run`` (module docstring)."""
 
-    def __init__(self, store: TimelineReader, run: Run, fresh_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: TimelineReader, run: Run, fresh_s: float = 0.0) -> None:
         super().__init__(store)
-        self._run, self._clock, self.fresh_s = run, clock, fresh_s
-        self._lock = threading.Lock()  # the indexes and kept rows; never held over the network
-        self._asking = threading.Lock()  # one question to the store at a time
-        self._last_read = -float("inf")  # when a page last asked for its token
-        self._stop = threading.Event()
-        self._refresher: threading.Thread | None = None
-        self._seen: int | None = None  # the committed ts the indexes are current to
-        self._asked: float | None = None  # when the newest answer's question was asked
-        self._epoch = 0
-        self._touched: dict[tuple[str, int], int] = {}
-        self._watchers: dict[tuple[str, int], set[tuple[str, int]]] = {}
-        self._tweets: dict[int, TweetRow] = {}
-        self._users: dict[int, UserRow] = {}
-        # original → (bound, its shown reposts strictly above the bound, newest first)
-        self._reposts: dict[int, tuple[Key, list[Entry]]] = {}
-        self._followees: dict[int, list[int]] = {}
-        self._listed = 0  # entries in the kept lists (reposts and followees)
-        self._generation = 0  # moves whenever a kept row may have gone stale
-        self._reader = CachedRows(store, self)
-        self.questions = self.catch_ups = self.resets = 0
-        self.row_hits = self.row_misses = 0
+        self._run, self.fresh_s = run, fresh_s
 
-    def position(self) -> Position:
-        """The committed batch timestamp, the indexes brought up to it first.
-
-        An answer asked for less than ``fresh_s`` before this call arrived is taken as
-        current; otherwise the store is asked (one row), one question at a time.
-        """
-        return self._current(self.fresh_s)
-
-    def refresh(self) -> None:
-        """Ask the store again if the answer is half a window old and a page read lately.
-
-        What :meth:`keep_fresh`'s thread does every half window: while reads arrive at
-        least once in :data:`REFRESH_IDLE_WINDOWS` windows, the answer :meth:`check_now`
-        needs is never older than the window; sparser reads ask for themselves.
-        """
-        if self._clock() - self._last_read <= self.fresh_s * REFRESH_IDLE_WINDOWS:
-            self._current(self.fresh_s / 2)
-
-    def keep_fresh(self) -> None:
-        """Start a thread that calls :meth:`refresh` every half window, until :meth:`close`."""
-        if self.fresh_s <= 0 or self._refresher is not None:
-            return
-        self._refresher = threading.Thread(target=self._refreshing, name="page-versions",
-                                           daemon=True)
-        self._refresher.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._refresher is not None:
-            self._refresher.join(timeout=5)
-
-    def _refreshing(self) -> None:
-        while not self._stop.wait(self.fresh_s / 2):
-            try:
-                self.refresh()
-            except Exception:  # noqa: BLE001 - the store is down: reads ask, and say so
-                log.debug("page versions: refresh failed", exc_info=True)
-
-    def _current(self, max_age: float) -> Position:
-        """The position, asking the store if the answer is older than ``max_age``."""
-        arrived = self._clock()
-        with self._asking:
-            with self._lock:
-                if self._asked is not None and self._asked >= arrived - max_age:
-                    return self._seen
-            asked = self._clock()
-            committed = self._committed()
-            rows = self._feed(committed)  # over the network: the indexes stay readable
-            with self._lock:
-                self._take_in(committed, rows)
-                self._asked = asked
-                return self._seen
-
-    def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
-        self._last_read = self._clock()
-        position = self.position()
-        with self._lock:
-            return position, (self._epoch, self._touched.get((kind, user), 0))
-
-    def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
-        """:meth:`check` when the newest answer is within the window and no catch-up runs."""
-        arrived = self._last_read = self._clock()
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            if self._asked is None or self._asked < arrived - self.fresh_s:
-                return None
-            return self._seen, (self._epoch, self._touched.get((kind, user), 0))
-        finally:
-            self._lock.release()
-
-    def keep(self, position: Position, kind: str, user: int,
-             rows: Iterable[tuple[str, int]]) -> bool:
-        """Keep (and watch its rows) only if no batch was taken in since ``position``."""
-        with self._lock:
-            if position != self._seen:
-                return False
-            page = (kind, user)
-            for row in rows:
-                self._watchers.setdefault(row, set()).add(page)
-            if len(self._watchers) > MAX_INDEXED:
-                self._reset()
-            return True
-
-    def reader(self, store: TimelineReader) -> TimelineReader:
-        return self._reader if store is self.store else store
-
-    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
-                reader: int | None, followees: bool, fetch: Callable[..., Hydrated]
-                ) -> Hydrated:
-        """:meth:`TimelineReader.hydrate` from what is kept; the rest by one ``fetch``.
-
-        A kept list of reposts answers a bound at or above its own. What is fetched is
-        kept only if no batch was taken in while it was read (and a list of reposts only
-        if no list with a lower bound is kept already). ``fetch``'s answers must not
-        depend on the reader (the Cassandra store's do not).
-        """
-        want_followees = followees and reader is not None
-        with self._lock:
-            got_t, ask_t = _split(self._tweets, tweets)
-            got_u, ask_u = _split(self._users, users)
-            got_r: dict[int, list[Entry]] = {}
-            ask_r: dict[int, Key] = {}
-            for o, bound in reposts.items():
-                kept = self._reposts.get(o)
-                if kept is None or bound < kept[0]:
-                    ask_r[o] = bound
-                elif kept[1] and (newer := _above(kept[1], bound)):
-                    got_r[o] = newer
-            kept_f = self._followees.get(reader) if want_followees else None  # type: ignore[arg-type]
-            ask_f = want_followees and kept_f is None
-            asked = len(ask_t) + len(ask_u) + len(ask_r) + ask_f
-            self.row_misses += asked
-            self.row_hits += len(got_t) + len(got_u) + len(reposts) - len(ask_r) \
-                + (kept_f is not None)
-            generation = self._generation
-        if not asked:
-            return Hydrated(got_t, got_u, got_r, kept_f)
-        read = fetch(ask_t, ask_u, ask_r, reader, ask_f)
-        with self._lock:
-            if generation == self._generation:
-                self._keep_rows(self._tweets, read.tweets)
-                self._keep_rows(self._users, read.users)
-                for o, bound in ask_r.items():
-                    found, kept = read.reposts.get(o, []), self._reposts.get(o)
-                    if len(found) <= MAX_LIST and (kept is None or bound < kept[0]):
-                        self._keep_list(self._reposts, o, (bound, found), len(found))
-                if ask_f and read.followees is not None and len(read.followees) <= MAX_LIST:
-                    self._keep_list(self._followees, reader, read.followees,  # type: ignore[arg-type]
-                                    len(read.followees))
-        return Hydrated({**got_t, **read.tweets}, {**got_u, **read.users},
-                        {**got_r, **read.reposts}, kept_f if kept_f is not None else read.followees)
-
-    @staticmethod
-    def _keep_rows(kept: dict[int, Any], fetched: Mapping[int, Any]) -> None:
-        if len(kept) + len(fetched) > MAX_ROWS:
-            kept.clear()
-        kept.update(fetched)
-
-    def _keep_list(self, lists: dict[int, Any], key: int, value: Any, size: int) -> None:
-        """Keep one list (the lock held), every list forgotten first if over the bound."""
-        self._drop_list(lists, key)
-        if self._listed + size + 1 > MAX_ROWS:
-            self._reposts.clear()
-            self._followees.clear()
-            self._listed = 0
-        self._listed += size + 1
-        lists[key] = value
-
-    def _drop_list(self, lists: dict[int, Any], key: int) -> None:
-        value = lists.pop(key, None)
-        if value is not None:
-            self._listed -= len(value[1] if lists is self._reposts else value) + 1
-
-    def _committed(self) -> int:
-        self.questions += 1
+    def position(self) -> int:
         rows = self._run("committed_get", ())
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
-    def _feed(self, committed: int) -> list[tuple[Any, ...]] | None:
-        """The feed's rows of the batches in (seen, committed]; None if it cannot cover them."""
-        seen = self._seen  # written only while _asking is held, as it is here
+    def since(self, seen: int | None, committed: int) -> list[tuple[int, versions.Changes]] | None:
         if seen is None or committed < seen or \
                 committed // BUCKET_US - seen // BUCKET_US > MAX_BUCKETS:
             return None  # a first look, a rebuilt keyspace, or too far behind
         rows: list[tuple[Any, ...]] = []
-        if committed != seen:
-            for bucket in range(seen // BUCKET_US, committed // BUCKET_US + 1):
-                rows += self._run("changes_get", (bucket, seen, committed))
-        return rows
-
-    def _take_in(self, committed: int, rows: list[tuple[Any, ...]] | None) -> None:
-        """Take in the batches :meth:`_feed` read (the lock held); forget everything if None."""
-        if rows is None:
-            self._reset()
-        elif committed != self._seen:
-            self.catch_ups += 1
-            for row in rows:
-                self._take(int(row[0]), Changes.decode(row[1:]))
-        self._seen = committed
-
-    def _take(self, ts: int, changes: Changes) -> None:
-        if changes.everything:
-            self._reset()
-            return
-        if changes.tweets or changes.users or changes.originals or changes.homes:
-            self._generation += 1
-            for t in changes.tweets:
-                self._tweets.pop(t, None)
-            for u in changes.users:
-                self._users.pop(u, None)
-            for o in changes.originals:
-                self._drop_list(self._reposts, o)
-            for u in changes.homes:  # a follow edge written names its follower here
-                self._drop_list(self._followees, u)
-        pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
-        for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users),
-                    *(("a", a) for a in changes.authors)):
-            pages += self._watchers.pop(row, ())
-        for page in pages:
-            self._touched[page] = ts
-        if len(self._touched) > MAX_INDEXED:
-            self._reset()
-
-    def _reset(self) -> None:
-        """Every page kept so far is stale: a new epoch, and the indexes dropped."""
-        self.resets += 1
-        self._epoch += 1
-        self._generation += 1
-        self._touched.clear()
-        self._watchers.clear()
-        self._tweets.clear()
-        self._users.clear()
-        self._reposts.clear()
-        self._followees.clear()
-        self._listed = 0
-
-
-class CachedRows(ReaderProxy):
-    """The store, with rows, reposts and followees kept across pages by :class:`FeedVersions`."""
-
-    def __init__(self, inner: TimelineReader, versions: FeedVersions) -> None:
-        super().__init__(inner)
-        self.versions = versions
-
-    def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
-                reader: int | None = None, followees: bool = False) -> Hydrated:
-        return self.versions.hydrate(tweets, users, reposts, reader, followees,
-                                     self.inner.hydrate)
-
-    def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
-        return self.hydrate(ids, (), {}).tweets
-
-    def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
-        return self.hydrate((), ids, {}).users
-
-    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
-                   reader: int | None = None) -> dict[int, list[Entry]]:
-        bounds = above or {}
-        return self.hydrate((), (), {o: bounds.get(o, FLOOR) for o in originals}, reader).reposts
-
-    def followees(self, user: int) -> list[int]:
-        return self.hydrate((), (), {}, user, followees=True).followees or []
+        for bucket in range(seen // BUCKET_US, committed // BUCKET_US + 1):
+            rows += self._run("changes_get", (bucket, seen, committed))
+        return [(int(row[0]), Changes.decode(row[1:])) for row in rows]

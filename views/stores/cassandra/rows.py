@@ -28,7 +28,7 @@ from typing import Any, Final
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.stores.cassandra import statements as cql
-from views.stores.rows import Entry, Relations, TweetRow, UserRow, as_entry
+from views.stores.rows import FLOOR, Entry, Relations, TweetRow, UserRow, as_entry
 
 Rows = list[tuple[Any, ...]]
 
@@ -41,8 +41,6 @@ IN_MAX: Final = cql.IN_MAX
 #: Rows one ``IN`` request asks for at most: the driver's page (its default
 #: ``fetch_size``), so that the node reads the request's partitions at once.
 ROWS_MAX: Final = 5000
-#: Below every timeline key (times are ≥ 0, ids ≥ 1): a read bounded by it reads all.
-FLOOR: Final[Key] = (-1, -1)
 
 
 # -- queries -------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ from views.errors import StoreError
 from views.stores.cassandra import rows as reads
 from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.changes import Changes, FeedVersions, committed_op
+from views.stores.cassandra.changes import CassandraFeed, Changes, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
 from views.stores.cassandra.executor import (
     Columns,
@@ -123,6 +123,7 @@ from views.stores.rows import (
 )
 
 if TYPE_CHECKING:
+    from serving.pageversions import PageVersions
     from views.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -543,9 +544,15 @@ class CassandraStore(Store):
         """
         return functools.partial(task_store, self.config, self.cap)
 
-    def page_versions(self) -> FeedVersions:
-        """Per-page tokens from the batches' change feed (:mod:`.changes`)."""
-        return FeedVersions(self, self._rows, self.config.page_fresh_s)
+    def version(self) -> CassandraFeed:
+        """The batches' change feed (:mod:`.changes`), for per-page tokens."""
+        return CassandraFeed(self, self._rows, self.config.page_fresh_s)
+
+    def page_versions(self) -> PageVersions:
+        """Serving's page tokens over this store, for readers outside serving (``verify``)."""
+        from serving.pageversions import page_versions
+
+        return page_versions(self)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest dead letters (a full scan: dead letters are few, or alarming)."""
