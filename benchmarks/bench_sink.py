@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_sink.py                    # defaults below
     .venv/bin/python benchmarks/bench_sink.py --users 5000 --tweets 40000
+    .venv/bin/python benchmarks/bench_sink.py --users 2000 --follows 30000 --tweets 20000 \
+        --mix social --celebrity-threshold 300 --name sink-demo   # the demo's history
     FANOUT_CASSANDRA_HOSTS=127.0.0.1:9042 .venv/bin/python benchmarks/bench_sink.py
 
 One broker, one synthetic history produced once, one SparkSession; then the view
@@ -38,6 +40,7 @@ from infra.verify import verify  # noqa: E402
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
+from ingest.social import POSTS_ONLY, SOCIAL  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
 from views.job import job_sink, start_query  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
@@ -46,7 +49,8 @@ from views.stores.cassandra.schema import apply_at  # noqa: E402
 
 
 def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
-    history = generate(args.users, args.follows, args.tweets, seed=args.seed)
+    mix = SOCIAL if args.mix == "social" else POSTS_ONLY
+    history = generate(args.users, args.follows, args.tweets, seed=args.seed, mix=mix)
     events = list(history.events())
     with ChangelogProducer(kafka) as producer:
         for event in events:
@@ -92,7 +96,12 @@ def main() -> int:
     parser.add_argument("--follows", type=int, default=40_000)
     parser.add_argument("--tweets", type=int, default=12_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-records", type=int, default=10_000)
+    parser.add_argument("--max-records", type=int, default=200_000,
+                        help="records a micro-batch at most (the job's default)")
+    parser.add_argument("--mix", choices=("posts", "social"), default="posts",
+                        help="the history's records: posts and follows, or the demo's mix")
+    parser.add_argument("--celebrity-threshold", type=int, default=1000)
+    parser.add_argument("--name", default="sink", help="results/NAME.json")
     parser.add_argument("--order", default="sqlite,cassandra")
     parser.add_argument("--verify-sample", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=1800)
@@ -116,14 +125,15 @@ def main() -> int:
         for label in args.order.split(","):
             url = (f"sqlite:///{work / 'v.sqlite'}" if label == "sqlite" else _keyspace(hosts))
             view = ViewSettings(store_url=url, checkpoint_dir=work / f"ck-{label}",
-                                max_records_per_batch=args.max_records, shuffle_partitions=2)
+                                max_records_per_batch=args.max_records, shuffle_partitions=2,
+                                celebrity_threshold=args.celebrity_threshold)
             print(f"draining into {label} ...", file=sys.stderr, flush=True)
             result[label] = _drain(spark, kafka, view, args, label)
             print(f"  {label}: {result[label]}", file=sys.stderr, flush=True)
         if node is not None:
             result["cassandra_rss_mb"] = round(node.rss_bytes() / 2**20)
     result["cores"] = os.cpu_count()
-    print(save("sink", result))
+    print(save(args.name, result))
     return 0 if all(result[k]["verify_ok"] for k in args.order.split(",")) else 1
 
 
