@@ -106,6 +106,9 @@ _BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKi
                     DeltaKind.TL_ADD, DeltaKind.FANOUT)
 #: Kinds that reach stage 2 whole (they carry strings), routed by ``user_id``.
 _KEYED: Final = (DeltaKind.USER, DeltaKind.RELATION, DeltaKind.OFFSET)
+#: Kinds whose users a delta lists in ``raw``: a routed row's ``raw`` lists its one user
+#: (a follow, the follower and the edge's time), so stage 2 folds it as it is.
+_LISTED: Final = (DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE, DeltaKind.HORIZON)
 _ROUTED_SCHEMA: Final = arrow_schema(_ROUTED_COLUMNS)
 _TALLY_SCHEMA: Final = arrow_schema(_TALLY_COLUMNS)
 
@@ -152,14 +155,30 @@ class _Routed:
         arrays.update(user_id=users, route=users)
         zeros = np.zeros(len(users), np.int64)  # the columns these rows do not use
         n = len(arrays["kind"])
-        bulk = pa.table({f.name: pa.nulls(n, f.type) if f.nullable and f.name not in arrays
-                         else pa.array(arrays.get(f.name, zeros), f.type)
-                         for f in _ROUTED_SCHEMA}, schema=_ROUTED_SCHEMA)
+        columns = {f.name: pa.nulls(n, f.type) if f.nullable and f.name not in arrays
+                   else pa.array(arrays.get(f.name, zeros), f.type) for f in _ROUTED_SCHEMA}
+        columns["raw"] = _raw(arrays["kind"], users, arrays["created_at"])
+        bulk = pa.table(columns, schema=_ROUTED_SCHEMA)
         keyed = pa.table({f.name: pa.array([_route(d) if f.name == "route"
                                             else getattr(d, f.name) for d in self.keyed],
                                            f.type) for f in _ROUTED_SCHEMA},
                          schema=_ROUTED_SCHEMA)
         return pa.concat_tables([bulk, keyed])
+
+
+def _raw(kinds: np.ndarray, users: np.ndarray, created_at: np.ndarray) -> pa.Array:
+    """The ``raw`` of routed rows: the one user of a listing kind, a follow's pair, else null."""
+    follow = kinds == DeltaKind.FOLLOW
+    longs = np.where(np.isin(kinds, _LISTED), 1, 0) + np.where(follow, 2, 0)
+    ends = np.cumsum(longs)
+    values = np.empty(int(ends[-1]) if len(ends) else 0, np.int64)
+    listed = longs > 0
+    values[(ends - longs)[listed]] = users[listed]
+    values[(ends - longs)[follow] + 1] = created_at[follow]
+    offsets = np.concatenate(([0], ends * 8)).astype(np.int32)
+    valid = pa.array(listed, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(pa.binary(), len(kinds),
+                                 [valid, pa.py_buffer(offsets), pa.py_buffer(values)])
 
 
 def _route(d: Delta) -> int:
@@ -201,6 +220,13 @@ def _unpack(d: Delta, out: _Routed) -> None:
         raise StoreError(msg)
 
 
+def route_removes(removes: list[cql.Op], out: _Routed) -> None:
+    """Stage 1's resolved removes (``home_del`` ops) as TL_DEL rows, one user each."""
+    if removes:
+        cols = np.array([params for _, params in removes], dtype=np.int64)
+        out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
+
+
 def tweet_stage(open_store: Opener, ts: int,
                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A task of stage 1: write its tweets, pass everything else on one user per row."""
@@ -210,9 +236,7 @@ def tweet_stage(open_store: Opener, ts: int,
     if tweet_side:
         plan = ViewWriter.plan(tweet_side)
         removes, _ = TaskWriter(open_store()).write_tweets(plan, ts)
-        if removes:
-            cols = np.array([params for _, params in removes], dtype=np.int64)
-            out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
+        route_removes(removes, out)
         out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.foreign_deletes)
                                + len(plan.reposts)
                                + len(plan.dead), partition=len(plan.dead)))
@@ -227,39 +251,21 @@ def tweet_stage(open_store: Opener, ts: int,
 def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
     """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead).
 
-    The rows come in whatever order the shuffle delivered them; :class:`WritePlan`'s
-    row folds (and :func:`~views.stores.plan.fold` for the whole deltas) give the same
-    plan for any order, and the same as the driver's path.
+    Every row is a plain delta of one user, folded by :func:`~views.stores.plan.fold`
+    as the driver's path folds the batch — the timeline adds, most of a batch's rows,
+    taken column-wise as their fold would take them one by one. The rows come in
+    whatever order the shuffle delivered them; the folds give the same plan for any
+    order (``tests/views/stores/test_write_plan.py``).
     """
-    plan, rows, dead = WritePlan(), 0, 0
-    names = ("kind", "user_id", "tweet_id", "author_id", "created_at", "flag", "partition",
-             "offset")
-    columns = [table.column(n).to_numpy() for n in names]
-    kinds = columns[0]
-    keyed = np.flatnonzero(np.isin(kinds, _KEYED))
-    add = kinds == DeltaKind.TL_ADD  # most of a batch's rows: taken column-wise
-    plan.adds.extend_columns(*(c[add] for c in (columns[1], columns[4], columns[2],
-                                                columns[3])))
-    rest = np.flatnonzero(~add & ~np.isin(kinds, _KEYED))
-    for kind, user, tweet, author, at, flag, part, off in zip(
-            *(c[rest].tolist() for c in columns), strict=True):
-        if kind == DeltaKind.TL_DEL:
-            plan.removes.append((user, tweet, at, author))
-        elif kind == DeltaKind.TL_WIPE:
-            plan.wipes.add((user, author))
-        elif kind == DeltaKind.HORIZON:
-            plan.horizon(user, (at, tweet))
-        elif kind == DeltaKind.FOLLOW:
-            plan.follow(user, author, at, bool(flag))
-        elif kind == DeltaKind.CELEB_EDGE:
-            plan.celeb_edges[(user, author)] = bool(flag)
-        elif kind == DeltaKind.CELEB:
-            plan.celebs[author] = bool(flag)
-        elif kind == DeltaKind.ACTIVITY:
-            plan.read(user, at)
-        elif kind == TALLY:
-            rows, dead = rows + off, dead + part
-    for d in deltas_from_arrow(table.take(keyed)):
+    plan = WritePlan()
+    kinds = table.column("kind").to_numpy()
+    add = kinds == DeltaKind.TL_ADD
+    plan.adds.extend_columns(*(table.column(n).to_numpy()[add]
+                               for n in ("user_id", "created_at", "tweet_id", "author_id")))
+    tally = kinds == TALLY
+    rows = int(table.column("offset").to_numpy()[tally].sum())
+    dead = int(table.column("partition").to_numpy()[tally].sum())
+    for d in deltas_from_arrow(table.filter(pa.array(~add & ~tally))):
         fold(plan, d)
     return plan, rows, dead
 
