@@ -7,6 +7,8 @@
 - :mod:`~views.stores.cassandra.statements`: every CQL statement, and the pure step
   from a write plan to bound values;
 - :mod:`~views.stores.cassandra.rows`: the reads' queries and row decoders;
+- :mod:`~views.stores.cassandra.changes`: the change feed (what each batch changed),
+  which the store gives serving's page caches;
 - :mod:`~views.stores.cassandra.executor`: requests built from ops, run concurrently
   under one failure policy (retried for the store's ``retry_s``);
 - :mod:`~views.stores.cassandra.sink` and :mod:`~views.stores.cassandra.tasks`: the
