@@ -88,9 +88,9 @@ def main() -> None:
     parser.add_argument("--modes", default="single,batched,columns",
                         help="ways to send the rows, in turn (default all three)")
     parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
-    parser.add_argument("--commitlog", default="group",
+    parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
-                             f"{', '.join(COMMITLOG_SYNC)} (default group, the stack's)")
+                             f"{', '.join(COMMITLOG_SYNC)} (default batch, the stack's)")
     parser.add_argument("--name", default="cql-batches")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_sink.py --users 5000 --tweets 40000
     .venv/bin/python benchmarks/bench_sink.py --users 2000 --follows 30000 --tweets 20000 \
         --mix social --celebrity-threshold 300 --name sink-demo   # the demo's history
+    ... --commitlog group --name sink-demo-group                  # the node syncing per 10 ms
     FANOUT_CASSANDRA_HOSTS=127.0.0.1:9042 .venv/bin/python benchmarks/bench_sink.py
 
 One broker, one synthetic history produced once, one SparkSession; then the view
@@ -101,6 +102,11 @@ def main() -> int:
     parser.add_argument("--mix", choices=("posts", "social"), default="posts",
                         help="the history's records: posts and follows, or the demo's mix")
     parser.add_argument("--celebrity-threshold", type=int, default=1000)
+    parser.add_argument("--heap-mb", type=int, default=768,
+                        help="the local Cassandra node's heap (the stack's)")
+    parser.add_argument("--commitlog", default="batch",
+                        help="the local node's commitlog_sync: batch (the stack's), group, "
+                             "periodic")
     parser.add_argument("--name", default="sink", help="results/NAME.json")
     parser.add_argument("--order", default="sqlite,cassandra")
     parser.add_argument("--verify-sample", type=int, default=300)
@@ -115,7 +121,8 @@ def main() -> int:
         if not hosts:
             from infra.cassandra import LocalCassandra
 
-            node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=512))
+            node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=args.heap_mb,
+                                                      commitlog=args.commitlog))
             hosts = node.hosts
         kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=4, topic_prefix="s_")
         create_topics(kafka)
