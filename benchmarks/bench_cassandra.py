@@ -100,7 +100,7 @@ class _Counting:
         return super()._rows(name, params, **kw)  # type: ignore[misc]
 
 
-class _Writer(_Counting, TaskWriter):
+class _Written(_Counting, CassandraStore):
     counted = _Counted()
 
 
@@ -139,10 +139,10 @@ def _client(args: argparse.Namespace) -> int:
         out = _reads(reader, rng, args)()
         reader.close()
     else:
-        writer = _Writer(config)
-        writer.open()
-        out = _writes(writer, rng, args)()
-        writer.close()
+        store = _Written.for_tasks(config)
+        store.open()
+        out = _writes(TaskWriter(store), rng, args)()
+        store.close()
     print(json.dumps({"event": "result", **out}), flush=True)
     return 0
 
@@ -171,7 +171,7 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _writes(writer: _Writer, rng: random.Random, args: argparse.Namespace) -> Any:
+def _writes(writer: TaskWriter, rng: random.Random, args: argparse.Namespace) -> Any:
     next_id = [(args.index + 1) * 10**12 + args.seed * 10**10]
     batch = [args.index * 10**6 + args.seed * 10**8]
     if args.client == "sink" and args.index == 0:
@@ -188,11 +188,12 @@ def _writes(writer: _Writer, rng: random.Random, args: argparse.Namespace) -> An
         batch[0] += 1
         plan = _plan(rng, args, next_id, _ADDS_BASE, with_tweets=False)
         ts = writer.begin(batch[0], uuid.uuid4().hex)
-        writer._run([], columns=[("home_add", cql.add_rows(np.array(list(plan.adds)), ts + cql.ADD))])
+        writer.store._run([], columns=[("home_add",
+                                        cql.add_rows(np.array(list(plan.adds)), ts + cql.ADD))])
         return len(plan.adds)
 
     step = sink_step if args.client == "sink" else adds_step
-    return lambda: _window(step, args, writer.counted)
+    return lambda: _window(step, args, _Written.counted)
 
 
 def _reads(store: _Reader, rng: random.Random, args: argparse.Namespace) -> Any:

@@ -750,7 +750,7 @@ def add_rows(adds: np.ndarray, ts: int) -> np.ndarray:
     """``home_add``'s bound values for ``(n, 4)`` adds: the rows with ``ts`` appended.
 
     Run after the batch's wipes and removes, one tick later; sent column-wise
-    (:func:`views.stores.cassandra.store.column_requests`), never as a tuple a row.
+    (:func:`views.stores.cassandra.executor.column_requests`), never as a tuple a row.
     """
     return np.column_stack((adds.reshape(-1, 4), np.full(len(adds), ts, np.int64)))
 
