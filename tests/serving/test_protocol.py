@@ -19,9 +19,8 @@ import pytest
 
 from ingest.events import Follow, Post, UserUpsert
 from serving.app import create_app
-from serving.reads import FastPath
 from serving.settings import ServingSettings
-from tests.support.api import running
+from tests.support.api import CountingFastPath, counting_fast_path, running
 from tests.support.join import Harness
 from views.join import JoinConfig
 from views.stores.sqlite import SQLiteStore
@@ -46,30 +45,14 @@ def _app(path: Path):  # noqa: ANN202 - a FastAPI app
                                       auth=False))
 
 
-class _Counting(FastPath):
-    """The app's fast path, counting which side answered."""
-
-    in_protocol = in_stack = 0
-
-    def answer_now(self, *args):  # noqa: ANN002, ANN201
-        answer = super().answer_now(*args)
-        self.in_protocol += answer is not None
-        return answer
-
-    async def answer(self, *args):  # noqa: ANN002, ANN201
-        answer = await super().answer(*args)
-        self.in_stack += answer is not None
-        return answer
 
 
-def _counting(app) -> _Counting:  # noqa: ANN001
-    fast = app.state.fast_path
-    fast.__class__ = _Counting
-    return fast
+def _counting(app) -> CountingFastPath:  # noqa: ANN001
+    return counting_fast_path(app)
 
 
 @pytest.fixture
-def served(store) -> Iterator[tuple[Harness, _Counting, httpx.Client]]:
+def served(store) -> Iterator[tuple[Harness, CountingFastPath, httpx.Client]]:
     """The API on the store, counting who answers, and a client of it."""
     harness, path = store
     app = _app(path)

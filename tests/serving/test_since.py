@@ -50,10 +50,17 @@ from serving.app import NewCount, TimelinePage, create_app
 from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor, decode_since, encode_cursor, encode_gap
 from serving.pagecache import PageCache
-from serving.reads import NEW_COUNT_CAP, FastPath, Pages, Read
+from serving.reads import NEW_COUNT_CAP, Pages, Read
 from serving.settings import ServingSettings
 from serving.timeline import AccountGone, home_since
-from tests.support.api import SECRET, assert_error, bearer, running
+from tests.support.api import (
+    SECRET,
+    CountingFastPath,
+    assert_error,
+    bearer,
+    counting_fast_path,
+    running,
+)
 from tests.support.histories import ALL, POSTS, USERS, author_of, scenarios
 from tests.support.join import Harness
 from tests.support.metrics import HOME, scrape, value
@@ -247,20 +254,6 @@ COUNT_ROUTE = "/v1/users/{user_id}/home/new_count"
 CONFIG = JoinConfig(cap=4, promote_at=2, demote_below=1)  # CELEB has two followers
 
 
-class _Counting(FastPath):
-    """The app's fast path, counting which door answered."""
-
-    in_protocol = in_stack = 0
-
-    def answer_now(self, *args):  # noqa: ANN002, ANN201
-        answer = super().answer_now(*args)
-        self.in_protocol += answer is not None
-        return answer
-
-    async def answer(self, *args):  # noqa: ANN002, ANN201
-        answer = await super().answer(*args)
-        self.in_stack += answer is not None
-        return answer
 
 
 class World:
@@ -268,7 +261,7 @@ class World:
     in it (as ``fanout serve`` runs it) and through uvicorn's own protocol (the ASGI
     fast path's door), the join that fills it, and the reader's clients of each."""
 
-    def __init__(self, harness: Harness, fast: tuple[_Counting, _Counting],
+    def __init__(self, harness: Harness, fast: tuple[CountingFastPath, CountingFastPath],
                  clients: tuple[httpx.Client, httpx.Client], anon: httpx.Client) -> None:
         self.harness, self.fast, self.anon = harness, fast, anon
         self.client, self.asgi = clients
@@ -293,9 +286,7 @@ def world(tmp_path: Path) -> Iterator[World]:
                 + [Post(200 + i, CELEB, T0 + 10 * i + 5, f"c{i}") for i in range(3)])
     assert CELEB in harness.store.celebrities()
     protocol_app, asgi_app = create_app(_settings(path)), create_app(_settings(path))
-    fast = (protocol_app.state.fast_path, asgi_app.state.fast_path)
-    for f in fast:
-        f.__class__ = _Counting
+    fast = (counting_fast_path(protocol_app), counting_fast_path(asgi_app))
     auth = bearer(READER)
     with running(protocol_app) as base, running(asgi_app, http="httptools") as asgi_base, \
             httpx.Client(base_url=base, timeout=10, headers=auth) as client, \
