@@ -14,6 +14,7 @@ import gc
 import logging
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -821,21 +822,34 @@ def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
             cluster.shutdown()
 
 
-def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_hosts: str) -> None:
-    """A keyspace of steps 1-3 with celebrity edges: after step 4, home_start finds them."""
-    with fresh_keyspace(cassandra_hosts, schema=False) as url:
+@contextmanager
+def _upgraded(hosts: str, steps: int, rows: list[tuple[str, tuple[Any, ...]]],
+              applied: list[str]) -> Iterator[str]:
+    """A keyspace of the first ``steps`` schema steps holding ``rows``, then upgraded.
+
+    The upgrade must apply the steps named ``applied``; yields the keyspace's URL.
+    """
+    with fresh_keyspace(hosts, schema=False) as url:
         config = parse_url(url)
         cluster, session = connect(config, wait=60)
         try:
             replication = config.replication.cql_map()
-            apply_schema(session, config.keyspace, replication, load_steps()[:3])
-            for user, celeb in ((1, 7), (1, 8), (2, 7)):
-                session.execute("INSERT INTO celebrity_follows (user_id, celebrity_id) "
-                                "VALUES (%s, %s)", (user, celeb))
-            assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
-                "004_page_changes", "005_repost_changes", "006_dead_letter_partitions"]
+            apply_schema(session, config.keyspace, replication, load_steps()[:steps])
+            for statement, values in rows:
+                session.execute(statement, values)
+            assert [s.label for s in apply_schema(session, config.keyspace,
+                                                  replication)] == applied
         finally:
             cluster.shutdown()
+        yield url
+
+
+def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_hosts: str) -> None:
+    """A keyspace of steps 1-3 with celebrity edges: after step 4, home_start finds them."""
+    rows = [("INSERT INTO celebrity_follows (user_id, celebrity_id) VALUES (%s, %s)", edge)
+            for edge in ((1, 7), (1, 8), (2, 7))]
+    with _upgraded(cassandra_hosts, 3, rows, ["004_page_changes", "005_repost_changes",
+                                              "006_dead_letter_partitions"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
             assert store.home_start(2, None, 5).celebrities == [7]
@@ -845,20 +859,10 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
 
 def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str) -> None:
     """Letters stored before step 6 are counted after it; new ones list their partition."""
-    with fresh_keyspace(cassandra_hosts, schema=False) as url:
-        config = parse_url(url)
-        cluster, session = connect(config, wait=60)
-        try:
-            replication = config.replication.cql_map()
-            apply_schema(session, config.keyspace, replication, load_steps()[:5])
-            for topic, part, off in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1)):
-                session.execute("INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, "
-                                "reason, raw, seen_at) VALUES (%s, %s, %s, 'bad', 0x00, 1)",
-                                (topic, part, off))
-            assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
-                "006_dead_letter_partitions"]
-        finally:
-            cluster.shutdown()
+    rows = [("INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, reason, raw, "
+             "seen_at) VALUES (%s, %s, %s, 'bad', 0x00, 1)", letter)
+            for letter in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1))]
+    with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert store.dead_letter_count() == 3
             store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)
