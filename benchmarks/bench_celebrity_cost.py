@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from infra.broker import free_port  # noqa: E402
 from serving.celebrities import CelebrityCache  # noqa: E402
+from serving.pageversions import page_versions  # noqa: E402
 from views.delta import Delta  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
@@ -128,7 +129,7 @@ def main() -> int:
             raise SystemExit(f"{args.store} has {len(celebrities)} celebrities and "
                              f"{len(users)} users: pass bench_replay.py's store with --store")
         print(f"store: {len(users):,} users, {len(celebrities)} celebrities", flush=True)
-        cache = CelebrityCache(store, depth=800, version=store.page_versions().position)
+        cache = CelebrityCache(store, depth=800, version=page_versions(store).position)
         t0 = time.perf_counter()
         cache.refresh(full=True)
         full_s = time.perf_counter() - t0

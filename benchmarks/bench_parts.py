@@ -93,7 +93,7 @@ class _Recorder(Store):
 
     cached = horizon = celebrities_followed = followees = author_tweets = _write
     tweets = users = celebrities = applied_offsets = dead_letters = counts = _write
-    home_users = batches = dead_letter_count = relations = reposts_of = page_versions = _write
+    home_users = batches = dead_letter_count = relations = reposts_of = _write
 
 
 def bench_join_and_sink(evts: list, batch: int, work: Path) -> dict:

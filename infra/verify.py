@@ -39,6 +39,7 @@ from infra.process import HEARTBEAT_S
 from ingest.progress import progress as progress_bar
 from ingest.settings import KafkaSettings
 from serving.errors import NotFound
+from serving.pageversions import PageVersions, page_versions
 from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
 from views.delta import Key
@@ -47,7 +48,6 @@ from views.kafka_offsets import EndOffsets
 from views.reference import HomeRow, Reference
 from views.stores.base import (
     Hydrated,
-    PageVersions,
     ReaderProxy,
     Store,
     TimelineReader,
@@ -301,7 +301,7 @@ def _reads(store: TimelineReader, users: list[int], n: int, opener: Callable[[],
                 yield itertools.chain.from_iterable(
                     readers.map(_served_chunk, chunks, itertools.repeat(n)))
         return
-    versions = store.page_versions()
+    versions = page_versions(store)
     pool: Executor | None = None
     try:
         if store.reads_in_process:
@@ -342,7 +342,7 @@ class RowCache(ReaderProxy):
     Verify reads every user's timeline, and the same tweets and authors appear in many
     of them: on the demo's history, reading each row once cut the CPU of the reads by
     about 30 %. A row is the store's at one position of its page versions
-    (:class:`~views.stores.base.PageVersions`): :meth:`current`, called before each
+    (:class:`~serving.pageversions.PageVersions`): :meth:`current`, called before each
     user, drops every kept row when the store has committed a page-visible change
     since, so a user's page is assembled from rows the store holds, as the API's is.
     Everything else (the cached entries, reposts, relations) is read from the store.
@@ -401,7 +401,7 @@ def _open_reader(opener: Callable[[], Store]) -> None:
 def _served_here(user: int, n: int) -> Served:
     """A reader process's read of ``user``, from a store read in process."""
     if not _rows:
-        versions = _reader[0].page_versions()
+        versions = page_versions(_reader[0])
         atexit.register(versions.close)  # before the store's (atexit runs last-in first)
         _rows.append(RowCache(_reader[0], versions))
     return served(_rows[0].current(), user, n)
@@ -414,7 +414,7 @@ _network: list[Any] = []
 def _served_chunk(users: list[int], n: int) -> list[Served]:
     """A reader process's share of a network store's users, :data:`READERS` at once."""
     if not _network:
-        versions = _reader[0].page_versions()
+        versions = page_versions(_reader[0])
         atexit.register(versions.close)  # before the store's (atexit runs last-in first)
         _network.extend((versions, versions.reader(_reader[0]), ThreadPoolExecutor(READERS)))
     versions, reader, threads = _network

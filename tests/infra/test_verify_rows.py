@@ -9,6 +9,7 @@ import pytest
 
 from infra.verify import RowCache, compare, served
 from ingest.generator import generate
+from serving.pageversions import page_versions
 from views.changelog import Changelog
 from views.delta import Delta
 from views.join import JoinConfig
@@ -50,7 +51,7 @@ def _reader_with_entries(store: SQLiteStore) -> int:
 
 def test_a_row_is_read_from_the_store_once_per_position(store):
     counted = _Counted(store)
-    rows = RowCache(counted, store.page_versions())
+    rows = RowCache(counted, page_versions(store))
     user = _reader_with_entries(store)
     first = served(rows.current(), user, CAP)
     asked = len(counted.asked)
@@ -63,7 +64,7 @@ def test_a_row_is_read_from_the_store_once_per_position(store):
 
 
 def test_the_rows_are_dropped_when_the_store_commits_a_change(store):
-    rows = RowCache(store, store.page_versions())
+    rows = RowCache(store, page_versions(store))
     user = _reader_with_entries(store)
     entry_id, _, actor, *_ = served(rows.current(), user, CAP)[0]
     assert not rows.tweets([entry_id])[entry_id].deleted

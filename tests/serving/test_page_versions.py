@@ -26,7 +26,7 @@ from ingest.events import Activity, Delete, Follow, Post, Repost, UserUpsert
 from serving.celebrities import CelebrityCache
 from serving.cursor import encode_cursor
 from serving.pagecache import PageCache
-from serving.pageversions import HOME, OWN, FeedVersions
+from serving.pageversions import HOME, OWN, FeedVersions, page_versions
 from serving.reads import Pages, Read
 from serving.timeline import AccountGone
 from tests.support.cassandra import fresh_keyspace
@@ -57,7 +57,7 @@ def store(cassandra_hosts: str) -> Iterator:
 
 def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespace]:
     """The API's page answers over ``store``; with or without a celebrity cache."""
-    versions = store.page_versions()
+    versions = page_versions(store)
     cache = CelebrityCache(store, depth=store.cap, version=versions.position) \
         if celebrities else None
     state = types.SimpleNamespace(store=store, versions=versions, celebrities=cache)
@@ -78,7 +78,7 @@ def test_a_batch_moves_only_the_tokens_of_what_it_touched(store) -> None:
     join.run([Follow(1, 10, T0), Follow(2, 20, T0), Follow(3, 20, T0),
               UserUpsert(10, "ten", "Ten", T0), UserUpsert(20, "twenty", "Twenty", T0),
               Post(100, 10, T0 + 1, "a"), Post(200, 20, T0 + 2, "b")])
-    versions = store.page_versions()
+    versions = page_versions(store)
     pages, state = _pages(store)
     first = {u: _read(pages, state, u) for u in (1, 2, 3)}
     tokens = {u: versions.check(HOME, u)[1] for u in (1, 2, 3)}
@@ -160,7 +160,7 @@ def test_kept_reposts_answer_any_bound_at_or_above_their_own(store) -> None:
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
     join.run([Post(100, 10, T0 + 1, "original"),
               *(Repost(100 + i, 10 + i, 100, 10, T0 + 10 * i) for i in range(1, 4))])
-    versions = store.page_versions()
+    versions = page_versions(store)
     reader = versions.reader(store)
     versions.position()
     keys = [(T0 + 10 * i, 100 + i) for i in range(1, 4)]
@@ -184,7 +184,7 @@ def test_kept_reposts_answer_any_bound_at_or_above_their_own(store) -> None:
 def test_kept_followees_go_when_their_reader_follows_or_unfollows(store) -> None:
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
     join.run([Follow(1, 10, T0), Follow(2, 10, T0)])
-    versions = store.page_versions()
+    versions = page_versions(store)
     reader = versions.reader(store)
     versions.position()
     assert reader.followees(1) == [10] and reader.followees(2) == [10]
@@ -356,7 +356,7 @@ def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
 def test_keep_fresh_runs_until_closed(cassandra_hosts: str) -> None:
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=100") as url:
         store = store_from_url(url, cap=50).open()
-        versions = store.page_versions()
+        versions = page_versions(store)
         try:
             versions.keep_fresh()
             versions.check(HOME, 1)

@@ -27,6 +27,7 @@ from infra.broker import free_port
 from ingest.events import MUTE, AccountDelete, Delete, Follow, Post, Relation, Repost, UserUpsert
 from serving.app import TimelinePage, create_app
 from serving.auth import mint
+from serving.pageversions import page_versions
 from serving.settings import ServingSettings
 from tests.support.api import running
 from tests.support.join import Harness
@@ -241,7 +242,7 @@ def test_only_what_a_page_shows_moves_the_page_version(tmp_path: Path):
     path = tmp_path / "v.sqlite"
     harness = Harness(JoinConfig(cap=50), SQLiteStore(path, cap=50).open())
     reader = SQLiteStore(path, cap=50).open()
-    versions = reader.page_versions()
+    versions = page_versions(reader)
     version = versions.position
     try:
         harness.run([Follow(READER, AUTHOR, T0)])

@@ -50,6 +50,7 @@ from serving.app import NewCount, TimelinePage, create_app
 from serving.celebrities import CelebrityCache
 from serving.cursor import decode_cursor, decode_since, encode_cursor, encode_gap
 from serving.pagecache import PageCache
+from serving.pageversions import page_versions
 from serving.reads import NEW_COUNT_CAP, Pages, Read
 from serving.settings import ServingSettings
 from serving.timeline import AccountGone, home_since
@@ -82,7 +83,7 @@ class Reads:
     def __init__(self, store: SQLiteStore, mode: str, depth: int) -> None:
         self.store = store
         cache = CelebrityCache(store, depth=depth) if mode == "celebrity cache" else None
-        self.state = types.SimpleNamespace(store=store, versions=store.page_versions(),
+        self.state = types.SimpleNamespace(store=store, versions=page_versions(store),
                                            celebrities=cache)
         self.pages = Pages(PageCache(1 << 22), freshness=None, fan_out=mode != "on read")
 

@@ -2,12 +2,10 @@
 
 Each part has its own module: the rows (:mod:`views.stores.rows`), the write plan and
 its folds (:mod:`views.stores.plan`), and the three sides of a store with their
-lifecycle (:mod:`views.stores.contract`). :class:`PageVersions` and :data:`Position` are
-serving's (:mod:`serving.pageversions`), here for the readers outside serving that take
-a store's page tokens (``verify``).
+lifecycle (:mod:`views.stores.contract`). Serving's page tokens over a store are
+serving's own (:func:`serving.pageversions.page_versions`).
 """
 
-from serving.pageversions import PageVersions, Position
 from views.stores.contract import (
     BatchStats,
     ReaderProxy,
@@ -37,7 +35,7 @@ from views.stores.rows import (
 
 __all__ = (
     "DORMANT", "FLOOR", "ID_CONFLICTS", "BatchInfo", "BatchStats", "DeadLetter", "DeadRow", "Entry",
-    "FollowRow", "HomeStart", "Hydrated", "PageVersions", "Position", "ProfileRow",
+    "FollowRow", "HomeStart", "Hydrated", "ProfileRow",
     "ReaderProxy", "RelationRow", "Relations", "Store", "StoreAdmin", "TimelineReader",
     "TweetRow", "UserRow", "ViewWriter", "WritePlan", "as_entry", "fold", "id_conflict",
     "outranks", "stored_conflicts",

@@ -51,7 +51,6 @@ from views.stores.rows import (
 from views.stores.versions import StoreVersion
 
 if TYPE_CHECKING:
-    from serving.pageversions import PageVersions
     from views.sink import Sink
 
 
@@ -183,12 +182,6 @@ class TimelineReader(abc.ABC):
         """
         return StoreVersion(self)
 
-    @abc.abstractmethod
-    def page_versions(self) -> PageVersions:
-        """Serving's page tokens over this store (:func:`serving.pageversions.page_versions`).
-
-        For readers outside serving that read pages as the API does (``verify``).
-        """
 
 
 class ReaderProxy(TimelineReader):
@@ -248,9 +241,6 @@ class ReaderProxy(TimelineReader):
 
     def version(self) -> StoreVersion:
         return self.inner.version()
-
-    def page_versions(self) -> PageVersions:
-        return self.inner.page_versions()
 
 
 class ViewWriter(abc.ABC):

@@ -17,7 +17,6 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
@@ -36,9 +35,6 @@ from views.stores.rows import (
     UserRow,
 )
 from views.stores.versions import StoreVersion
-
-if TYPE_CHECKING:
-    from serving.pageversions import PageVersions
 
 log = logging.getLogger(__name__)
 
@@ -727,11 +723,6 @@ class SQLiteStore(Store):
             return StoreVersion(self)  # another connection to :memory: is another database
         return PageVersion(self)
 
-    def page_versions(self) -> PageVersions:
-        """Serving's page tokens over this store, for readers outside serving (``verify``)."""
-        from serving.pageversions import page_versions
-
-        return page_versions(self)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         rows = self._conn().execute(

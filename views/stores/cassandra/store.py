@@ -123,7 +123,6 @@ from views.stores.rows import (
 )
 
 if TYPE_CHECKING:
-    from serving.pageversions import PageVersions
     from views.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -548,11 +547,6 @@ class CassandraStore(Store):
         """The batches' change feed (:mod:`.changes`), for per-page tokens."""
         return CassandraFeed(self, self._rows, self.config.page_fresh_s)
 
-    def page_versions(self) -> PageVersions:
-        """Serving's page tokens over this store, for readers outside serving (``verify``)."""
-        from serving.pageversions import page_versions
-
-        return page_versions(self)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest dead letters (a full scan: dead letters are few, or alarming)."""
