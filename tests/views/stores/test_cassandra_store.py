@@ -504,6 +504,20 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
 
 
+def test_column_wise_rows_are_grouped_as_ops_are() -> None:
+    """Sorted rows of one statement go in the requests units() makes of the same ops."""
+    users = sorted([1] * (cql.BATCH_MAX + 3) + [2, 3, 3] + list(range(10, 10 + cql.PACK_MAX)))
+    ops = [("home_add", (u, i, i, 9, 7)) for i, u in enumerate(users)]
+    keys = np.array(users)
+    def parity(user: int | None) -> int | None:
+        return None if user is None else user % 2
+
+    for replica in (None, parity):
+        assert cql.packed(cql.partition_groups(keys),
+                          lambda g: ("home_timeline", int(keys[g[0]])),
+                          replica) == cql.units(ops, replica)
+
+
 def test_lookups_read_many_keys_per_request() -> None:
     keys = list(range(cql.IN_MAX + 1))
     queries = {"meta_get": keys, "home_all": [7, 8], "tweet_state": []}

@@ -38,7 +38,6 @@ from cassandra.cqltypes import LongType
 from cassandra.query import BatchStatement, BatchType
 
 from views.errors import StoreError
-from views.stores.adds import run_starts
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.rows import Rows
 
@@ -157,11 +156,10 @@ def column_requests(statement: Any, rows: np.ndarray, key: int,
                     replica: Callable[[Any], Hashable] | None) -> list[Any]:
     """Unlogged batches of one all-bigint statement, from an ``(n, k)`` int64 array of its values.
 
-    Grouped as :func:`cql.units` groups ops (a partition's rows together, at most
-    :data:`cql.BATCH_MAX`; partitions smaller than :data:`cql.PACK_MAX` packed per replica
-    set), with ``rows[:, key]`` the partition key, and serialized column-wise: a
-    catching-up batch's millions of timeline rows cost no Python object a value
-    beyond the bytes the protocol sends.
+    Grouped by the policy :func:`cql.units` applies to ops (:func:`cql.partition_groups`,
+    then :func:`cql.packed`), with ``rows[:, key]`` the partition key, and serialized
+    column-wise: a catching-up batch's millions of timeline rows cost no Python object a
+    value beyond the bytes the protocol sends.
     """
     if not len(rows):
         return []
@@ -171,24 +169,12 @@ def column_requests(statement: Any, rows: np.ndarray, key: int,
     rows = rows[np.argsort(rows[:, key], kind="stable")]
     values = rows.astype(">i8").view("V8").tolist()  # bytes, big-endian: the wire's bigint
     keys = rows[:, key]
-    starts = run_starts(keys).tolist()
-    out: list[Any] = []
-    packs: dict[Hashable, list[int]] = {}
+    table = statement.column_metadata[0].table_name
+    groups = cql.packed(cql.partition_groups(keys), lambda g: (table, int(keys[g[0]])),
+                        replica)
     qid = statement.query_id
-    for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
-        if end - start >= cql.PACK_MAX:
-            out += [_batch([(True, qid, v) for v in values[i:min(i + cql.BATCH_MAX, end)]],
-                           [values[i][key]]) for i in range(start, end, cql.BATCH_MAX)]
-            continue
-        where = None if replica is None else replica(int(keys[start]))
-        pack = packs.setdefault(where, [])
-        if len(pack) + end - start > cql.PACK_MAX:
-            out.append(_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]]))
-            pack.clear()
-        pack.extend(range(start, end))
-    out += [_batch([(True, qid, values[i]) for i in pack], [values[pack[0]][key]])
-            for pack in packs.values() if pack]
-    return out
+    return [_batch([(True, qid, values[i]) for i in group], [values[group[0]][key]])
+            for group in groups]
 
 
 def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:

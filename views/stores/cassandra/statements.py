@@ -288,22 +288,43 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
             group = partitions[key] = []
             out.append(group)
         group.append(i)
-    return _packed(out, ops, replica)
+
+    def partition(group: list[int]) -> tuple[str, Any] | None:
+        name, params = ops[group[0]]
+        found = PARTITION_KEY.get(name)
+        return None if found is None else (
+            found[0], None if found[1] is None else params[found[1]])
+
+    return packed(out, partition, replica)
 
 
-def _packed(groups: list[list[int]], ops: Sequence[Op],
-            replica: Callable[[Any], Hashable] | None) -> list[list[int]]:
-    """Small groups of one table and replica set merged, up to :data:`PACK_MAX` each."""
+def partition_groups(keys: np.ndarray) -> list[list[int]]:
+    """Rows sorted by partition key, grouped as :func:`units` groups one table's writes.
+
+    A group per partition, at most :data:`BATCH_MAX` rows each; ``keys`` are the rows'
+    partition keys, equal keys adjacent.
+    """
+    starts = run_starts(keys).tolist()
+    return [list(range(j, min(j + BATCH_MAX, end)))
+            for start, end in zip(starts, [*starts[1:], len(keys)], strict=True)
+            for j in range(start, end, BATCH_MAX)]
+
+
+def packed(groups: list[list[int]], where: Callable[[list[int]], tuple[str, Any] | None],
+           replica: Callable[[Any], Hashable] | None) -> list[list[int]]:
+    """Small groups of one table and replica set merged, up to :data:`PACK_MAX` each.
+
+    ``where`` gives a group's table and partition key (None: a request of its own).
+    """
     out: list[list[int]] = []
     open_packs: dict[tuple[str, Hashable], list[int]] = {}
     for group in groups:
-        name, params = ops[group[0]]
-        where = PARTITION_KEY.get(name)
-        if where is None or len(group) >= PACK_MAX:
+        found = where(group)
+        if found is None or len(group) >= PACK_MAX:
             out.append(group)
             continue
-        key = None if where[1] is None else params[where[1]]
-        pack_key = (where[0], None if replica is None else replica(key))
+        table, key = found
+        pack_key = (table, None if replica is None else replica(key))
         pack = open_packs.get(pack_key)
         if pack is None or len(pack) + len(group) > PACK_MAX:
             pack = open_packs[pack_key] = []
