@@ -17,6 +17,10 @@ that knows its size.
 The ports are chosen at the first start and recorded in ``<data_dir>/ring.json``;
 a restarted node takes them again (they belong to its address, which nothing else
 uses).
+
+On hosts of their own (``fanout up --hosts``, :mod:`infra.hosts`) each node runs in
+its host's network namespace, and its listen, broadcast and RPC addresses and the
+seeds are the hosts' addresses, with Cassandra's usual ports (:data:`HOST_PORTS`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from infra.cassandra import (
     node_yaml,
     running_pid,
 )
+from infra.hosts import Host
 from infra.jars import CASSANDRA, classpath
 from infra.process import LOOPBACK, free_port, log_tail
 
@@ -50,6 +55,8 @@ RING_DELAY_MS: Final = 2000
 #: Seconds a start waits for its nodes to know the whole ring and agree on the schema.
 SETTLE_S: Final = 90.0
 _MIN_TOKEN: Final = -(2**63)
+#: Every node's ports when each has a host of its own (JMX stays on the host's loopback).
+HOST_PORTS: Final = Ports(native=9042, storage=7000, jmx=7199)
 
 
 def address(node: int) -> str:
@@ -66,11 +73,17 @@ class RingNode(LocalCassandra):
     """One node of a ring: :class:`LocalCassandra` on its own loopback address."""
 
     def __init__(self, data_dir: Path, log_path: Path, *, node: int, nodes: int, ports: Ports,
-                 heap_mb: int = 320, start_timeout: float = 240.0) -> None:
+                 heap_mb: int = 320, start_timeout: float = 240.0,
+                 hosts: dict[int, Host] | None = None) -> None:
         super().__init__(data_dir, log_path, heap_mb=heap_mb, start_timeout=start_timeout,
                          stop_timeout=30.0)
-        self.node, self.nodes, self.address = node, nodes, address(node)
+        self.placed = hosts or {}  # node -> its host (``hosts`` is the contact point)
+        self.node, self.nodes, self.address = node, nodes, self._address_of(node)
         self._fixed = ports
+
+    def _address_of(self, node: int) -> str:
+        host = self.placed.get(node)
+        return host.address if host else address(node)
 
     @property
     def hosts(self) -> str:
@@ -109,7 +122,8 @@ class RingNode(LocalCassandra):
         argv = [java, *self._jvm_options(jars),
                 f"-Dcassandra.ring_delay_ms={RING_DELAY_MS}",
                 "org.apache.cassandra.service.CassandraDaemon"]
-        self._process = self._popen(argv)
+        host = self.placed.get(self.node)
+        self._process = self._popen(host.argv(argv) if host else argv)
         (self.data_dir / PID_FILE).write_text(str(self._process.pid))
         _wait_for_cql(self._process, self.address, self._ports.native, deadline, self.log_path)
         return True
@@ -118,7 +132,8 @@ class RingNode(LocalCassandra):
         """The single node's yaml with this node's address, the ring's seeds and token."""
         assert self._ports is not None
         text = node_yaml(self.data_dir, self._ports)
-        seeds = ",".join(f"{address(n)}:{self._ports.storage}" for n in range(1, self.nodes + 1))
+        seeds = ",".join(f"{self._address_of(n)}:{self._ports.storage}"
+                         for n in range(1, self.nodes + 1))
         text = re.sub(r'seeds: ".*"', f'seeds: "{seeds}"', text)
         for key, value in (("listen_address", self.address), ("rpc_address", self.address),
                            ("memtable_heap_space", "48MiB"),
@@ -132,7 +147,9 @@ class CassandraRing:
     """``nodes`` Cassandra nodes on 127.0.0.1..N sharing one CQL and one storage port."""
 
     def __init__(self, data_dir: Path | str, log_dir: Path | str, *, nodes: int = 3,
-                 heap_mb: int = 320, start_timeout: float = 300.0) -> None:
+                 heap_mb: int = 320, start_timeout: float = 300.0,
+                 hosts: dict[int, Host] | None = None) -> None:
+        self.hosts = hosts or {}
         self.data_dir = Path(data_dir).resolve()
         self.log_dir = Path(log_dir).resolve()
         self.nodes, self.heap_mb, self.start_timeout = nodes, heap_mb, start_timeout
@@ -150,7 +167,8 @@ class CassandraRing:
 
     def url(self, keyspace: str, options: str = "") -> str:
         """A store URL naming every node, the keyspace at RF ``nodes`` and ``options``."""
-        hosts = ",".join(address(n) for n in self.node_ids)
+        hosts = ",".join(self.hosts[n].address if self.hosts else address(n)
+                         for n in self.node_ids)
         return (f"cassandra://{hosts}:{self.port}/{keyspace}?rf={self.nodes}"
                 + (f"&{options}" if options else ""))
 
@@ -158,7 +176,8 @@ class CassandraRing:
         """Node ``node`` as an object (started or not): its paths, its config."""
         return RingNode(self.data_dir / f"node-{node}", self.log_dir / f"cassandra-{node}.log",
                         node=node, nodes=self.nodes, ports=self._load()[node],
-                        heap_mb=self.heap_mb, start_timeout=self.start_timeout)
+                        heap_mb=self.heap_mb, start_timeout=self.start_timeout,
+                        hosts=self.hosts)
 
     def start(self, which: list[int] | None = None) -> CassandraRing:
         """Start nodes ``which`` (default all): the first alone, the rest side by side.
@@ -213,6 +232,11 @@ class CassandraRing:
             msg = (f"{path} records {len(self._ports)} Cassandra node(s), not {self.nodes}: a "
                    "ring keeps its size; use a fresh run directory for another")
             raise CassandraError(msg)
+        if not self._ports and self.hosts:
+            self._ports = dict.fromkeys(self.node_ids, HOST_PORTS)
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({n: p.__dict__ for n, p in self._ports.items()},
+                                       indent=2) + "\n")
         if not self._ports:
             native, storage = _free_on_all(self.nodes), _free_on_all(self.nodes)
             while storage == native:

@@ -2,7 +2,8 @@
 
 Subcommands: ``up``/``down``/``status`` (the local stack), ``broker``/``job``/``serve``
 (one service in the foreground; ``up`` runs these detached), ``generate``/``replay``
-(ingest), ``verify``, ``dead-letters``, ``rebuild`` and ``demo``. Flags fall back to environment
+(ingest), ``verify``, ``dead-letters``, ``rebuild``, ``nemesis`` (network faults on a
+stack on hosts) and ``demo``. Flags fall back to environment
 variables (named in each ``--help``). Each command builds its settings here or in the
 module that registers it, from its flags over ``args.environ``: the process's
 environment, over the settings of the stack recorded in the run directory, so that
@@ -28,13 +29,20 @@ from infra import archive_builder as archive_builder_cli
 from infra import cassandra as cassandra_cli
 from infra import jars as jars_cli
 from infra import load as load_cli
+from infra import nemesis as nemesis_cli
 from infra import rebuild as rebuild_cli
 from infra import schema as schema_cli
 from infra import stack as stack_mod
 from infra import verifier as verifier_cli
 from infra.errors import InfraError
 from infra.process import stop_on_signals
-from infra.settings import RUN_DIR_ENV, SPARK_MASTER_ENV
+from infra.settings import (
+    HOSTS_ENV,
+    HOSTS_NET_ENV,
+    RUN_DIR_ENV,
+    SPARK_DRIVER_HOST_ENV,
+    SPARK_MASTER_ENV,
+)
 from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
 from serving.settings import API_PORT_ENV, ServingSettings
@@ -109,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     archive_builder_cli.register(sub)
     cassandra_cli.register(sub)
     verifier_cli.register(sub)
+    nemesis_cli.register(sub)
     return parser
 
 
@@ -134,6 +143,13 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
                         "(topics at RF N), N Cassandra nodes on 127.0.0.1..N (keyspace at RF "
                         "N, LOCAL_QUORUM) and a Spark master with 2 workers (default: one "
                         "node of each, as before)")
+    p.add_argument("--hosts", action="store_true",
+                   help="with --nodes: run each Kafka, Cassandra and Spark node in a network "
+                        "namespace of its own, on a bridge the stack makes (needs root; "
+                        f"env {HOSTS_ENV}=on); `fanout nemesis` then injects network faults")
+    p.add_argument("--hosts-net", default=None, metavar="CIDR",
+                   help="the hosts' private subnet (env "
+                        f"{HOSTS_NET_ENV}; default: the first free 10.213.K.0/24)")
     p.add_argument("--verifier", action=argparse.BooleanOptionalAction, default=None,
                    help="run the live verifier, which compares a few sampled users' pages "
                         "a second with the log, or not; kept for later 'up's (env "
@@ -172,7 +188,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     before = stack_mod.Stack.load(args.run_dir)
     was = before.state() if before else {}
-    running = up(args.run_dir, port=args.port, extra_env=_view_env(args), store=args.store,
+    extra = _view_env(args)
+    if args.hosts or args.hosts_net:
+        if not args.nodes or args.nodes < 2:
+            log.error("--hosts gives each node of a multi-node stack a host: use it with "
+                      "--nodes N (N >= 2) on a new run directory")
+            return 2
+        extra[HOSTS_ENV] = "on"
+        if args.hosts_net:
+            extra[HOSTS_NET_ENV] = args.hosts_net
+    running = up(args.run_dir, port=args.port, extra_env=extra, store=args.store,
                  cluster=args.cluster, timeout=args.timeout, nodes=args.nodes,
                  verifier=args.verifier)
     for name, pid in running.pids.items():
@@ -284,9 +309,13 @@ def _cmd_job(args: argparse.Namespace) -> int:
         log.error("%s is not set and no stack is in %s: run 'fanout up' first",
                   BOOTSTRAP_ENV, args.run_dir)
         return 2
+    driver = args.environ.get(SPARK_DRIVER_HOST_ENV)
+    if driver:  # executors on hosts of their own reach the driver on the bridge
+        os.environ["SPARK_LOCAL_IP"] = driver
+    conf = {"spark.driver.host": driver, "spark.driver.bindAddress": driver} if driver else {}
     with stack_mod.job_lock(view.checkpoint_dir):
         spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions,
-                              master=args.environ.get(SPARK_MASTER_ENV))
+                              master=args.environ.get(SPARK_MASTER_ENV), extra_conf=conf)
         ready = args.ready_file
         return run(spark, kafka, view, stop=stop_on_signals(),
                    on_started=(lambda: ready.write_text("started")) if ready else None,

@@ -13,6 +13,10 @@ The ports of every node are chosen at the first start and kept in
 ``<data_dir>/cluster.json``: the voters list names them, so a node cannot move
 alone. A restarted node (``fanout up`` after one was killed) takes its old ports; if
 another process holds one, the start fails and says which port to free.
+
+On hosts of their own (``fanout up --hosts``, :mod:`infra.hosts`) each node runs in
+its host's network namespace and listens, advertises and votes on its host's address,
+with the same two ports (:data:`HOST_PORTS`) on every host.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from infra.broker import _LOG4J2, _SERVER_PROPERTIES, BrokerError, wait_until_serving
+from infra.hosts import Host
 from infra.jars import KAFKA, classpath
 from infra.process import LOOPBACK, free_port, port_free
 
@@ -70,6 +75,10 @@ class NodePorts:
     controller_port: int
 
 
+#: Every node's ports when each has a host (and an address) of its own.
+HOST_PORTS: Final = NodePorts(9092, 9093)
+
+
 class KafkaCluster:
     """``nodes`` KRaft nodes on loopback; node ids are 1..nodes.
 
@@ -81,7 +90,7 @@ class KafkaCluster:
 
     def __init__(self, data_dir: Path | str, log_dir: Path | str, *, nodes: int = 3,
                  heap_mb: int = 256, start_timeout: float = 180.0,
-                 jar_root: Path | None = None) -> None:
+                 jar_root: Path | None = None, hosts: dict[int, Host] | None = None) -> None:
         if nodes < 1:
             msg = f"a Kafka cluster needs at least one node, not {nodes}"
             raise BrokerError(msg)
@@ -91,6 +100,7 @@ class KafkaCluster:
         self.heap_mb = heap_mb
         self.start_timeout = start_timeout
         self._jar_root = jar_root
+        self.hosts = hosts or {}
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
         self._ports: dict[int, NodePorts] = {}
         self._cluster_id = ""
@@ -100,7 +110,7 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         """``host:port,...`` of every node, for Kafka clients."""
         self._load()
-        return ",".join(f"{LOOPBACK}:{self._ports[n].port}" for n in self.node_ids)
+        return ",".join(self.node_bootstrap(n) for n in self.node_ids)
 
     @property
     def node_ids(self) -> list[int]:
@@ -108,7 +118,12 @@ class KafkaCluster:
 
     def node_bootstrap(self, node: int) -> str:
         self._load()
-        return f"{LOOPBACK}:{self._ports[node].port}"
+        return f"{self.address(node)}:{self._ports[node].port}"
+
+    def address(self, node: int) -> str:
+        """Where node ``node`` listens: its host's address, or loopback."""
+        host = self.hosts.get(node)
+        return host.address if host else LOOPBACK
 
     def config_path(self, node: int) -> Path:
         """Node ``node``'s ``server.properties``; its JVM's command line names it."""
@@ -180,6 +195,9 @@ class KafkaCluster:
             raise BrokerError(msg)
         taken: set[int] = set()
         for node in missing:
+            if self.hosts:
+                self._ports[node] = HOST_PORTS
+                continue
             ports = [free_port(), free_port()]
             while len(set(ports) | taken) < len(taken) + 2:
                 ports = [free_port(), free_port()]
@@ -193,7 +211,7 @@ class KafkaCluster:
     def _prepare(self, node: int, jars: list[Path]) -> None:
         """Check the node's ports, write its config, format its log once."""
         ports = self._ports[node]
-        for port in (ports.port, ports.controller_port):
+        for port in () if self.hosts else (ports.port, ports.controller_port):
             if not port_free(port):
                 msg = (f"port {port} of Kafka node {node} is taken by another process: the "
                        f"cluster's voters list names it ({self.data_dir / CLUSTER_FILE}); "
@@ -219,10 +237,10 @@ class KafkaCluster:
         Plus the cluster's voters, replication factors and timeouts.
         """
         ports = self._ports[node]
-        base = _SERVER_PROPERTIES.format(node=node, host=LOOPBACK, port=ports.port,
+        base = _SERVER_PROPERTIES.format(node=node, host=self.address(node), port=ports.port,
                                          controller_port=ports.controller_port,
                                          log_dir=self.config_path(node).parent / "log")
-        voters = ",".join(f"{n}@{LOOPBACK}:{self._ports[n].controller_port}"
+        voters = ",".join(f"{n}@{self.address(n)}:{self._ports[n].controller_port}"
                           for n in self.node_ids)
         overrides = {"controller.quorum.voters": voters} | {
             k: v.format(rf=self.nodes, isr=min_insync(self.nodes))
@@ -246,6 +264,9 @@ class KafkaCluster:
     def _spawn(self, node: int, jars: list[Path]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = [*self._java(node, jars, "kafka.Kafka"), str(self.config_path(node))]
+        host = self.hosts.get(node)
+        if host is not None:
+            argv = host.argv(argv)
         with self.log_path(node).open("ab") as out:
             self._processes[node] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -16,6 +16,10 @@ Every node keeps its data under the run directory (``kafka/node-<i>``,
 ``cassandra/node-<i>``, ``spark/``), and its addresses stay fixed, so the job and
 the API never need restarting for a node's sake: only a Spark master that had to be
 started anew moves, and then the job is restarted on it.
+
+With ``--hosts`` every node runs on a host of its own (:mod:`infra.hosts`): ``node-<i>``
+holds Kafka node i and Cassandra node i, ``spark-m`` the master, ``spark-<j>`` worker
+j; ``up`` makes (or mends) the network before it starts a node, and ``down`` removes it.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from infra.errors import InfraError
-from infra.settings import SPARK_MASTER_ENV
+from infra.hosts import Host, HostNetwork, require_netns, stack_hosts
+from infra.settings import HOSTS_ENV, HOSTS_NET_ENV, SPARK_MASTER_ENV
 from infra.sparkcluster import (
-    LOOPBACK,
     MASTER_CLASS,
     WORKER_CLASS,
     ClusterError,
@@ -75,9 +79,9 @@ class SparkWorkers(LocalSparkCluster):
 
     def __init__(self, work_dir: Path | str, *, workers: int = SPARK_WORKERS,
                  memory: str = "1g", daemon_memory: str = SPARK_DAEMON_MEMORY,
-                 start_timeout: float = 180.0) -> None:
+                 start_timeout: float = 180.0, hosts: dict[str, Host] | None = None) -> None:
         super().__init__(work_dir, cores=1, memory=memory, daemon_memory=daemon_memory,
-                         start_timeout=start_timeout)
+                         start_timeout=start_timeout, hosts=hosts)
         self.workers = workers
 
     def worker_names(self) -> list[str]:
@@ -105,7 +109,8 @@ class SparkWorkers(LocalSparkCluster):
 
         Registering takes a moment: see :meth:`wait_registered`.
         """
-        self._spawn(name, [WORKER_CLASS, self.master_url, "--host", LOOPBACK, "--port", "0",
+        self._spawn(name, [WORKER_CLASS, self.master_url, "--host", self.address(name),
+                           "--port", "0",
                            "--webui-port", "0", "--cores", str(self.cores), "--memory",
                            self.memory, "--work-dir", str(self.work_dir / "work")])
         return self._pids[name]
@@ -136,9 +141,10 @@ class SparkWorkers(LocalSparkCluster):
                 for name, pid in self._pids.items())
 
     @classmethod
-    def of(cls, run_dir: Path, master_url: str) -> SparkWorkers:
+    def of(cls, run_dir: Path, master_url: str,
+           hosts: dict[str, Host] | None = None) -> SparkWorkers:
         """The stack's cluster object for a running master (to start a worker again)."""
-        cluster = cls(run_dir / "spark")
+        cluster = cls(run_dir / "spark", hosts=hosts)
         state = _get_json_file(cluster.work_dir / "cluster.json")
         cluster._master_url = master_url
         cluster._web_ui_url = str(state.get("web_ui_url", ""))
@@ -168,19 +174,40 @@ def ensure_nodes(stack: Stack, started: list[str]) -> bool:
     from infra.kafkacluster import KafkaCluster
 
     run_dir = Path(stack.run_dir)
+    network = _network(stack)
+    nodes = {i: network.host(f"node-{i}") for i in range(1, stack.nodes + 1)} if network else {}
     kafka = KafkaCluster(run_dir / "kafka", run_dir / "logs", nodes=stack.nodes,
-                         heap_mb=KAFKA_HEAP_MB)
+                         heap_mb=KAFKA_HEAP_MB, hosts=nodes)
     if _ensure_cluster(stack, started, "broker", "kafka", kafka, kafka.config_path):
         stack.bootstrap = kafka.bootstrap
         stack.save()
     ring = CassandraRing(run_dir / "cassandra", run_dir / "logs", nodes=stack.nodes,
-                         heap_mb=CASSANDRA_HEAP_MB)
+                         heap_mb=CASSANDRA_HEAP_MB, hosts=nodes)
     if _ensure_cluster(stack, started, "cassandra", "cassandra", ring,
                        lambda node: ring.started[node].config_path):
         stack.store_url = ring.url(KEYSPACE, f"retry={STORE_RETRY_S}")
         stack.save()
         _apply_schema(stack.store_url)
-    return _ensure_spark(stack, started)
+    return _ensure_spark(stack, started, _spark_hosts(network))
+
+
+def _network(stack: Stack) -> HostNetwork | None:
+    """The hosts of a ``--hosts`` stack, made whole (None for a stack on loopback).
+
+    Only hosts with no node running are made again: a running node keeps its network.
+    """
+    if not stack.hosts:
+        return None
+    return HostNetwork(stack.run_dir, stack_hosts(stack.nodes, SPARK_WORKERS),
+                       stack.settings.get(HOSTS_NET_ENV) or None).ensure()
+
+
+def _spark_hosts(network: HostNetwork | None) -> dict[str, Host]:
+    """The Spark daemons' hosts by daemon name (``master``, ``worker-<j>``)."""
+    if network is None:
+        return {}
+    return {"master": network.host("spark-m"),
+            **{f"worker-{j}": network.host(f"spark-{j}") for j in range(1, SPARK_WORKERS + 1)}}
 
 
 def _ensure_cluster(stack: Stack, started: list[str], service: str, prefix: str,
@@ -220,17 +247,17 @@ def _apply_schema(url: str) -> None:
         log.info("store %s: applied %s", url, [s.label for s in done])
 
 
-def _ensure_spark(stack: Stack, started: list[str]) -> bool:
+def _ensure_spark(stack: Stack, started: list[str], hosts: dict[str, Host]) -> bool:
     """Start the master and workers, or only the workers that died; True if it moved."""
     workers = stack.members("spark-worker")
     if stack.running("spark-master"):
         dead = [w for w in workers if not stack.running(w)]
         if dead:
-            _restart_workers(stack, dead, started)
+            _restart_workers(stack, dead, started, hosts)
         return False
     for name in workers:  # workers of a master that is gone: start the cluster whole
         stop_service(stack, name)
-    cluster = SparkWorkers(Path(stack.run_dir) / "spark").start()
+    cluster = SparkWorkers(Path(stack.run_dir) / "spark", hosts=hosts).start()
     marker = str(cluster.work_dir / "spark-daemons.conf")
     for name, pid in cluster.pids.items():
         stack.pids[f"spark-{name}"], stack.markers[f"spark-{name}"] = pid, marker
@@ -241,8 +268,9 @@ def _ensure_spark(stack: Stack, started: list[str]) -> bool:
     return moved
 
 
-def _restart_workers(stack: Stack, dead: list[str], started: list[str]) -> None:
-    cluster = SparkWorkers.of(Path(stack.run_dir), stack.spark_master)
+def _restart_workers(stack: Stack, dead: list[str], started: list[str],
+                     hosts: dict[str, Host]) -> None:
+    cluster = SparkWorkers.of(Path(stack.run_dir), stack.spark_master, hosts)
     if not cluster._web_ui_url:
         msg = (f"no web UI of the Spark master is recorded in {cluster.work_dir}: `fanout "
                "down` and `fanout up` start the Spark cluster whole")
@@ -268,6 +296,9 @@ def make_multinode(stack: Stack, nodes: int, environ: Mapping[str, str]) -> None
                f"{', '.join(given)} name(s) other ones: unset them, or drop --nodes to use "
                "those")
         raise NodesError(msg)
+    if environ.get(HOSTS_ENV, "").lower() in ("on", "1", "true", "yes"):
+        require_netns()  # before anything is made: refuse with the reason
+        stack.hosts = True
     stack.nodes = nodes
     stack.local_kafka = stack.local_cassandra = stack.local_spark = True
     stack.store_url = stack.spark_master = ""

@@ -21,12 +21,21 @@ from views.settings import (
     sqlite_url,
 )
 
-__all__ = ("API_URL_ENV", "RUN_DIR_ENV", "SPARK_DRIVER_MEMORY_ENV", "SPARK_JAVA_OPTIONS_ENV",
-           "SPARK_MASTER_ENV", "run_dir_views")
+__all__ = ("API_URL_ENV", "HOSTS_ENV", "HOSTS_NET_ENV", "RUN_DIR_ENV", "SPARK_DRIVER_HOST_ENV",
+           "SPARK_DRIVER_MEMORY_ENV", "SPARK_JAVA_OPTIONS_ENV", "SPARK_MASTER_ENV",
+           "run_dir_views")
 
 RUN_DIR_ENV: Final = "FANOUT_RUN_DIR"
 API_URL_ENV: Final = "FANOUT_API_URL"
 SPARK_MASTER_ENV: Final = "FANOUT_SPARK_MASTER"
+#: ``on``: a new multi-node stack runs each node on a host of its own (``fanout up
+#: --hosts``, :mod:`infra.hosts`); the subnet of those hosts (default: a free
+#: 10.213.K.0/24).
+HOSTS_ENV: Final = "FANOUT_HOSTS"
+HOSTS_NET_ENV: Final = "FANOUT_HOSTS_NET"
+#: The address the Spark driver binds and advertises to executors (default loopback; on
+#: hosts the bridge's address, which the executors in their namespaces can reach).
+SPARK_DRIVER_HOST_ENV: Final = "FANOUT_SPARK_DRIVER_HOST"
 #: The Spark driver JVM's heap (``spark.driver.memory``, e.g. ``1g``); local mode's
 #: executor lives in it.
 SPARK_DRIVER_MEMORY_ENV: Final = "FANOUT_SPARK_DRIVER_MEMORY"

@@ -8,6 +8,10 @@ executors in their own JVMs, the same job as in local mode (``infra.spark``) giv
 ``master=cluster.master_url``. The daemons are detached (a session each, a log file
 each), so a cluster started by one command outlives it: ``cluster.json`` in the work
 directory records what :meth:`LocalSparkCluster.attach` needs to find and stop it later.
+
+Given hosts (``fanout up --hosts``, :mod:`infra.hosts`), each daemon runs in its host's
+network namespace and binds its host's address (``--host``, ``SPARK_LOCAL_IP``, which
+the executors a worker forks inherit), the master on Spark's usual ports.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from infra.errors import InfraError
+from infra.hosts import Host
 from infra.process import free_port
 from infra.spark_home import lean_home
 
@@ -45,6 +50,8 @@ _DAEMON_PROPERTIES: Final = {
     "spark.master.rest.enabled": "false",
 }
 _BIND_FAILURE: Final = ("BindException", "Address already in use", "Failed to bind")
+#: The master's RPC and web UI ports on a host of its own (nothing else binds its address).
+HOST_MASTER_PORTS: Final = (7077, 8080)
 
 
 class ClusterError(InfraError):
@@ -63,8 +70,10 @@ class LocalSparkCluster:
 
     def __init__(self, work_dir: Path | str, *, cores: int = 2, memory: str = "2g",
                  daemon_memory: str = "512m", start_timeout: float = 120.0,
-                 port_attempts: int = 3) -> None:
+                 port_attempts: int = 3, hosts: dict[str, Host] | None = None) -> None:
         self.work_dir = Path(work_dir).resolve()
+        #: The host each daemon (``master``, ``worker``...) runs on; none: loopback.
+        self.hosts = hosts or {}
         self.cores, self.memory, self.daemon_memory = cores, memory, daemon_memory
         self.start_timeout, self.port_attempts = start_timeout, port_attempts
         self._pids: dict[str, int] = {}
@@ -244,9 +253,10 @@ class LocalSparkCluster:
 
     def _start_master(self, deadline: float) -> None:
         for attempt in range(1, self.port_attempts + 1):
-            port, ui_port = free_port(), free_port()
-            url, ui = f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{ui_port}"
-            process = self._spawn("master", [MASTER_CLASS, "--host", LOOPBACK, "--port",
+            port, ui_port = HOST_MASTER_PORTS if self.hosts else (free_port(), free_port())
+            host = self.address("master")
+            url, ui = f"spark://{host}:{port}", f"http://{host}:{ui_port}"
+            process = self._spawn("master", [MASTER_CLASS, "--host", host, "--port",
                                              str(port), "--webui-port", str(ui_port)])
 
             def serving(url: str = url, ui: str = ui) -> bool:
@@ -272,7 +282,7 @@ class LocalSparkCluster:
     def _start_worker(self, deadline: float) -> None:
         # Port 0: the worker's RPC and UI ports are the OS's pick, so they cannot clash;
         # the master's JSON tells them.
-        self._spawn("worker", [WORKER_CLASS, self.master_url, "--host", LOOPBACK,
+        self._spawn("worker", [WORKER_CLASS, self.master_url, "--host", self.address("worker"),
                                "--port", "0", "--webui-port", "0", "--cores", str(self.cores),
                                "--memory", self.memory,
                                "--work-dir", str(self.work_dir / "work")])
@@ -287,22 +297,29 @@ class LocalSparkCluster:
         properties = self.work_dir / "spark-daemons.conf"
         properties.write_text("".join(f"{k} {v}\n" for k, v in _DAEMON_PROPERTIES.items()))
         out: IO[bytes]
+        argv = ["bash", str(lean_home() / "bin" / "spark-class"), *args,
+                "--properties-file", str(properties)]
+        host = self.hosts.get(name)
         with (self.work_dir / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                ["bash", str(lean_home() / "bin" / "spark-class"), *args,
-                 "--properties-file", str(properties)],
-                cwd=self.work_dir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+                host.argv(argv) if host else argv,
+                cwd=self.work_dir, env=self._env(name), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         # spark-class execs the JVM: the pid is the JVM's, the leader of a new session.
         self._processes[name], self._pids[name] = process, process.pid
         return process
 
-    def _env(self) -> dict[str, str]:
+    def address(self, name: str) -> str:
+        """The address daemon ``name`` binds: its host's, or loopback."""
+        host = self.hosts.get(name)
+        return host.address if host else LOOPBACK
+
+    def _env(self, name: str) -> dict[str, str]:
         env = dict(os.environ)
         # pip's PySpark, without the source zips its Python workers would compile at every
         # start (infra.spark_home), whatever $SPARK_HOME says: the daemons must run the
         # Spark of the pyspark that drives them.
-        env.update(SPARK_HOME=str(lean_home()), SPARK_LOCAL_IP=LOOPBACK,
+        env.update(SPARK_HOME=str(lean_home()), SPARK_LOCAL_IP=self.address(name),
                    SPARK_DAEMON_MEMORY=self.daemon_memory,
                    SPARK_WORKER_DIR=str(self.work_dir / "work"))
         # The daemons must not pick up a Spark configuration meant for something else.

@@ -9,7 +9,8 @@ verifier's metrics endpoints are, and the pid of each service with a *marker* â€
 string its command line must contain â€” so that a recycled pid is never taken for ours
 nor killed. ``down`` stops the services, verifier and API first and broker last, and
 keeps ``stack.json`` with its settings, so that ``up`` brings the same stack back (see
-:mod:`infra.launch`).
+:mod:`infra.launch`). A stack on hosts of its own (``up --nodes N --hosts``) has its
+network removed by ``down`` once its services have stopped (:mod:`infra.hosts`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from pathlib import Path
 
 import httpx
 
+from infra import hosts as hosts_mod
 from infra.errors import InfraError
 from infra.process import Heartbeat
-from infra.settings import API_URL_ENV, SPARK_MASTER_ENV
+from infra.settings import API_URL_ENV, SPARK_DRIVER_HOST_ENV, SPARK_MASTER_ENV
 from infra.verifier import VERIFIER_PORT_ENV
 from infra.verifier import enabled as verifier_enabled
 from ingest.settings import BOOTSTRAP_ENV, PARTITIONS_ENV, TOPIC_PREFIX_ENV
@@ -97,6 +99,9 @@ class Stack:
     nodes: int = 1
     #: Loopback port of the live verifier's metrics endpoint (0: none chosen yet).
     verifier_port: int = 0
+    #: Whether each node runs on a host of its own (``up --nodes N --hosts``): a network
+    #: namespace on a bridge, recorded in ``<run>/hosts.json`` (:mod:`infra.hosts`).
+    hosts: bool = False
     started_at: float = field(default_factory=time.time)
 
     def running(self, name: str) -> bool:
@@ -131,9 +136,13 @@ class Stack:
         return f"http://127.0.0.1:{port}/metrics" if port else None
 
     def job_metrics_url(self) -> str | None:
-        """Where the view job answers Prometheus scrapes (its driver binds loopback)."""
+        """Where the view job answers Prometheus scrapes (where its driver binds)."""
         port = self.job_metrics_port
-        return f"http://127.0.0.1:{port}/metrics" if port else None
+        return f"http://{self.driver_host() or '127.0.0.1'}:{port}/metrics" if port else None
+
+    def driver_host(self) -> str | None:
+        """The Spark driver's address on hosts (the bridge's, which executors reach)."""
+        return hosts_mod.gateway_of(self.run_dir) if self.hosts else None
 
     def save(self) -> None:
         Path(self.run_dir, STACK_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -156,6 +165,9 @@ class Stack:
                VIEW_FILE_ENV: str(Path(self.run_dir) / POINTER_FILE)}
         if self.spark_master:
             env[SPARK_MASTER_ENV] = self.spark_master
+        driver = self.driver_host()
+        if driver:
+            env[SPARK_DRIVER_HOST_ENV] = driver
         if self.verifier_port:
             env[VERIFIER_PORT_ENV] = str(self.verifier_port)
         if self.job_metrics_port:
@@ -353,6 +365,7 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     """
     stack = Stack.load(run_dir)
     if stack is None:
+        hosts_mod.remove(run_dir)  # what a crashed first `up --hosts` may have left
         return None
     stopped = [member for name in reversed(SERVICES)
                for member in _stop_together(stack, stack.members(name), timeout)]
@@ -360,6 +373,7 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     stack.markers.clear()
     stack.save()
     log.info("stopped %s", ", ".join(stopped) or "nothing (nothing was running)")
+    hosts_mod.remove(run_dir)
     return stack
 
 
