@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -54,7 +54,8 @@ from serving.protocol import ReadsProtocol
 from serving.query import only_query
 from serving.reads import MONITOR_HEADER, NEW_COUNT_CAP, FastPath, FastReads, Pages, Read
 from serving.render import hydrated, iso_millis
-from serving.settings import ServingSettings
+from serving.settings import STREAM_MAX_LIMIT, ServingSettings
+from serving.stream import StreamHub
 from serving.switch import Served, ViewFollower, served
 from serving.visibility import HomeEntry
 from serving.workers import run as run_workers
@@ -196,7 +197,7 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     writer = _writer(settings, kafka or KafkaSettings())
     app = FastAPI(title="fanout API", version="1",
                   lifespan=_lifespan(settings, store, writer, lambda: activity, freeze_heap,
-                                     lambda: metrics),
+                                     lambda: metrics, lambda: hub),
                   description="Home timelines as a materialized view. " + ID_NOTE,
                   docs_url="/docs", openapi_url="/openapi.json")
     activity = _activity_log(settings, writer)
@@ -208,7 +209,8 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
                       lambda: (activity.sent, activity.failed) if activity else None,
                       lambda: (cache.hits, cache.misses), shared=metrics_dir,
                       leader=metrics_leader)
-    app.include_router(_timeline_routes(settings, auth, pages))
+    hub = StreamHub(settings, pages, app.state, metrics.streams)
+    app.include_router(_timeline_routes(settings, auth, pages, hub))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
         retry_after=settings.retry_after_s, store_of=_store,
@@ -280,7 +282,8 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
 
 def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedProducer,
               activity: Callable[[], ActivityLog | None], freeze_heap: bool,
-              metrics: Callable[[], Metrics]) -> Callable[[FastAPI], Any]:
+              metrics: Callable[[], Metrics], hub: Callable[[], StreamHub]
+              ) -> Callable[[FastAPI], Any]:
     cache = functools.partial(_celebrity_cache, settings)
 
     @asynccontextmanager
@@ -299,6 +302,7 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
         try:
             yield
         finally:
+            await hub().close()
             metrics().stop()
             if follower is not None:
                 follower.stop()
@@ -386,7 +390,8 @@ _NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "The account is deleted."}}
 
 
-def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> APIRouter:
+def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
+                     hub: StreamHub) -> APIRouter:
     router = APIRouter(prefix="/v1/users/{user_id}", tags=["timelines"], responses=_ERRORS)
     user_id_t = Annotated[str, Path(
         description="User id, decimal, in [1, 2^63-1]. " + ID_NOTE,
@@ -460,6 +465,39 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages) -> API
         read.monitor = MONITOR_HEADER in request.headers
         return _response(*await pages.answer(view, read, "home",
                                              request.headers.get("if-none-match")))
+
+    stream_limit_t = Annotated[int | None, Query(
+        ge=1, le=STREAM_MAX_LIMIT,
+        description=f"The first page's size the stream follows, 1..{STREAM_MAX_LIMIT} "
+                    f"(default {min(settings.default_page, STREAM_MAX_LIMIT)}).")]
+    last_event_id_t = Annotated[str | None, Header(
+        alias="Last-Event-ID", description="The id of the last event received: the stream "
+                                           "sends what changed since.")]
+
+    @router.get("/home/stream", summary="Live changes to the first home page (SSE)",
+                response_class=Response, responses={
+                    200: {"content": {"text/event-stream": {}},
+                          "description": "Server-Sent Events: add, remove, reset, end."},
+                    **_AUTH_ERRORS, 404: _NOT_MODIFIED[404]},
+                dependencies=[Depends(only_query({"limit"}))])
+    async def home_stream(request: Request, user_id: user_id_t, caller: caller_t,
+                          limit: stream_limit_t = None,
+                          last_event_id: last_event_id_t = None) -> Response:
+        """The user's first home page at ``limit``, as it changes (DESIGN §7, *Live stream*).
+
+        ``add`` (``entry`` as ``/home`` renders it, its ``cursor`` and ``index``) and
+        ``remove`` (``tweet_id``, ``cursor``) events; applying each and keeping the newest
+        ``limit`` entries gives the page ``GET /home`` serves. A first connect sends
+        the page as adds. Each event's ``id`` resumes exactly, in any API process:
+        reconnect with ``Last-Event-ID``. ``reset``: drop what you hold, the page follows
+        as adds (an id past the retention, or of another view); ``end``: the stream
+        closes, with a ``reason`` (``too_slow``, ``account_deleted``, ``shutdown``).
+        Comment lines are heartbeats. The owner's token, as for the home.
+        """
+        user = owner(user_id, caller)
+        view = _served(request)
+        size = limit or min(settings.default_page, STREAM_MAX_LIMIT)
+        return await hub.open(view, user, size, last_event_id)
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
                 response_model=TimelinePage, response_model_exclude_unset=True,

@@ -42,6 +42,7 @@ from typing import Final
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -139,6 +140,7 @@ class Metrics:
             "fanout_view_batch_apply_seconds",
             "Time the sink took to write a micro-batch to the store, from the batch log.",
             buckets=_BATCH_BUCKETS, registry=own)
+        self.streams = StreamMetrics(own)
         self._totals = _ProcessTotals(writer, activity, pages, own)
         self._view = _StoreFigures()
         self.registry.register(self._view)
@@ -217,6 +219,30 @@ class Metrics:
                 self.batch_seconds.observe(batch.seconds)
         if batches:
             self._last_batch = batches[0].batch_id
+
+
+class StreamMetrics:
+    """The live streams' series (:mod:`serving.stream`), kept by the hub as it goes.
+
+    The open-streams gauge sums the live workers' values (a stopped worker's streams
+    are gone with it).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.open = Gauge("fanout_streams_open", "Live home streams open.",
+                          registry=registry, multiprocess_mode="livesum")
+        self.events = Counter("fanout_stream_events", "Events sent on live streams, by type.",
+                              ["type"], registry=registry)
+        self.resets = Counter("fanout_stream_resets", "Streams told to re-read their page "
+                              "(an id past the retention, or of another view).",
+                              registry=registry)
+        self.cut_off = Counter("fanout_stream_cut_off", "Streams ended because the client "
+                               "read too slowly, by reason (queue_full, send_timeout).",
+                               ["reason"], registry=registry)
+        for kind in ("add", "remove", "reset", "end"):
+            self.events.labels(kind)
+        for reason in ("queue_full", "send_timeout"):
+            self.cut_off.labels(reason)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ API_WORKERS_ENV: Final = "FANOUT_API_WORKERS"
 
 #: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
 MIN_SECRET = 16
+#: The largest ``limit`` a live stream follows (serving.stream), and the most events one
+#: change of its page makes: every entry removed and as many added, and a reset.
+STREAM_MAX_LIMIT: Final = 100
+STREAM_MAX_CHANGE: Final = 2 * STREAM_MAX_LIMIT + 1
 
 
 class ServingSettings(FanoutSettings):
@@ -125,6 +129,30 @@ class ServingSettings(FanoutSettings):
                     "set, the store it names is served instead of store_url, and every "
                     "worker switches to another view when the file names one (`fanout "
                     "rebuild --beside`; serving.switch).")
+    # -- the live stream (serving.stream) ---------------------------------------------------
+    stream_poll_s: float = Field(
+        default=0.1, gt=0, le=10, validation_alias=_env("FANOUT_STREAM_POLL_S", "stream_poll_s"),
+        description="How often an API process with open streams asks whether their pages "
+                    "may have changed (one question to the page tokens); none when idle.")
+    stream_heartbeat_s: float = Field(
+        default=15.0, gt=0, validation_alias=_env("FANOUT_STREAM_HEARTBEAT_S",
+                                                  "stream_heartbeat_s"),
+        description="Seconds between the SSE comment lines that keep an idle stream open.")
+    stream_retention_s: int = Field(
+        default=86_400, ge=1, validation_alias=_env("FANOUT_STREAM_RETENTION_S",
+                                                    "stream_retention_s"),
+        description="A Last-Event-ID older than this gets a reset event (re-read the page) "
+                    "instead of the changes since.")
+    stream_queue: int = Field(
+        default=512, ge=STREAM_MAX_CHANGE, validation_alias=_env("FANOUT_STREAM_QUEUE",
+                                                                 "stream_queue"),
+        description="Events a stream may have waiting to be sent; a change that does not fit "
+                    f"cuts the client off (at least {STREAM_MAX_CHANGE}: one change's most).")
+    stream_send_timeout_s: float = Field(
+        default=10.0, gt=0, validation_alias=_env("FANOUT_STREAM_SEND_TIMEOUT_S",
+                                                  "stream_send_timeout_s"),
+        description="Longest one write to a stream's socket may wait before the client is "
+                    "cut off.")
     worker_id: int | None = Field(
         default=None, ge=0, le=1023, validation_alias=_env(WORKER_ID_ENV, "worker_id"),
         description="Snowflake worker id of this API process for tweet ids (random if "

@@ -1,0 +1,346 @@
+"""The live home stream: ``GET /v1/users/{id}/home/stream`` as Server-Sent Events (DESIGN §7).
+
+A stream follows the user's first home page at ``limit`` N (its *window*), read through
+the same :class:`serving.reads.Pages` and page cache a ``GET /home`` is answered by, so
+no event is ever ahead of what ``/home`` serves. When the page may have changed it is
+read again and diffed against the window the stream's clients hold
+(:mod:`serving.streamids`: ``remove`` events, then ``add`` events carrying the rendered
+entry, each with the window after it as its SSE id). The write routes publish nothing:
+the changes are the view's, as ``/home`` shows them.
+
+**One watcher per process.** :class:`StreamHub` runs one task, only while streams are
+open. Every ``FANOUT_STREAM_POLL_S`` it asks the page tokens
+(:mod:`serving.pageversions`) for the store's committed position, with the celebrity
+cache's generation and the view's serial — the same three things a cached page's
+token is made of (:mod:`serving.reads`); while they stand, nothing is read. When they
+move, each streamed page whose token moved is read again: on SQLite the token is
+store-wide, so every streamed page is, once per page-visible batch; on Cassandra the
+change feed names the pages a batch touched (a celebrity's post reaches the pages that
+read that celebrity's list), so only those. Streams of the same user and ``limit``
+form a *group* and share one read and one encoding of each event. A read during which
+the position moved is not trusted to have registered what it read (the page cache
+keeps only pages rendered at one position), so its group is read again on the next
+tick.
+
+**Resuming.** An id holds its window, so ``Last-Event-ID`` is diffed against the page
+now, in whatever process the reconnect lands. An id of another view (the pointer's
+number: a rebuild switched to) or older than ``FANOUT_STREAM_RETENTION_S`` gets a
+``reset`` event instead: the client drops what it holds, and the page follows as adds.
+A key diff cannot see an entry whose rendering changed while its key stayed (a
+profile's new handle); the reset bounds how old such a rendering gets. A first
+connect is a resume from the empty window: the page arrives as adds.
+
+**Slow clients.** Each stream has a queue of at most ``FANOUT_STREAM_QUEUE`` events;
+a change that does not fit ends the stream with an ``end`` event (``too_slow``) and
+the connection is closed, and each send waits at most ``FANOUT_STREAM_SEND_TIMEOUT_S``,
+so a client that stops reading holds nothing but its queue and never delays another
+stream or a read. Heartbeats are SSE comments every ``FANOUT_STREAM_HEARTBEAT_S``
+(sse-starlette's ping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from serving.cursor import encode_cursor
+from serving.metrics import StreamMetrics
+from serving.pageversions import HOME
+from serving.reads import Pages, Read, in_process
+from serving.settings import ServingSettings
+from serving.streamids import Window, decode, encode, steps
+from serving.switch import Served
+from serving.timeline import AccountGone
+from views.delta import Key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One client's connection: its queue of encoded events, and why it ended."""
+
+    queue: deque[tuple[str, bytes]] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: tuple[str, str] | None = None
+
+    def push(self, events: list[tuple[str, bytes]], cap: int) -> bool:
+        """Queue ``events`` whole; False (nothing queued) if they do not fit."""
+        if len(self.queue) + len(events) > cap:
+            return False
+        self.queue.extend(events)
+        self.wake.set()
+        return True
+
+    def end(self, code: str, message: str) -> None:
+        if self.ended is None:
+            self.ended = (code, message)
+            self.wake.set()
+
+
+@dataclass
+class _Group:
+    """The streams of one user's window at one ``limit``: one read, one encoding."""
+
+    user: int
+    limit: int
+    keys: list[Key] | None = None
+    view: int = 0
+    token: Hashable | None = None
+    streams: set[_Stream] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class StreamHub:
+    """The streams of one API process and the one task that watches their pages."""
+
+    def __init__(self, settings: ServingSettings, pages: Pages, state: Any,
+                 metrics: StreamMetrics | None = None, clock: Callable[[], float] = time.time
+                 ) -> None:
+        self.pages, self.state, self.metrics, self.clock = pages, state, metrics, clock
+        self.poll_s, self.cap = settings.stream_poll_s, settings.stream_queue
+        self.retention_s = settings.stream_retention_s
+        self.heartbeat_s, self.send_timeout_s = (settings.stream_heartbeat_s,
+                                                 settings.stream_send_timeout_s)
+        self.groups: dict[tuple[int, int], _Group] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    # -- a client connects ------------------------------------------------------------------
+    async def open(self, view: Served, user: int, limit: int, last_id: str | None
+                   ) -> EventSourceResponse:
+        """The stream's response; 400 for a bad ``last_id``, 404 for a deleted account."""
+        resume = decode(last_id, user) if last_id is not None else None
+        group = self.groups.get((user, limit)) or _Group(user, limit)
+        stream = _Stream()
+        async with group.lock:
+            # The group's other streams are sent the change first; AccountGone is a 404.
+            entries = await self._changed(group, view)
+            first = self._first(group, resume, entries)
+            stream.push(first, self.cap + len(first))
+            group.streams.add(stream)
+            self.groups[(user, limit)] = group
+        if self.metrics is not None:
+            self.metrics.open.inc()
+        self._watch()
+        return _Response(self._events(stream), ping=self.heartbeat_s,
+                         send_timeout=self.send_timeout_s, on_timeout=self._timed_out,
+                         on_close=lambda: self._leave(group, stream))
+
+    def _first(self, group: _Group, resume: Window | None,
+               entries: dict[Key, dict[str, Any]]) -> list[tuple[str, bytes]]:
+        """A joining stream's events: from its ``Last-Event-ID`` (or nothing) to the page."""
+        assert group.keys is not None
+        now = int(self.clock())
+        reset = None
+        if resume is not None and resume.view != group.view:
+            reset = ("view", "the view was rebuilt or switched since this id: read it again")
+        elif resume is not None and abs(now - resume.at) > self.retention_s:
+            reset = ("retention", f"the id is older than the retention of "
+                                  f"{self.retention_s} s: read the page again")
+        held = list(resume.keys) if resume is not None and reset is None else []
+        return self._encoded(group, held, group.keys, entries, reset)
+
+    async def _events(self, stream: _Stream) -> AsyncIterator[bytes]:
+        while True:
+            if stream.ended is not None:
+                stream.queue.clear()
+                code, message = stream.ended
+                yield self._sent("end", _sse("end", {"reason": code, "message": message}))
+                return
+            if stream.queue:
+                yield self._sent(*stream.queue.popleft())
+                continue
+            stream.wake.clear()
+            await stream.wake.wait()
+
+    def _leave(self, group: _Group, stream: _Stream) -> None:
+        """The response ended (the client left, was cut off, or the server stops)."""
+        group.streams.discard(stream)
+        if not group.streams and self.groups.get((group.user, group.limit)) is group:
+            del self.groups[(group.user, group.limit)]
+        if self.metrics is not None:
+            self.metrics.open.dec()
+
+    def _sent(self, kind: str, data: bytes) -> bytes:
+        if self.metrics is not None:
+            self.metrics.events.labels(kind).inc()
+            if kind == "reset":
+                self.metrics.resets.inc()
+        return data
+
+    def _timed_out(self) -> None:
+        if self.metrics is not None:
+            self.metrics.cut_off.labels("send_timeout").inc()
+
+    # -- the watcher ------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Start the process's one watcher task, if it is not running."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watching())
+
+    async def _watching(self) -> None:
+        gate: Hashable = None
+        while self.groups:
+            await asyncio.sleep(self.poll_s)
+            view = getattr(self.state, "served", None)
+            if view is None:
+                continue
+            try:
+                moved, gate = await _call(view, self._moved, view, gate)
+                for group in await _call(view, self._stale, view, moved):
+                    async with group.lock:
+                        if group.streams:
+                            with contextlib.suppress(AccountGone):  # its streams ended
+                                await self._changed(group, view)
+                    await asyncio.sleep(0)  # reads and other streams go between two pages
+                self._failing = False
+            except Exception:  # the store is away: keep the streams, try again next tick
+                if not self._failing:
+                    log.warning("live streams: the pages cannot be read; retrying",
+                                exc_info=True)
+                self._failing = True
+
+    def _moved(self, view: Served, gate: Hashable) -> tuple[bool, Hashable]:
+        now = (view.versions.position(), _generation(view), view.serial)
+        return now != gate, now
+
+    def _stale(self, view: Served, moved: bool) -> list[_Group]:
+        """The groups whose page may have changed: a token that moved, or an untrusted read."""
+        return [g for g in list(self.groups.values())
+                if g.token is None or (moved and _token(view, g.user) != g.token)]
+
+    async def _changed(self, group: _Group, view: Served) -> dict[Key, dict[str, Any]]:
+        """Read ``group``'s page again and send its streams the change (the lock held).
+
+        The page's entries by key; :class:`AccountGone` (its streams ended) for a
+        deleted account.
+        """
+        old, old_view, fresh = group.keys or [], group.view, group.keys is None
+        try:
+            entries = await self._refresh(group, view)
+        except AccountGone:
+            for stream in group.streams:
+                stream.end("account_deleted", "the account is deleted")
+            raise
+        if fresh or not group.streams:
+            return entries
+        assert group.keys is not None
+        reset = None
+        if group.view != old_view:
+            reset = ("view", "the server switched to a rebuilt view: read it again")
+            old = []
+        events = self._encoded(group, old, group.keys, entries, reset)
+        for stream in group.streams if events else ():
+            if stream.ended is None and not stream.push(events, self.cap):
+                stream.end("too_slow", f"more than {self.cap} events were waiting to be "
+                                       "sent: reconnect with Last-Event-ID")
+                if self.metrics is not None:
+                    self.metrics.cut_off.labels("queue_full").inc()
+        return entries
+
+    async def _refresh(self, group: _Group, view: Served) -> dict[Key, dict[str, Any]]:
+        """Read the group's page as ``GET /home`` would; its entries by key.
+
+        Sets the group's window, view and token — the token only if the store's
+        position stood still over the read, else None (read again next tick).
+        """
+        before = await _call(view, _stamp, view, group.user)
+        read = Read(view.store, group.user, None, group.limit, None, view)
+        _, _, body = await self.pages.answer(view, read, "home", None)
+        after = await _call(view, _stamp, view, group.user)
+        entries = {(e["created_at"], int(e["tweet_id"])): e
+                   for e in orjson.loads(body)["entries"]}
+        group.keys = list(entries)
+        group.view = view.record.number if view.record is not None else 0
+        group.token = before[1] if before == after else None
+        return entries
+
+    def _encoded(self, group: _Group, old: list[Key], new: list[Key],
+                 entries: dict[Key, dict[str, Any]], reset: tuple[str, str] | None
+                 ) -> list[tuple[str, bytes]]:
+        """The SSE events that take ``old`` to ``new``, each with the window after it."""
+        now = int(self.clock())
+        out = []
+        if reset is not None:
+            empty = encode(Window((), group.view, now), group.user)
+            out.append(("reset", _sse("reset", {"reason": reset[0], "message": reset[1]},
+                                      empty)))
+        for event, window in steps(old, new, group.limit):
+            ident = encode(Window(tuple(window), group.view, now), group.user)
+            key = event.key
+            data: dict[str, Any] = {"cursor": encode_cursor(key)}
+            if event.kind == "add":
+                data |= {"index": window.index(key), "entry": entries[key]}
+            else:
+                data["tweet_id"] = str(key[1])
+            out.append((event.kind, _sse(event.kind, data, ident)))
+        return out
+
+    # -- shutting down ----------------------------------------------------------------------
+    async def close(self) -> None:
+        """End every stream (``shutdown``) and stop the watcher."""
+        for group in list(self.groups.values()):
+            for stream in group.streams:
+                stream.end("shutdown", "the server is shutting down: reconnect with "
+                                       "Last-Event-ID")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _sse(kind: str, data: dict[str, Any], ident: str | None = None) -> bytes:
+    return ServerSentEvent(orjson.dumps(data).decode(), event=kind, id=ident).encode()
+
+
+def _generation(view: Served) -> int:
+    return view.celebrities.generation if view.celebrities is not None else 0
+
+
+def _token(view: Served, user: int) -> Hashable:
+    """A home page's token as the page cache keys it: the versions', celebrities', view's."""
+    return view.versions.check(HOME, user)[1], _generation(view), view.serial
+
+
+def _stamp(view: Served, user: int) -> tuple[Hashable, Hashable]:
+    """The committed position (with what else moves a page) and the page's token."""
+    position, token = view.versions.check(HOME, user)
+    generation = _generation(view)
+    return (position, generation, view.serial), (token, generation, view.serial)
+
+
+async def _call(view: Served, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` inline for a store read in process, else on a worker thread."""
+    if in_process(view.store):
+        return fn(*args)
+    return await run_in_threadpool(fn, *args)
+
+
+class _Response(EventSourceResponse):
+    """sse-starlette's response, telling the hub when it ends; a send timeout ends it quietly."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, ping: float, send_timeout: float,
+                 on_timeout: Callable[[], None], on_close: Callable[[], None]) -> None:
+        super().__init__(content, ping=ping, send_timeout=send_timeout)
+        self.on_timeout, self.on_close = on_timeout, on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:  # the client stopped reading: uvicorn closes the socket
+            self.on_timeout()
+        finally:
+            self.on_close()
