@@ -47,8 +47,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+import anyio
 import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
@@ -66,6 +67,9 @@ from serving.timeline import AccountGone
 from views.delta import Key
 
 log = logging.getLogger(__name__)
+
+#: How long a stream has, once the server is stopping, to send its ``end`` event.
+_SHUTDOWN_GRACE_S: Final = 1.0
 
 
 @dataclass(eq=False)
@@ -99,6 +103,7 @@ class _Group:
     keys: list[Key] | None = None
     view: int = 0
     token: Hashable | None = None
+    etag: str | None = None
     streams: set[_Stream] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -117,6 +122,8 @@ class StreamHub:
         self.groups: dict[tuple[int, int], _Group] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        #: Pages read for streams (a group's read serves all its streams).
+        self.reads = 0
 
     # -- a client connects ------------------------------------------------------------------
     async def open(self, view: Served, user: int, limit: int, last_id: str | None
@@ -128,6 +135,7 @@ class StreamHub:
         async with group.lock:
             # The group's other streams are sent the change first; AccountGone is a 404.
             entries = await self._changed(group, view)
+            assert entries is not None
             first = self._first(group, resume, entries)
             stream.push(first, self.cap + len(first))
             group.streams.add(stream)
@@ -135,9 +143,17 @@ class StreamHub:
         if self.metrics is not None:
             self.metrics.open.inc()
         self._watch()
+        shutdown = anyio.Event()
+
+        async def on_shutdown() -> None:  # the server stops: say so before the cancel
+            await shutdown.wait()
+            stream.end("shutdown", "the server is stopping: reconnect with Last-Event-ID")
+
         return _Response(self._events(stream), ping=self.heartbeat_s,
                          send_timeout=self.send_timeout_s, on_timeout=self._timed_out,
-                         on_close=lambda: self._leave(group, stream))
+                         on_close=lambda: self._leave(group, stream),
+                         shutdown_event=shutdown, shutdown_grace_period=_SHUTDOWN_GRACE_S,
+                         data_sender_callable=on_shutdown)
 
     def _first(self, group: _Group, resume: Window | None,
                entries: dict[Key, dict[str, Any]]) -> list[tuple[str, bytes]]:
@@ -200,11 +216,12 @@ class StreamHub:
                 continue
             try:
                 moved, gate = await _call(view, self._moved, view, gate)
-                for group in await _call(view, self._stale, view, moved):
+                groups = list(self.groups.values())  # taken on the loop, asked on a thread
+                for group in await _call(view, self._stale, view, groups, moved):
                     async with group.lock:
                         if group.streams:
                             with contextlib.suppress(AccountGone):  # its streams ended
-                                await self._changed(group, view)
+                                await self._changed(group, view, changed_only=True)
                     await asyncio.sleep(0)  # reads and other streams go between two pages
                 self._failing = False
             except Exception:  # the store is away: keep the streams, try again next tick
@@ -217,25 +234,27 @@ class StreamHub:
         now = (view.versions.position(), _generation(view), view.serial)
         return now != gate, now
 
-    def _stale(self, view: Served, moved: bool) -> list[_Group]:
+    @staticmethod
+    def _stale(view: Served, groups: list[_Group], moved: bool) -> list[_Group]:
         """The groups whose page may have changed: a token that moved, or an untrusted read."""
-        return [g for g in list(self.groups.values())
+        return [g for g in groups
                 if g.token is None or (moved and _token(view, g.user) != g.token)]
 
-    async def _changed(self, group: _Group, view: Served) -> dict[Key, dict[str, Any]]:
+    async def _changed(self, group: _Group, view: Served, *, changed_only: bool = False
+                       ) -> dict[Key, dict[str, Any]] | None:
         """Read ``group``'s page again and send its streams the change (the lock held).
 
-        The page's entries by key; :class:`AccountGone` (its streams ended) for a
-        deleted account.
+        The page's entries by key (None if ``changed_only`` and the page's bytes stood
+        still); :class:`AccountGone` (its streams ended) for a deleted account.
         """
         old, old_view, fresh = group.keys or [], group.view, group.keys is None
         try:
-            entries = await self._refresh(group, view)
+            entries = await self._refresh(group, view, changed_only=changed_only)
         except AccountGone:
             for stream in group.streams:
                 stream.end("account_deleted", "the account is deleted")
             raise
-        if fresh or not group.streams:
+        if entries is None or fresh or not group.streams:
             return entries
         assert group.keys is not None
         reset = None
@@ -251,21 +270,29 @@ class StreamHub:
                     self.metrics.cut_off.labels("queue_full").inc()
         return entries
 
-    async def _refresh(self, group: _Group, view: Served) -> dict[Key, dict[str, Any]]:
+    async def _refresh(self, group: _Group, view: Served, *, changed_only: bool = False
+                       ) -> dict[Key, dict[str, Any]] | None:
         """Read the group's page as ``GET /home`` would; its entries by key.
 
-        Sets the group's window, view and token — the token only if the store's
-        position stood still over the read, else None (read again next tick).
+        ``changed_only``: None if the page's bytes are the ones read last (its ETag
+        matches: nothing parsed). Sets the group's window, view and token — the token
+        only if the store's position stood still over the read, else None (read again
+        next tick).
         """
+        self.reads += 1
         before = await _call(view, _stamp, view, group.user)
         read = Read(view.store, group.user, None, group.limit, None, view)
-        _, _, body = await self.pages.answer(view, read, "home", None)
+        status, headers, body = await self.pages.answer(
+            view, read, "home", group.etag if changed_only else None)
         after = await _call(view, _stamp, view, group.user)
+        group.token = before[1] if before == after else None
+        number = view.record.number if view.record is not None else 0
+        if status == 304 and number == group.view:
+            return None
+        group.etag = dict(headers)[b"etag"].decode()
         entries = {(e["created_at"], int(e["tweet_id"])): e
                    for e in orjson.loads(body)["entries"]}
-        group.keys = list(entries)
-        group.view = view.record.number if view.record is not None else 0
-        group.token = before[1] if before == after else None
+        group.keys, group.view = list(entries), number
         return entries
 
     def _encoded(self, group: _Group, old: list[Key], new: list[Key],
@@ -332,9 +359,9 @@ async def _call(view: Served, fn: Callable[..., Any], *args: Any) -> Any:
 class _Response(EventSourceResponse):
     """sse-starlette's response, telling the hub when it ends; a send timeout ends it quietly."""
 
-    def __init__(self, content: AsyncIterator[bytes], *, ping: float, send_timeout: float,
-                 on_timeout: Callable[[], None], on_close: Callable[[], None]) -> None:
-        super().__init__(content, ping=ping, send_timeout=send_timeout)
+    def __init__(self, content: AsyncIterator[bytes], *, on_timeout: Callable[[], None],
+                 on_close: Callable[[], None], **options: Any) -> None:
+        super().__init__(content, **options)
         self.on_timeout, self.on_close = on_timeout, on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
