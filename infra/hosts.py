@@ -17,7 +17,9 @@ Kafka voters and Cassandra peers record). Before a namespace or link is made, it
 is written to that file (write-ahead), so :func:`remove` — run by ``fanout down``, and
 by the next ``up`` or ``down`` after a crash — deletes all of it even when the process
 that made it was killed half-way. Deleting a namespace deletes its veth pair, its
-``iptables`` rules and qdiscs with it.
+``iptables`` rules and qdiscs with it. A run whose directory is gone altogether (a
+test's temporary directory, deleted after the test was killed) is found through
+:data:`REGISTRY`, and its hosts are removed by the next run's ``up`` or ``down``.
 
 Making hosts needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and ``ip netns``;
 :func:`require_netns` refuses with the reason and what to do, and nothing falls back
@@ -52,6 +54,9 @@ NETNS_PREFIX: Final = "fanout-"
 LINK_PREFIX: Final = "fo"
 #: The host's end of its veth pair, inside its namespace.
 HOST_IF: Final = "eth0"
+#: One file per run with hosts up, naming its run directory (tmpfs: gone at reboot, as
+#: the namespaces are).
+REGISTRY: Final = Path("/run/fanout-hosts")
 _CMD_TIMEOUT_S: Final = 20.0
 _MAX_HOST_NAME: Final = 8
 
@@ -178,11 +183,14 @@ class HostNetwork:
         is made again.
         """
         require_netns()
+        sweep_orphans()
         if not self.net:
             self.net = pick_subnet()
         else:
             _check_subnet_free(self.net, self.bridge)
         self._save()
+        REGISTRY.mkdir(parents=True, exist_ok=True)
+        (REGISTRY / self.run_id).write_text(str(self.path.parent.resolve()))
         if not self._bridge_whole():
             self._remove_links_and_namespaces()
             self._add_bridge()
@@ -249,19 +257,13 @@ class HostNetwork:
         self.made = []
         if self.path.exists():
             self._save()
+        (REGISTRY / self.run_id).unlink(missing_ok=True)
         if removed:
             log.info("removed the hosts of run %s: %s", self.run_id, ", ".join(removed))
         return removed
 
     def _remove_links_and_namespaces(self) -> list[str]:
-        removed = []
-        for netns in sorted(set(self._recorded("netns")) | set(self.namespaces())):
-            if run_cmd(["ip", "netns", "delete", netns], check=False).returncode == 0:
-                removed.append(f"netns {netns}")
-        for link in sorted(set(self._recorded("link")) | set(self.links())):
-            if run_cmd(["ip", "link", "delete", link], check=False).returncode == 0:
-                removed.append(f"link {link}")
-        return removed
+        return _delete(self._recorded("netns"), self._recorded("link"), self.run_id)
 
     def _delete_host(self, host: Host) -> None:
         run_cmd(["ip", "netns", "delete", host.netns], check=False)
@@ -272,18 +274,51 @@ class HostNetwork:
 
     def namespaces(self) -> list[str]:
         """The namespaces of this run that exist now."""
-        return [n for n in list_namespaces() if n.startswith(f"{NETNS_PREFIX}{self.run_id}-")]
-
-    def links(self) -> list[str]:
-        """The links of this run in the root namespace that exist now."""
-        return [n for n in list_links() if n.startswith(f"{LINK_PREFIX}{self.run_id}-")]
+        return _namespaces_of(self.run_id)
 
 
 def remove(run_dir: Path | str) -> list[str]:
-    """Remove the hosts a run directory records (none recorded: nothing); what was removed."""
-    if not (Path(run_dir) / HOSTS_FILE).exists():
-        return []
-    return HostNetwork(run_dir).remove()
+    """Remove the hosts a run directory records, and orphans; what was removed."""
+    removed = sweep_orphans()
+    if (Path(run_dir) / HOSTS_FILE).exists():
+        removed += HostNetwork(run_dir).remove()
+    return removed
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the hosts of runs whose directory (and so its record) is gone."""
+    removed: list[str] = []
+    entries = list(REGISTRY.iterdir()) if REGISTRY.is_dir() else []
+    for entry in entries:
+        try:
+            run_dir = Path(entry.read_text().strip())
+        except OSError:
+            continue
+        if (run_dir / HOSTS_FILE).exists():
+            continue
+        gone = _delete([], [], entry.name)
+        entry.unlink(missing_ok=True)
+        log.warning("removed the hosts of run %s, whose directory %s is gone: %s", entry.name,
+                    run_dir, ", ".join(gone) or "none were left")
+        removed += gone
+    return removed
+
+
+def _delete(namespaces: list[str], links: list[str], run_id: str) -> list[str]:
+    """Delete ``namespaces``, ``links`` and whatever else carries ``run_id``; what went."""
+    removed = []
+    for netns in sorted(set(namespaces) | set(_namespaces_of(run_id))):
+        if run_cmd(["ip", "netns", "delete", netns], check=False).returncode == 0:
+            removed.append(f"netns {netns}")
+    ours = [n for n in list_links() if n.startswith(f"{LINK_PREFIX}{run_id}-")]
+    for link in sorted(set(links) | set(ours)):
+        if run_cmd(["ip", "link", "delete", link], check=False).returncode == 0:
+            removed.append(f"link {link}")
+    return removed
+
+
+def _namespaces_of(run_id: str) -> list[str]:
+    return [n for n in list_namespaces() if n.startswith(f"{NETNS_PREFIX}{run_id}-")]
 
 
 def gateway_of(run_dir: Path | str) -> str | None:
