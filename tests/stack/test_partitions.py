@@ -1,0 +1,258 @@
+"""A node's host cut off the network for 30 s mid-replay, on a stack whose nodes have hosts.
+
+One stack starts for the module with ``fanout up --nodes 3 --hosts``: three Kafka
+brokers, three Cassandra nodes and the Spark daemons each in a network namespace of
+its own on a bridge (infra.hosts), the job, the API and this test in the root
+namespace. A small history is replayed (paced) while :class:`infra.checker.Workload`
+posts tweets and reads home timelines through the API; the nemesis (infra.nemesis)
+isolates ``node-1`` — Kafka node 1 and Cassandra node 1 — from the other hosts and
+from the root namespace, both ways, for :data:`FAULT_S` seconds, then heals. Checked:
+
+- every write answered 202 is in the log once and in the views (0 lost, 0
+  duplicated, 0 phantom: :func:`infra.checker.check`), and ``fanout verify`` finds 0
+  divergent once the job has caught up;
+- the API answered every write during the fault within the client's timeout, with
+  202 or a 503 whose body is JSON with a reason (never a hung request);
+- reads too — which they do not yet: a read routed to the cut-off Cassandra node
+  waits out the driver's timeout (an expected failure, strict, until that is fixed);
+- ``fanout down`` leaves no namespace, link or nemesis rule behind.
+
+The scenario runs once (a module fixture) and each test checks one of these.
+
+Run with ``-s`` for the figures (202s, the 503 window and its latencies, the time to
+the first 202 and to a caught-up view after the heal).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.checker import (
+    REQUEST_TIMEOUT_S,
+    History,
+    Op,
+    Report,
+    Workload,
+    check,
+    log_ends,
+    read_stats,
+)
+from infra.hosts import HostsError, require_netns
+from infra.nemesis import LOG_FILE, Nemesis
+from infra.stack import Stack
+from ingest.events import TWEETS
+from ingest.settings import KafkaSettings
+from serving.auth import USER_HEADER, mint
+from tests.support.hosts import leftovers, run_id
+from tests.support.paths import ROOT
+from tests.support.process import wait_for
+from tests.support.stack import Run
+from views.stores import store_from_url
+
+try:
+    require_netns()
+    CANNOT = ""
+except HostsError as exc:
+    CANNOT = str(exc)
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e,
+              pytest.mark.skipif(bool(CANNOT), reason=CANNOT)]
+
+USERS, FOLLOWS, TWEETS_PER_HISTORY = 200, 2000, 1000
+#: The history spans 0.01 days and replays 20x faster: ~43 s, through the whole fault.
+SPAN_DAYS, SPEEDUP = 0.01, 20
+#: How long the host stays cut off (the issue asks for at least 30 s).
+FAULT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def hosts_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    root = tmp_path_factory.mktemp("partitions")
+    run = Run(root, root / "history")
+    began = time.monotonic()
+    made = ""
+    try:
+        run.fanout("up", "--nodes", "3", "--hosts", "--timeout", "600", timeout=900)
+        made = run_id(run.run_dir)
+        stack = Stack.load(run.run_dir)
+        assert stack is not None and stack.hosts
+        print(f"\n3-node stack on hosts up in {time.monotonic() - began:.0f}s: "
+              f"{stack.bootstrap}; {stack.store_url}; {stack.spark_master}")
+        yield run
+    finally:
+        run.down_leaving_nothing()
+        made = made or _recorded_id(run.run_dir)
+        if made:
+            assert leftovers(made) == [], "`fanout down` left hosts behind"
+
+
+def _recorded_id(run_dir: Path) -> str:
+    try:
+        return run_id(run_dir)
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+@dataclass
+class Isolated:
+    """What happened while ``node-1`` was cut off, and after the heal."""
+
+    began: float
+    healed: float
+    history: History
+    report: Report
+    probes: list[dict[str, object]]
+    first_ack_s: float
+    caught_up_s: float
+    verified: str
+    logged: list[dict[str, object]]
+
+    def during(self, ops: list[Op]) -> list[Op]:
+        return [op for op in ops if self.began <= op.began < self.healed]
+
+
+@pytest.fixture(scope="module")
+def isolated(hosts_run: Run) -> Isolated:
+    """The scenario, once for the module: replay, writers and readers, node-1 cut off."""
+    run = hosts_run
+    stack = Stack.load(run.run_dir)
+    assert stack is not None
+    kafka = KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
+                          topic_prefix=stack.topic_prefix)
+    run.fanout("generate", "--out", str(run.history), "--users", str(USERS), "--follows",
+               str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", "1", "--start",
+               str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS), "--mix", "posts")
+    history = History()
+    history.start_offsets = log_ends(kafka.bootstrap, kafka.topic(TWEETS))
+    secret = stack.env().get("FANOUT_AUTH_SECRET", "").encode()
+    workload = Workload(stack.api_url, list(range(1, USERS + 1)), history,
+                        lambda u: mint(u, secret, 3600),
+                        write_every=0.1, read_every=0.1, seed=1).start()
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "--run-dir", str(run.run_dir), "replay",
+         str(run.history), "--speedup", str(SPEEDUP), "--no-progress", "--max-failures", "-1"],
+        cwd=ROOT, env=run.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    nemesis = Nemesis(run.run_dir, echo=False)
+    try:
+        wait_for(lambda: _acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
+        began = time.time()
+        nemesis.isolate("node-1")
+        assert nemesis.status()["node-1"], "no rule of the nemesis on node-1"
+        probes = _probe(stack.api_url, FAULT_S)
+        nemesis.heal()
+        healed = time.time()
+        assert not any(nemesis.status().values()), "rules left after the heal"
+        wait_for(lambda: _acked(history, healed) >= 1, 120, "a write answered 202 after the heal")
+        first_ack = min(op.ended for op in history.writes
+                        if op.status == 202 and op.began >= healed) - healed
+    finally:
+        nemesis.heal()
+        workload.stop()
+        if replay.poll() is None and sys.exc_info()[0] is not None:
+            replay.kill()
+    out, _ = replay.communicate(timeout=300)
+    assert replay.returncode == 0, f"the replay failed:\n{out[-3000:]}"
+    verify_began = time.monotonic()
+    verified = run.verify()
+    caught_up = time.monotonic() - verify_began
+    with store_from_url(stack.store_url, cap=800) as store:
+        report = check(history, kafka.bootstrap, kafka.topic(TWEETS), store)
+    logged = [json.loads(line) for line in (run.run_dir / LOG_FILE).read_text().splitlines()]
+    result = Isolated(began, healed, history, report, probes, first_ack, caught_up, verified,
+                      logged)
+    _say(result)
+    return result
+
+
+def _say(r: Isolated) -> None:
+    during, reads = r.during(r.history.writes), r.during(r.history.reads)
+    refused = [op for op in during if op.status == 503]
+    print(f"\n[isolate node-1 {r.healed - r.began:.0f}s] {r.report.render()}\n"
+          f"writes during the fault: {len(during)}, 202: "
+          f"{sum(op.status == 202 for op in during)}, 503: {len(refused)}, no answer: "
+          f"{sum(op.status == 0 for op in during)}; latency max "
+          f"{max((op.took for op in during), default=0):.2f}s, the 503s' max "
+          f"{max((op.took for op in refused), default=0):.2f}s\n"
+          f"probes: {_render(r.probes)}\n"
+          f"reads during the fault: {read_stats(r.history.reads, r.began, r.healed).render()}, "
+          f"no answer within {REQUEST_TIMEOUT_S:.0f}s: {sum(op.status == 0 for op in reads)}\n"
+          f"first 202 {r.first_ack_s:.1f}s after the heal; verify (view caught up) "
+          f"{r.caught_up_s:.0f}s after the replay: {r.verified.strip().splitlines()[-1]}")
+
+
+@pytest.mark.timeout(1500)  # includes starting the module's stack and the scenario
+def test_every_write_answered_202_is_in_the_log_once_and_in_the_views(isolated):
+    assert isolated.report.ok, isolated.report.render()
+    assert isolated.report.acknowledged > 20, isolated.report.render()
+    assert "0 divergent" in isolated.verified
+    assert [e["event"] for e in isolated.logged][:2] == ["apply", "heal"], isolated.logged
+
+
+def test_writes_during_the_fault_answer_202_or_a_503_with_a_reason(isolated):
+    during = isolated.during(isolated.history.writes)
+    assert during, "no write was sent during the fault"
+    hung = [op for op in during if op.status == 0]
+    assert not hung, f"{len(hung)} writes got no answer within {REQUEST_TIMEOUT_S:.0f}s"
+    assert {op.status for op in during} <= {202, 503}, sorted({op.status for op in during})
+    assert all(p["status"] in (202, 503) for p in isolated.probes), _render(isolated.probes)
+    assert all(p["reason"] for p in isolated.probes if p["status"] == 503), (
+        _render(isolated.probes))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a read the driver routes to the cut-off Cassandra node waits out the store's 10 s "
+    "request timeout (no speculative execution, and the driver's 30 s idle heartbeat has "
+    "not marked the node down yet): reads p50 10 s, some past the client's 15 s. The fix "
+    "is in the store's driver settings (views/stores/cassandra/config.py), not the network"))
+def test_reads_during_the_fault_answer_within_the_client_timeout(isolated):
+    reads = isolated.during(isolated.history.reads)
+    hung = [op for op in reads if op.status == 0]
+    assert not hung, (f"{len(hung)} of {len(reads)} reads got no answer within "
+                      f"{REQUEST_TIMEOUT_S:.0f}s during the fault")
+
+
+def _acked(history: History, since: float) -> int:
+    return sum(1 for op in history.writes if op.status == 202 and op.began >= since)
+
+
+def _probe(api_url: str, hold: float) -> list[dict[str, object]]:
+    """A write a second for ``hold`` seconds: its status, time and the 503's reason."""
+    probes: list[dict[str, object]] = []
+    deadline = time.monotonic() + hold
+    user = 0
+    with httpx.Client(base_url=api_url, timeout=REQUEST_TIMEOUT_S) as client:
+        while time.monotonic() < deadline:
+            user = user % USERS + 1  # every user's partition in turn
+            clock = time.monotonic()
+            status, reason = 0, ""
+            try:
+                response = client.post("/v1/tweets", json={"text": "probe"},
+                                       headers={USER_HEADER: str(user)})
+                status = response.status_code
+                if status == 503:
+                    reason = str(response.json().get("message", ""))
+            except (httpx.HTTPError, ValueError) as exc:
+                reason = repr(exc)
+            probes.append({"status": status, "took": round(time.monotonic() - clock, 3),
+                           "reason": reason})
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - clock)))
+    return probes
+
+
+def _render(probes: list[dict[str, object]]) -> str:
+    statuses: dict[object, int] = {}
+    for p in probes:
+        statuses[p["status"]] = statuses.get(p["status"], 0) + 1
+    took = sorted(float(str(p["took"])) for p in probes) or [0.0]
+    reasons = sorted({str(p["reason"]) for p in probes if p["reason"]})[:2]
+    return (f"{len(probes)} writes, statuses {statuses}, max {took[-1]:.2f}s, median "
+            f"{took[len(took) // 2]:.2f}s; reasons {reasons}")
