@@ -209,7 +209,7 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
                       lambda: (activity.sent, activity.failed) if activity else None,
                       lambda: (cache.hits, cache.misses), shared=metrics_dir,
                       leader=metrics_leader)
-    hub = StreamHub(settings, pages, app.state, metrics.streams)
+    app.state.streams = hub = StreamHub(settings, pages, app.state, metrics.streams)
     app.include_router(_timeline_routes(settings, auth, pages, hub))
     app.include_router(write_router(
         lambda: writer, auth.acting, timeout=settings.write_timeout_ms / 1000,
