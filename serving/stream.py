@@ -130,16 +130,21 @@ class StreamHub:
                    ) -> EventSourceResponse:
         """The stream's response; 400 for a bad ``last_id``, 404 for a deleted account."""
         resume = decode(last_id, user) if last_id is not None else None
-        group = self.groups.get((user, limit)) or _Group(user, limit)
+        # Registered before any wait, so streams opening together share one group.
+        group = self.groups.setdefault((user, limit), _Group(user, limit))
         stream = _Stream()
         async with group.lock:
-            # The group's other streams are sent the change first; AccountGone is a 404.
-            entries = await self._changed(group, view)
+            try:
+                # The group's other streams are sent the change first; AccountGone: a 404.
+                entries = await self._changed(group, view)
+            except BaseException:
+                self._drop_if_empty(group)
+                raise
             assert entries is not None
             first = self._first(group, resume, entries)
             stream.push(first, self.cap + len(first))
             group.streams.add(stream)
-            self.groups[(user, limit)] = group
+            self.groups[(user, limit)] = group  # again, if its last stream left meanwhile
         if self.metrics is not None:
             self.metrics.open.inc()
         self._watch()
@@ -185,10 +190,13 @@ class StreamHub:
     def _leave(self, group: _Group, stream: _Stream) -> None:
         """The response ended (the client left, was cut off, or the server stops)."""
         group.streams.discard(stream)
-        if not group.streams and self.groups.get((group.user, group.limit)) is group:
-            del self.groups[(group.user, group.limit)]
+        self._drop_if_empty(group)
         if self.metrics is not None:
             self.metrics.open.dec()
+
+    def _drop_if_empty(self, group: _Group) -> None:
+        if not group.streams and self.groups.get((group.user, group.limit)) is group:
+            del self.groups[(group.user, group.limit)]
 
     def _sent(self, kind: str, data: bytes) -> bytes:
         if self.metrics is not None:
