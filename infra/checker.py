@@ -20,7 +20,17 @@ real cluster's older records are never scanned) and counts, per history:
 
 It also reports the windows in which writes were refused (from the first refusal to
 the next 202) and, for any time window, the reads' error rate and latency
-percentiles. It needs nothing of the stack that started the services, only the
+percentiles.
+
+**Live streams** (DESIGN §7). :class:`StreamHolder` threads hold
+``GET …/home/stream`` for some users while the history plays out, the way a client
+does: each folds the events into the page it holds (apply, keep the newest
+``limit``), drops the connection at random and resumes with ``Last-Event-ID``, and
+reconnects after an ``end`` or an error. It counts **duplicated** events (an add of an
+entry it holds) and **phantom** ones (a remove of one it does not hold); at the end
+:func:`check_streams` waits (bounded) for each one's page to equal the first page
+``GET /home`` serves, and counts what is still **missed** (on ``/home``, not held) and
+**phantom** (held, not on ``/home``). It needs nothing of the stack that started the services, only the
 API's URL, the broker and the store: it runs against a real cluster as it does
 against ``fanout up --nodes 3`` (``python -m infra.checker --help``).
 """
@@ -40,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +357,182 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[index]
 
 
+# -- live streams ----------------------------------------------------------------------------
+
+Key = tuple[int, int]  # an entry's position: (created_at, tweet_id)
+
+
+def _key(entry: dict[str, Any]) -> Key:
+    return int(entry["created_at"]), int(entry["tweet_id"])
+
+
+@dataclass
+class StreamTally:
+    """What one stream client saw: events, drops and what a correct stream never sends."""
+
+    user: int
+    limit: int
+    events: int = 0
+    resumes: int = 0
+    resets: int = 0
+    errors: int = 0
+    duplicated: int = 0
+    phantom: int = 0
+    missed: int = 0
+    ends: Counter[str] = field(default_factory=Counter)
+
+
+class StreamHolder:
+    """One client holding a user's live home stream on a thread (module docstring).
+
+    ``drop_every``: the mean number of events between two drops (0: never drops).
+    """
+
+    def __init__(self, api_url: str, user: int, token: str | None, *, limit: int = 20,
+                 drop_every: float = 5.0, seed: int = 0) -> None:
+        self.api_url, self.user, self.limit = api_url.rstrip("/"), user, limit
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.tally = StreamTally(user, limit)
+        self.held: dict[Key, dict[str, Any]] = {}
+        self.last: str | None = None
+        self._rng, self.drop_every = random.Random(seed), drop_every
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the page held, between the reader and the check
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StreamHolder:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"stream-{self.user}")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the next event or heartbeat."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def page(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self.held[k] for k in sorted(self.held, reverse=True)]
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                try:
+                    self._hold(client)
+                except httpx.HTTPError as exc:
+                    self.tally.errors += 1
+                    log.debug("stream of user %d: %s", self.user, exc)
+                    self._stop.wait(0.5)
+
+    def _hold(self, client: httpx.Client) -> None:
+        """One connection: read and fold until a drop, an ``end`` or the stop."""
+        headers = self.auth | ({"Last-Event-ID": self.last} if self.last else {})
+        with client.stream("GET", f"/v1/users/{self.user}/home/stream",
+                           params={"limit": self.limit}, headers=headers) as response:
+            if response.status_code != 200:
+                self.tally.errors += 1
+                self._stop.wait(0.5)
+                return
+            fields: dict[str, str] = {}
+            for line in response.iter_lines():
+                if self._stop.is_set():
+                    return
+                if line and not line.startswith(":"):
+                    name, _, text = line.partition(": ")
+                    fields[name] = text
+                    continue
+                if not line and fields:
+                    kind = self.take(fields)
+                    fields = {}
+                    if kind == "end":
+                        return
+                    if self.drop_every and self._rng.random() < 1 / self.drop_every:
+                        self.tally.resumes += 1
+                        return
+
+    def take(self, fields: dict[str, str]) -> str:
+        """Fold one event (its SSE fields) into the page held; its type."""
+        kind, data = fields.get("event", "message"), orjson.loads(fields.get("data", "{}"))
+        self.tally.events += 1
+        with self._lock:
+            if kind == "end":
+                self.tally.ends[data.get("reason", "")] += 1
+                return kind
+            if kind == "reset":
+                self.tally.resets += 1
+                self.held = {}
+            elif kind == "remove":
+                key = next((k for k in self.held if k[1] == int(data["tweet_id"])), None)
+                self.tally.phantom += key is None
+                self.held.pop(key, None)  # type: ignore[arg-type]
+            elif kind == "add":
+                key = _key(data["entry"])
+                self.tally.duplicated += key in self.held
+                self.held[key] = data["entry"]
+                for old in sorted(self.held, reverse=True)[self.limit:]:
+                    del self.held[old]
+            if "id" in fields:
+                self.last = fields["id"]
+        return kind
+
+
+@dataclass(frozen=True)
+class StreamReport:
+    """:func:`check_streams`' totals over every holder; ``ok`` when nothing is off."""
+
+    streams: int
+    events: int
+    resumes: int
+    resets: int
+    missed: int
+    duplicated: int
+    phantom: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missed or self.duplicated or self.phantom)
+
+    def render(self) -> str:
+        return (f"{self.streams} streams, {self.events} events, {self.resumes} resumes, "
+                f"{self.resets} resets: missed {self.missed}, duplicated {self.duplicated}, "
+                f"phantom {self.phantom}")
+
+
+def check_streams(holders: list[StreamHolder], wait: float = 30.0) -> StreamReport:
+    """Stop dropping, let each holder catch up with ``GET /home``, and count (module doc).
+
+    Each holder keeps reading (with no more drops) until its page equals the first page
+    ``/home`` serves, or ``wait`` seconds pass; then it is stopped.
+    """
+    for holder in holders:
+        holder.drop_every = 0
+    deadline = time.monotonic() + wait
+    for holder in holders:
+        with httpx.Client(base_url=holder.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+            home: list[dict[str, Any]] = []
+            while time.monotonic() < deadline:
+                response = client.get(f"/v1/users/{holder.user}/home",
+                                      params={"limit": holder.limit}, headers=holder.auth)
+                home = response.json().get("entries", []) if response.status_code == 200 \
+                    else []
+                if holder.page() == home:
+                    break
+                time.sleep(0.1)
+        held, served = {_key(e) for e in holder.page()}, {_key(e) for e in home}
+        holder.tally.missed += len(served - held)
+        holder.tally.phantom += len(held - served)
+        holder.stop()
+    tallies = [h.tally for h in holders]
+    return StreamReport(len(holders), sum(t.events for t in tallies),
+                        sum(t.resumes for t in tallies), sum(t.resets for t in tallies),
+                        sum(t.missed for t in tallies), sum(t.duplicated for t in tallies),
+                        sum(t.phantom for t in tallies))
+
+
 # -- from a shell ----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, default=50, help="accounts 1..N post and read")
     p.add_argument("--wait", type=float, default=120.0,
                    help="how long the views may take to catch up before the check")
+    p.add_argument("--streams", type=int, default=0,
+                   help="live home streams held during the workload (users 1..N, each "
+                        "dropping and resuming at random) and checked after it")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stack = Stack.load(Path(args.run_dir))
@@ -386,9 +576,12 @@ def main(argv: list[str] | None = None) -> int:
     history = History()
     topic = kafka.topic(TWEETS)
     history.start_offsets = log_ends(kafka.bootstrap, topic)
-    with Workload(api_url, list(range(1, args.users + 1)), history,
-                  lambda u: mint(u, secret, 3600) if secret else None):
+    token_of: Callable[[int], str | None] = lambda u: mint(u, secret, 3600) if secret else None
+    holders = [StreamHolder(api_url, u, token_of(u), seed=u).start()
+               for u in range(1, args.streams + 1)]
+    with Workload(api_url, list(range(1, args.users + 1)), history, token_of):
         time.sleep(args.seconds)
+    streams = check_streams(holders, args.wait) if holders else None
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         deadline = time.monotonic() + args.wait
         report = check(history, kafka.bootstrap, topic, store)
@@ -397,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
             report = check(history, kafka.bootstrap, topic, store)
     print(report.render())
     print(f"reads: {read_stats(history.reads).render()}")
-    return 0 if report.ok else 1
+    if streams is not None:
+        print(f"live streams: {streams.render()}")
+    return 0 if report.ok and (streams is None or streams.ok) else 1
 
 
 if __name__ == "__main__":
