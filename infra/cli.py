@@ -3,11 +3,11 @@
 Subcommands: ``up``/``down``/``status`` (the local stack), ``broker``/``job``/``serve``
 (one service in the foreground; ``up`` runs these detached), ``generate``/``replay``
 (ingest), ``verify``, ``dead-letters``, ``rebuild``, ``nemesis`` (network faults on a
-stack on hosts) and ``demo``. Flags fall back to environment
-variables (named in each ``--help``). Each command builds its settings here or in the
-module that registers it, from its flags over ``args.environ``: the process's
-environment, over the settings of the stack recorded in the run directory, so that
-commands point at that stack unless told otherwise.
+stack on hosts) and ``demo``. Flags fall back to environment variables (named in each
+``--help``). Each command builds its settings here or in the module that registers it,
+from its flags over ``args.environ``: the process's environment, over the settings of
+the stack recorded in the run directory, so that commands point at that stack unless
+told otherwise.
 """
 
 from __future__ import annotations

@@ -194,7 +194,8 @@ def ensure_nodes(stack: Stack, started: list[str]) -> bool:
 def _network(stack: Stack) -> HostNetwork | None:
     """The hosts of a ``--hosts`` stack, made whole (None for a stack on loopback).
 
-    Only hosts with no node running are made again: a running node keeps its network.
+    A host whose namespace, veth or address is missing is made again; a whole one, and
+    whatever node runs in it, is left as it is.
     """
     if not stack.hosts:
         return None
