@@ -167,10 +167,11 @@ class StreamHub:
         now = int(self.clock())
         reset = None
         if resume is not None and resume.view != group.view:
-            reset = ("view", "the view was rebuilt or switched since this id: read it again")
+            reset = ("view", "the view was rebuilt or switched since this id: drop what you "
+                             "hold, the page follows")
         elif resume is not None and abs(now - resume.at) > self.retention_s:
             reset = ("retention", f"the id is older than the retention of "
-                                  f"{self.retention_s} s: read the page again")
+                                  f"{self.retention_s} s: drop what you hold, the page follows")
         held = list(resume.keys) if resume is not None and reset is None else []
         return self._encoded(group, held, group.keys, entries, reset)
 
@@ -267,7 +268,8 @@ class StreamHub:
         assert group.keys is not None
         reset = None
         if group.view != old_view:
-            reset = ("view", "the server switched to a rebuilt view: read it again")
+            reset = ("view", "the server switched to a rebuilt view: drop what you hold, the "
+                             "page follows")
             old = []
         events = self._encoded(group, old, group.keys, entries, reset)
         for stream in group.streams if events else ():
@@ -288,14 +290,14 @@ class StreamHub:
         next tick).
         """
         self.reads += 1
+        number = view.record.number if view.record is not None else 0
         before = await _call(view, _stamp, view, group.user)
         read = Read(view.store, group.user, None, group.limit, None, view)
         status, headers, body = await self.pages.answer(
-            view, read, "home", group.etag if changed_only else None)
+            view, read, "home", group.etag if changed_only and number == group.view else None)
         after = await _call(view, _stamp, view, group.user)
         group.token = before[1] if before == after else None
-        number = view.record.number if view.record is not None else 0
-        if status == 304 and number == group.view:
+        if status == 304:
             return None
         group.etag = dict(headers)[b"etag"].decode()
         entries = {(e["created_at"], int(e["tweet_id"])): e
