@@ -14,32 +14,15 @@ import time
 from pathlib import Path
 
 from infra.checker import StreamHolder, check_streams
-from ingest.events import Follow, Post, UserUpsert
 from serving.app import create_app
 from serving.auth import mint
-from tests.serving.test_stream import (
-    AUTHORS,
-    FOLLOWS,
-    READERS,
-    T0,
-    World,
-    Writes,
-    _settings,
-)
 from tests.support.api import SECRET, running
-
-
-def _world(tmp_path: Path) -> World:
-    world = World(tmp_path / "checker.sqlite")
-    world.run(*[UserUpsert(u, f"u{u}", f"User {u}", T0) for u in READERS + AUTHORS],
-              *[Follow(r, a, T0) for r, authors in FOLLOWS.items() for a in authors],
-              *[Post(100 + i, AUTHORS[i % 5], T0 + 10 * i, f"p{i}") for i in range(10)])
-    return world
+from tests.support.streams import World, Writes, stream_settings
 
 
 def test_stream_holders_resuming_across_processes_miss_and_repeat_nothing(tmp_path: Path):
-    world = _world(tmp_path)
-    apps = [create_app(_settings(world.path)), create_app(_settings(world.path))]
+    world = World(tmp_path / "checker.sqlite")
+    apps = [create_app(stream_settings(world.path)), create_app(stream_settings(world.path))]
     writes = Writes(random.Random(7))
     with running(apps[0]) as a, running(apps[1]) as b:
         holders = [StreamHolder(url, user, mint(user, SECRET.encode(), 600), limit=limit,
