@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -104,6 +104,7 @@ class _Group:
     view: int = 0
     token: Hashable | None = None
     etag: str | None = None
+    reads: int = 0
     streams: set[_Stream] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -122,8 +123,9 @@ class StreamHub:
         self.groups: dict[tuple[int, int], _Group] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        #: Pages read for streams, by (user, limit): a group's read serves all its streams.
-        self.reads: Counter[tuple[int, int]] = Counter()
+        #: Pages read for streams (a group's read serves all its streams; each group
+        #: counts its own too).
+        self.reads = 0
 
     # -- a client connects ------------------------------------------------------------------
     async def open(self, view: Served, user: int, limit: int, last_id: str | None
@@ -289,7 +291,8 @@ class StreamHub:
         only if the store's position stood still over the read, else None (read again
         next tick).
         """
-        self.reads[group.user, group.limit] += 1
+        self.reads += 1
+        group.reads += 1
         number = view.record.number if view.record is not None else 0
         before = await _call(view, _stamp, view, group.user)
         read = Read(view.store, group.user, None, group.limit, None, view)
