@@ -7,6 +7,9 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): one a core; tests/plugins/workers.py says which tests
+# share a worker. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint install jars class-archive java clean
 
@@ -19,7 +22,7 @@ demo: jars
 # The tests use the class archive (tests/infra/test_class_archive.py checks that the
 # driver maps it), so the test target builds it.
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.
 lint: $(STAMP)

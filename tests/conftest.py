@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.plugins.spark",
     "tests.plugins.cassandra",
     "tests.plugins.clock",
+    "tests.plugins.workers",
 ]
