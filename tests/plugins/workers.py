@@ -1,14 +1,15 @@
 """How the suite spreads over pytest-xdist workers (``make test`` runs two, one a core).
 
 With ``--dist loadgroup`` a group's tests run one after another on one worker, and the
-tests of no group go to whichever worker is free. Three groups keep what must not run
-twice at once, or would cost twice, on one worker each:
+tests of no group go to whichever worker is free. Groups keep what must not run twice
+at once, or would cost twice, on one worker each:
 
 - ``nodes``: the three-node stacks (``tests/stack/test_nodes.py``, on loopback;
   ``test_partitions.py`` and ``tests/infra/test_hosts.py``, in network namespaces).
-- ``stack``: every other whole-stack test (``tests/stack/``, the load generator's
-  stack test). Each starts services of its own and some kill processes; one at a time
-  per group keeps the CPU each one's timing windows were set for within a factor of two.
+- ``recovery`` and ``stack``: the other whole-stack tests (``tests/stack/``, the load
+  generator's stack test), in two groups of about the same length. Each test starts
+  services of its own and some kill processes; one at a time per group keeps the CPU
+  each one's timing windows were set for within a factor of two.
 - ``spark``: every other test that uses the session's SparkSession, so that one
   worker starts it rather than both.
 
@@ -28,19 +29,23 @@ from pathlib import Path
 
 import pytest
 
-#: Test files (repository-relative) of each group outside ``tests/stack/``, and the
-#: ``tests/stack/`` files of the ``nodes`` group.
+#: Test files (repository-relative) of the groups other than ``stack`` (the rest of
+#: ``tests/stack/``), and those of ``stack`` outside ``tests/stack/``.
 NODES_FILES = frozenset({"tests/stack/test_nodes.py", "tests/stack/test_partitions.py",
                          "tests/infra/test_hosts.py"})
+RECOVERY_FILES = frozenset({"tests/stack/test_recovery.py", "tests/stack/test_stack_metrics.py",
+                            "tests/stack/test_cluster.py"})
 STACK_FILES = frozenset({"tests/loadgen/test_loadgen_stack.py"})
 #: The order groups are handed out in (the longest first); tests of no group last.
-ORDER = ("nodes", "stack", "spark")
+ORDER = ("nodes", "recovery", "stack", "spark")
 
 
 def group_of(path: str, fixtures: list[str]) -> str | None:
     """The xdist group of a test at ``path`` (repository-relative) using ``fixtures``."""
     if path in NODES_FILES:
         return "nodes"
+    if path in RECOVERY_FILES:
+        return "recovery"
     if path.startswith("tests/stack/") or path in STACK_FILES:
         return "stack"
     if "spark" in fixtures:
