@@ -33,7 +33,7 @@ names them, anyone they follow, or anyone whose entries their page shows (else
 skipped: ``touched``) — a record that names none of these cannot change that page. A
 mismatch is first a *suspect*: it is counted divergent only when the user's page
 differs again at a later stable position, once the view has committed more or has
-applied the whole log. On SQLite, rows and offsets commit together, so a mismatch
+applied the whole log (drawn again before that, the user is read for the nines only). On SQLite, rows and offsets commit together, so a mismatch
 repeats; on Cassandra a micro-batch's rows land before its offsets (and a killed
 job leaves a half-written batch until it replays it), so a mismatch that does not
 repeat is counted apart (``fanout_verify_transient``), not as divergence. An
@@ -47,6 +47,15 @@ divergent, ``fanout_verify_transient``, ``fanout_verify_skipped{reason}``,
 Counts since the process started, exported as gauges: the dashboard asks for the
 bare names, and a prometheus_client ``Counter`` would export ``…_total``. Each
 divergence is logged with the user, the position and the first difference.
+
+**Nines** (:mod:`infra.nines`, DESIGN §8): every read, first or again, also goes to
+the sampler's :class:`~infra.nines.Nines`, which follows a wrong check with re-reads
+up to 60 s and reports the share correct within 1 s, 10 s and 60 s of the view
+reaching the checked position (``fanout_verify_consistent_within_ratio{sampler,
+window, span}``). There are two samplers, each with its own random stream and its
+own reads, in turn each step: ``a`` also keeps the counts above (checked, divergent,
+transient, skipped); ``b`` keeps only nines, and the difference between the two is
+the measurement's noise, which :func:`summary` states.
 
 Its reads carry ``X-Fanout-Monitor``: answered like any other read, but not
 appended to the activity log (DESIGN §4b, inactive users), so that sampling does not
@@ -66,20 +75,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
+from infra.apireader import ApiReader, Unavailable
 from infra.errors import InfraError
-from infra.logtail import MEANING_TOPICS, LogicalTP, LogReset, LogTail, named_users
+from infra.logtail import LogicalTP, LogReset, LogTail, named_users
+from infra.nines import SAMPLERS, Nines, NinesGauges, shown
 from infra.process import stop_on_signals
 from infra.settings import API_URL_ENV
 from ingest.events import Event, Follow, Relation
 from ingest.settings import FanoutSettings, KafkaSettings, env_alias
-from serving.auth import mint
 from serving.celebrities import FULL_RELOAD_S
-from serving.reads import MONITOR_HEADER
 from serving.settings import ServingSettings
 from views.kafka_offsets import KafkaReadError
 from views.reference import HomeRow, Reference
@@ -106,8 +114,6 @@ ENDS_EVERY_S: Final = 5.0
 MAX_SUSPECTS: Final = 100
 #: Pause after Kafka did not answer, before trying again (seconds).
 RETRY_S: Final = 2.0
-#: Lifetime of the bearer tokens the verifier mints for its reads (seconds).
-TOKEN_TTL: Final = 300
 SKIP_REASONS: Final = ("moved", "touched", "unavailable")
 #: Added to the API's own staleness bounds before a record stops being recent (seconds).
 SETTLE_MARGIN_S: Final = 1.0
@@ -163,90 +169,26 @@ class VerifierMetrics:
                              "Changelog events folded into the reference.", registry=r)
         self.last_check = Gauge("fanout_verify_last_check_timestamp_seconds",
                                 "When a user was last compared (Unix time).", registry=r)
+        self.nines = NinesGauges(r)
 
 
 def summary(text: str) -> dict[str, Any]:
     """What ``fanout status`` shows of a scrape of the verifier."""
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "fanout_verify_skipped":
-                skipped[s.labels["reason"]] = int(s.value)
-            else:
-                values[s.name] = s.value
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    for s in samples:
+        if s.name == "fanout_verify_skipped":
+            skipped[s.labels["reason"]] = int(s.value)
+        elif not s.labels:
+            values[s.name] = s.value
     last = values.get("fanout_verify_last_check_timestamp_seconds", 0.0)
     return {"checked": int(values.get("fanout_verify_checked", 0)),
             "divergent": int(values.get("fanout_verify_divergent", 0)),
             "transient": int(values.get("fanout_verify_transient", 0)),
             "skipped": skipped,
-            "last_check_age_s": round(time.time() - last, 1) if last else None}
-
-
-class Unavailable(InfraError):
-    """The API did not give an answer to compare (down, degraded, or refused the read)."""
-
-
-class ApiReader:
-    """The two reads the verifier makes of the API: applied offsets, and a first page."""
-
-    def __init__(self, url: str, secret: bytes | None, timeout: float = 5.0) -> None:
-        self.url, self._secret, self._timeout = url.rstrip("/"), secret, timeout
-        self._client: httpx.Client | None = None
-
-    def _http(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(base_url=self.url, timeout=self._timeout)
-        return self._client
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def applied(self) -> dict[LogicalTP, int]:
-        """The offsets the served store has applied, of the topics the view means."""
-        body = self._get("/healthz", {})
-        return {(topic, int(p)): int(o)
-                for topic, parts in body.get("applied_offsets", {}).items()
-                if topic in MEANING_TOPICS for p, o in parts.items()}
-
-    def page(self, user: int, n: int) -> list[HomeRow] | str:
-        """``user``'s first ``n`` entries as served, or why none were (a 404)."""
-        headers = {MONITOR_HEADER: "1"}
-        if self._secret is not None:
-            headers["Authorization"] = f"Bearer {mint(user, self._secret, TOKEN_TTL)}"
-        try:
-            body = self._get(f"/v1/users/{user}/home", {"limit": n}, headers)
-        except _NotFound as exc:
-            return f"not served ({exc})"
-        return [HomeRow(int(e["tweet_id"]), int(e["created_at"]), int(e["actor"]["id"]),
-                        int(e["tweet"]["id"]), int(e["tweet"]["author"]["id"]))
-                for e in body["entries"]]
-
-    def _get(self, path: str, params: dict[str, Any],
-             headers: dict[str, str] | None = None) -> dict[str, Any]:
-        try:
-            response = self._http().get(path, params=params, headers=headers)
-        except httpx.HTTPError as exc:
-            msg = f"GET {self.url}{path}: {exc}"
-            raise Unavailable(msg) from exc
-        if response.status_code == 404:
-            msg = f"404: {response.text[:200]}"
-            raise _NotFound(msg)
-        if response.status_code != 200:
-            msg = f"GET {self.url}{path} answered {response.status_code}: {response.text[:200]}"
-            raise Unavailable(msg)
-        try:
-            result: dict[str, Any] = response.json()
-        except ValueError as exc:
-            msg = f"GET {self.url}{path} answered 200 with no JSON: {response.text[:200]}"
-            raise Unavailable(msg) from exc
-        return result
-
-
-class _NotFound(InfraError):
-    """A 404 (a deleted account's home), which :meth:`ApiReader.page` turns into its answer."""
+            "last_check_age_s": round(time.time() - last, 1) if last else None,
+            "consistent_within": shown(samples)}
 
 
 @dataclass(frozen=True)
@@ -276,6 +218,16 @@ class Suspect:
     difference: str
 
 
+@dataclass
+class Sampler:
+    """One random stream of users and its nines; the first also keeps the counts."""
+
+    name: str
+    random: random.Random
+    nines: Nines
+    primary: bool
+
+
 class LiveVerifier:
     """The sampling loop: fold the log to the view's position, compare a user, repeat."""
 
@@ -288,7 +240,10 @@ class LiveVerifier:
         #: tail releases each partition's records in offset order, as it requires.
         self.lateness = lateness
         self.metrics = metrics or VerifierMetrics()
-        self._random = random.Random(seed)
+        # Two independent streams (DESIGN §8): b's nines beside a's are the noise floor.
+        seeds = random.Random(seed)
+        self.samplers = [Sampler(name, random.Random(seeds.getrandbits(64)), Nines(), i == 0)
+                         for i, name in enumerate(SAMPLERS)]
         self.suspects: dict[int, Suspect] = {}
         self._reset_state()
 
@@ -308,6 +263,9 @@ class LiveVerifier:
         self._next_fold = 0.0
         self._ends_asked = 0.0
         self._caught_up_at: dict[LogicalTP, int] | None = None
+        self._reached: tuple[dict[LogicalTP, int], float] = ({}, time.monotonic())
+        for sampler in self.samplers:  # positions are counted again from the start
+            sampler.nines.open.clear()
         self.metrics.records.set(0)
 
     def run(self, stop: threading.Event) -> None:
@@ -345,9 +303,11 @@ class LiveVerifier:
             msg = (f"the served store has applied less than the reference holds "
                    f"({_where(applied)}): another store is served now")
             raise LogReset(msg)
+        self._reached_at(applied)
         self._observe(applied)
         self._fold(applied)
-        self.check()
+        for sampler in self.samplers:
+            self.check(sampler)
 
     def _observe(self, applied: dict[LogicalTP, int]) -> None:
         """Note the users that records the view applied since the last look name, as recent."""
@@ -402,35 +362,51 @@ class LiveVerifier:
             if isinstance(event, Follow):
                 self.followers.setdefault(event.followee_id, set()).add(event.follower_id)
 
-    def check(self) -> None:
+    def check(self, sampler: Sampler | None = None) -> None:
         """Compare one user's first page at a stable position, or count why not."""
+        sampler = sampler or self.samplers[0]
         try:
             before = self.api.applied()
         except Unavailable as exc:
-            self._skip("unavailable", exc)
+            self._skip("unavailable", exc, sampler)
             return
+        reached = self._reached_at(before)
+        sampler.nines.expire(time.monotonic())
+        self._export(sampler)
         if not self.tail.reached(before) or any(
                 before.get(tp, -1) < o for tp, o in self.folded.items()):
             return  # the tail, or the view, is not where the reference is yet
-        user = self._pick(before)
+        user, counted = self._pick(sampler, before)
         if user is None:
             return
         n = self.settings.entries
         want = self.ref.home_fast(user, n)
         named = {u for event in self.tail.held(before) for u in named_users(event)}
         if (named | self._recently_named()) & self._related(user, want):
-            self._skip("touched")
+            self._skip("touched", None, sampler)
             return
         try:
             got = self.api.page(user, n)
             after = self.api.applied()
         except Unavailable as exc:
-            self._skip("unavailable", exc)
+            self._skip("unavailable", exc, sampler)
             return
         if after != before:
-            self._skip("moved")
+            self._skip("moved", None, sampler)
             return
-        self._judge(user, want, got, before)
+        sampler.nines.read(user, reached, time.monotonic(), got == want)
+        self._export(sampler)
+        if counted:
+            self._judge(user, want, got, before)
+
+    def _reached_at(self, position: dict[LogicalTP, int]) -> float:
+        """When the verifier first saw the view at ``position`` (its newest one)."""
+        if position != self._reached[0]:
+            self._reached = (dict(position), time.monotonic())
+        return self._reached[1]
+
+    def _export(self, sampler: Sampler) -> None:
+        self.metrics.nines.export(sampler.name, sampler.nines)
 
     def _related(self, user: int, want: list[HomeRow]) -> set[int]:
         """Everyone a record must name to change ``user``'s first page."""
@@ -439,14 +415,26 @@ class LiveVerifier:
             related.update((row.actor_id, row.original_author_id))
         return related
 
-    def _pick(self, position: dict[LogicalTP, int]) -> int | None:
-        """A suspect whose re-check is due, else a random user (None: nobody yet)."""
-        for user, suspect in self.suspects.items():
-            if suspect.position != position or self._caught_up(position):
-                return user
+    def _pick(self, sampler: Sampler, position: dict[LogicalTP, int]) -> tuple[int | None, bool]:
+        """Whom to read next, and whether the read counts (checked, divergent, transient).
+
+        A suspect whose re-check is due, else a wrong check whose re-read is due, else a
+        random user (None: nobody yet). Only the first sampler's suspects and samples
+        count; re-reads feed the nines only.
+        """
+        if sampler.primary:
+            for user, suspect in self.suspects.items():
+                if suspect.position != position or self._caught_up(position):
+                    return user, True
+        again = sampler.nines.due(time.monotonic())
+        if again is not None:
+            return again, False
         if not self.pool:
-            return None
-        return self.pool[self._random.randrange(len(self.pool))]
+            return None, False
+        user = self.pool[sampler.random.randrange(len(self.pool))]
+        # A suspect drawn again before its re-check is due is a re-read for the nines only:
+        # a mismatch counts divergent only if it repeats at a later position (docstring).
+        return user, sampler.primary and user not in self.suspects
 
     def _caught_up(self, position: dict[LogicalTP, int]) -> bool:
         """Whether the view has applied every record of the log (asked now and then)."""
@@ -489,8 +477,10 @@ class LiveVerifier:
         self.metrics.checked.inc()
         self.metrics.last_check.set(time.time())
 
-    def _skip(self, reason: str, exc: Exception | None = None) -> None:
-        self.metrics.skipped.labels(reason).inc()
+    def _skip(self, reason: str, exc: Exception | None = None,
+              sampler: Sampler | None = None) -> None:
+        if sampler is None or sampler.primary:  # the counts are the first sampler's
+            self.metrics.skipped.labels(reason).inc()
         if exc is not None:
             log.debug("live verifier: skipped: %s", exc)
 
