@@ -17,7 +17,8 @@ from tests.support.paths import ROOT
 INFRA = ROOT / "infra"
 DASHBOARD = INFRA / "grafana" / "fanout.json"
 #: Exported by the live verifier (``infra/verifier.py``; ``test_the_verifier_exports_them``).
-FROM_THE_VERIFIER = {"fanout_verify_divergent", "fanout_verify_checked"}
+FROM_THE_VERIFIER = {"fanout_verify_divergent", "fanout_verify_checked",
+                     "fanout_verify_consistent_within_ratio"}
 #: PromQL words that read like series names: aggregations' modifiers and set operators.
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
              "offset", "and", "or", "unless", "inf", "nan"}
