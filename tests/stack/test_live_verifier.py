@@ -9,7 +9,8 @@ has applied its first batch, with the view part way through the history, and bro
 back with ``fanout up``. The verifier, running all along, must then compare users —
 checked grows once the view has caught up and the users the last batches touched
 have waited out the API's celebrity cache — and never count one divergent, nor a
-transient mismatch (SQLite commits a batch's rows with its offsets). Then rows are
+transient mismatch (SQLite commits a batch's rows with its offsets); both of its
+samplers report every check correct within 60 s (its nines, DESIGN §8). Then rows are
 deleted from the SQLite store behind the job's back: the verifier must count
 divergence and log it with its first difference. The other tests are the parts:
 the monitor header, the log tail, the first difference and the exported names.
@@ -113,8 +114,15 @@ def test_no_false_divergence_across_a_job_sigkill(run: _Run) -> None:
     seen = _verifier(run)
     print(f"the verifier at the kill: {before_restart}; after the catch-up: {seen}")
     assert seen["divergent"] == 0 and seen["transient"] == 0, (before_restart, seen)
+    # Every check of both samplers, across the kill, was right within 60 s (SQLite).
+    nines = seen["consistent_within"]
+    for span in ("recent", "total"):
+        for sampler in "ab":
+            assert nines[span][sampler]["checks"] > 0, nines
+            assert nines[span][sampler]["60s"] == 1.0, nines
     status = run.fanout("status")
     assert '"verifier": {' in status.stdout and '"divergent": 0' in status.stdout, status.stdout
+    assert '"consistent_within": {' in status.stdout, status.stdout
 
 
 @pytest.mark.e2e
@@ -226,5 +234,6 @@ def test_status_shows_the_verifier_and_off_means_not_part_of_the_stack(tmp_path,
     shown = json.loads(capsys.readouterr().out)
     assert shown["services"] == {"job": "stopped", "api": "stopped", "verifier": "running"}
     assert shown["verifier"]["checked"] == 12 and shown["verifier"]["divergent"] == 0
+    assert shown["verifier"]["consistent_within"]["total"]["b"]["checks"] == 0
     stack.settings["FANOUT_VERIFIER"] = "off"
     assert "verifier" not in stack.state()
