@@ -16,6 +16,16 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``write_cl``   consistency of the job's writes and of its own reads (LOCAL_QUORUM)
 ``concurrency``  statements in flight per micro-batch phase (default 64)
 ``timeout``    request timeout in seconds (default 10)
+``speculate_ms``  reads only: a read with no answer after this long is sent to the next
+               replica too, up to two more (default 200; 0: never). Reads are
+               idempotent, so the first answer wins; a node cut off (packets dropped,
+               so nothing fails) then costs a read this delay, not ``timeout``
+``heartbeat``  whole seconds between the driver's heartbeats on a connection that
+               received nothing (default 2; 0: none)
+``heartbeat_timeout``  seconds a heartbeat waits for its answer before the connection is
+               closed and its node marked down (default 4): a silent node is down
+               within two heartbeats and this, 8 s by default (the driver's 30 + 30:
+               up to 90 s)
 ``scan_timeout``  timeout of full-table reads: counts, home_users (default 120)
 ``trim_slack``  rows a timeline may grow past the cap before it is trimmed
                (default max(16, cap/4): trims are amortized, as in SQLite)
@@ -46,12 +56,18 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from cassandra import ConsistencyLevel
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    TokenAwarePolicy,
+)
 
 from views.errors import StoreError
 
 DEFAULT_PORT: Final = 9042
 WRITE_PROFILE: Final = "fanout-write"
+#: Speculative executions of a read after the first: with RF 3, every replica is tried.
+SPECULATIVE_ATTEMPTS: Final = 2
 #: Keyspace names Cassandra accepts unquoted (it caps them at 48 characters).
 KEYSPACE_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 #: Datacenter names as nodetool shows them; quoted as CQL string literals.
@@ -108,6 +124,9 @@ class CassandraConfig:
     write_cl: int = ConsistencyLevel.LOCAL_QUORUM
     concurrency: int = 64
     timeout: float = 10.0
+    speculate_s: float = 0.2
+    heartbeat_s: float = 2.0
+    heartbeat_timeout_s: float = 4.0
     scan_timeout: float = 120.0
     trim_slack: int | None = None
     retry_s: float = 120.0
@@ -243,6 +262,10 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
     "write_cl": lambda t: ("write_cl", consistency_level(t, write=True)),
     "concurrency": lambda t: ("concurrency", min(_int("concurrency", t), 2048)),
     "timeout": lambda t: ("timeout", _number("timeout", t, 0, 3600)),
+    "speculate_ms": lambda t: ("speculate_s", _count("speculate_ms", t) / 1000),
+    "heartbeat": lambda t: ("heartbeat_s", float(_count("heartbeat", t))),
+    "heartbeat_timeout": lambda t: ("heartbeat_timeout_s",
+                                    _number("heartbeat_timeout", t, 0, 3600)),
     "scan_timeout": lambda t: ("scan_timeout", _number("scan_timeout", t, 0, 86400)),
     "trim_slack": lambda t: ("trim_slack", _count("trim_slack", t)),
     "retry": lambda t: ("retry_s", _number("retry", t, -1, 86400)),
@@ -260,18 +283,38 @@ def load_balancing(local_dc: str | None) -> TokenAwarePolicy:
                             shuffle_replicas=True)
 
 
+def speculation(config: CassandraConfig) -> ConstantSpeculativeExecutionPolicy | None:
+    """The read profile's speculative executions (None: ``speculate_ms=0``).
+
+    A node cut off by dropped packets fails nothing: a request sent to it waits out
+    the request timeout, and until a heartbeat marks the node down every read the
+    shuffled replicas route there does. The driver sends a statement to the next host
+    of its plan after ``speculate_ms`` only if the statement is idempotent (the
+    store marks all but its conditional insert, ``statements.NOT_IDEMPOTENT``).
+    """
+    if not config.speculate_s:
+        return None
+    return ConstantSpeculativeExecutionPolicy(config.speculate_s, SPECULATIVE_ATTEMPTS)
+
+
 def execution_profiles(config: CassandraConfig) -> dict[object, Any]:
-    """The default (read) profile and the job's write profile."""
+    """The default (read) profile, which speculates, and the job's write profile.
+
+    Writes do not speculate: a timed-out write is run again by the executor's retries
+    (``executor.execute``), and a second copy of every slow batch would add load
+    where the cluster is already slow.
+    """
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile
     from cassandra.query import tuple_factory
 
-    def profile(level: int) -> ExecutionProfile:
+    def profile(level: int, speculative: Any = None) -> ExecutionProfile:
         return ExecutionProfile(load_balancing_policy=load_balancing(config.local_dc),
                                 consistency_level=level,
                                 serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
-                                request_timeout=config.timeout, row_factory=tuple_factory)
+                                request_timeout=config.timeout, row_factory=tuple_factory,
+                                speculative_execution_policy=speculative)
 
-    return {EXEC_PROFILE_DEFAULT: profile(config.read_cl),
+    return {EXEC_PROFILE_DEFAULT: profile(config.read_cl, speculation(config)),
             WRITE_PROFILE: profile(config.write_cl)}
 
 
@@ -281,6 +324,8 @@ def cluster_options(config: CassandraConfig) -> dict[str, Any]:
         "contact_points": list(config.hosts), "port": config.port,
         "execution_profiles": execution_profiles(config), "application_name": "fanout",
         "connect_timeout": min(config.timeout, 10.0),
+        "idle_heartbeat_interval": config.heartbeat_s,
+        "idle_heartbeat_timeout": config.heartbeat_timeout_s,
     }
     if config.username:
         from cassandra.auth import PlainTextAuthProvider
