@@ -11,12 +11,18 @@ is all that lives here, and each backend gives what it can
 - a :class:`ChangeFeed`: also, for each committed batch, the :class:`Changes` it made —
   the users whose home pages and the authors whose own pages may read differently,
   the tweet and user rows that changed, the originals whose shown reposts changed —
-  so tokens can be kept per page (Cassandra).
+  so tokens can be kept per page (Cassandra: ``page_changes`` rows per writer of a
+  batch, :mod:`views.stores.cassandra.changes`; SQLite: one ``page_changes`` row per
+  batch in its own transaction, :class:`views.stores.sqlite.SQLiteFeed`).
+
+What a batch touched is decided once, here (:meth:`Changes.of`, from the batch's write
+plan), for every backend; each backend only stores the sets (:func:`pack_ids`).
 """
 
 from __future__ import annotations
 
 import abc
+from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Self
@@ -55,13 +61,16 @@ class ChangeFeed(StoreVersion, abc.ABC):
 
     @abc.abstractmethod
     def position(self) -> int:
-        """The timestamp of the newest committed batch (0: none)."""
+        """Where the newest committed batch stands (0: none), growing with each batch.
+
+        Cassandra: the batch's timestamp; SQLite: the number of its change row.
+        """
 
     @abc.abstractmethod
     def since(self, seen: int | None, committed: int) -> list[tuple[int, Changes]] | None:
         """The changes of the batches committed in (``seen``, ``committed``], by timestamp.
 
-        None when the feed cannot cover them (``seen`` None, a keyspace that went back in
+        None when the feed cannot cover them (``seen`` None, a store that went back in
         time, or a gap longer than the feed keeps): everything may have changed.
         """
 
@@ -108,3 +117,15 @@ class Changes:
 
     def __bool__(self) -> bool:
         return self.everything or self.size() > 0
+
+
+def pack_ids(ids: Iterable[int]) -> bytes:
+    """A set of ids as a store keeps it in a change row: sorted signed 64-bit, native order."""
+    return array("q", sorted(ids)).tobytes()
+
+
+def unpack_ids(blob: bytes | None) -> frozenset[int]:
+    """The ids :func:`pack_ids` packed (None or empty: none)."""
+    out = array("q")
+    out.frombytes(blob or b"")
+    return frozenset(out)

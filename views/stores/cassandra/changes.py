@@ -18,18 +18,22 @@ timestamp (one row), :meth:`~CassandraFeed.since` the rows of the batches in bet
 (one partition per hour of ``T``). Reads take an answer up to the store URL's
 ``page_fresh_ms`` old (20 ms by default; 0: only an answer asked for after the read
 arrived).
+
+What a batch touched is :meth:`views.stores.versions.Changes.of`, shared with the
+SQLite store's feed; this module only stores and reads it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 from views.stores import versions
 from views.stores.cassandra import statements as cql
 from views.stores.contract import TimelineReader
+from views.stores.versions import pack_ids as _pack
+from views.stores.versions import unpack_ids as _unpack
 
 #: One ``page_changes`` partition per hour of batch timestamps (µs).
 BUCKET_US: Final = 3_600_000_000
@@ -61,16 +65,6 @@ class Changes(versions.Changes):
 def committed_op(ts: int) -> cql.Op:
     """Mark the batch at ``ts`` committed: its writes and its change rows are all in."""
     return ("committed_set", (ts, ts))
-
-
-def _pack(ids: Iterable[int]) -> bytes:
-    return array("q", sorted(ids)).tobytes()
-
-
-def _unpack(blob: bytes | None) -> frozenset[int]:
-    out = array("q")
-    out.frombytes(blob or b"")
-    return frozenset(out)
 
 
 #: Runs one named statement and returns its rows (the store's ``_rows``).
