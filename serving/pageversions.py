@@ -9,7 +9,8 @@ a version, one token for every page, or a change feed, from which
 A page cache that asks "did anything change?" of a store-wide version drops every
 page at every batch, and a batch lands every second or so under writes. A store that
 keeps a change feed (Cassandra: a ``page_changes`` row per writer of a batch,
-:mod:`views.stores.cassandra.changes`) says more: the users whose home pages and the
+:mod:`views.stores.cassandra.changes`; SQLite: one per batch,
+:class:`views.stores.sqlite.SQLiteFeed`) says more: the users whose home pages and the
 authors whose own pages may read differently, and the tweet and user rows that changed.
 :class:`FeedVersions` reads it in an API process. Each page read asks one cheap
 question, the committed timestamp (one row); when it moved, the changes of the batches
@@ -113,9 +114,9 @@ class PageVersions:
     tweets), for backends whose tokens follow them.
 
     This one has one token for the whole store, its version
-    (:class:`~views.stores.versions.StoreVersion`: the applied changelog offsets, or
-    on SQLite a counter only page-visible writes move); :class:`FeedVersions` keeps
-    one per page from a store's change feed (Cassandra).
+    (:class:`~views.stores.versions.StoreVersion`: the applied changelog offsets, as
+    for an in-memory SQLite store); :class:`FeedVersions` keeps one per page from a
+    store's change feed (SQLite's file, Cassandra).
     """
 
     def __init__(self, store: TimelineReader, version: StoreVersion | None = None) -> None:
@@ -296,7 +297,17 @@ class FeedVersions(PageVersions):
             return True
 
     def reader(self, store: TimelineReader) -> TimelineReader:
-        return self._reader if store is self.store else store
+        """:class:`CachedRows` over a network store; a store read in process itself.
+
+        Rows read in process cost microseconds, and are read in a snapshot
+        (``TimelineReader.snapshot``) that may predate a batch already taken in, so
+        keeping them would need the snapshot's position; and such a store may answer
+        ``reposts_of`` for its reader only (SQLite filters by the reader's followees),
+        which a list kept for every reader must not be.
+        """
+        if store is not self.store or store.reads_in_process:
+            return store
+        return self._reader
 
     def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
                 reader: int | None, followees: bool, fetch: Callable[..., Hydrated]

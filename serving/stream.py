@@ -13,10 +13,9 @@ open. Every ``FANOUT_STREAM_POLL_S`` it asks the page tokens
 (:mod:`serving.pageversions`) for the store's committed position, with the celebrity
 cache's generation and the view's serial — the same three things a cached page's
 token is made of (:mod:`serving.reads`); while they stand, nothing is read. When they
-move, each streamed page whose token moved is read again: on SQLite the token is
-store-wide, so every streamed page is, once per page-visible batch; on Cassandra the
-change feed names the pages a batch touched (a celebrity's post reaches the pages that
-read that celebrity's list), so only those. Streams of the same user and ``limit``
+move, each streamed page whose token moved is read again: the store's change feed
+(SQLite and Cassandra) names the pages a batch touched (a celebrity's post reaches the
+pages that read that celebrity's list), so only those. Streams of the same user and ``limit``
 form a *group* and share one read and one encoding of each event. A read during which
 the position moved is not trusted to have registered what it read (the page cache
 keeps only pages rendered at one position), so its group is read again on the next

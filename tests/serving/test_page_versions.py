@@ -1,4 +1,4 @@
-"""Page-cache tokens on a real Cassandra node: per page, from the batches' change feed.
+"""Page-cache tokens per page, from the batches' change feed, on SQLite and Cassandra.
 
 A cached page must be served again only while its inputs are unchanged, and must be
 served again when they are: a batch that touches another user, or only the activity
@@ -6,7 +6,8 @@ log, leaves a page's token where it was; a batch that touches the page's user, o
 tweet or profile the page was decided on, moves it. The strongest check reads every
 user's page through the API's own :class:`serving.reads.Pages` (page cache and tokens)
 after every micro-batch of random §4b histories, and compares it with the page
-rendered anew from the store.
+rendered anew from the store, on both backends. Rows kept across pages
+(:class:`serving.pageversions.CachedRows`) are a network store's (Cassandra) only.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import tempfile
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import ContextManager
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
@@ -37,6 +40,7 @@ from views.stores import store_from_url
 from views.stores.cassandra.changes import CassandraFeed, Changes
 from views.stores.plan import WritePlan
 from views.stores.rows import TweetRow
+from views.stores.sqlite import SQLiteFeed
 
 T0 = 1_700_000_000_000
 
@@ -45,14 +49,38 @@ T0 = 1_700_000_000_000
 EXACT = "page_fresh_ms=0"
 
 
+@pytest.fixture(params=["sqlite", "cassandra"])
+def fresh_url(request: pytest.FixtureRequest) -> Callable[[], ContextManager[str]]:
+    """Makes the URL of an empty store of one backend, each time it is called."""
+    if request.param == "sqlite":
+        @contextlib.contextmanager
+        def sqlite_url() -> Iterator[str]:
+            with tempfile.TemporaryDirectory() as where:
+                yield f"sqlite:///{where}/pages.sqlite"
+        return sqlite_url
+    hosts = request.getfixturevalue("cassandra_hosts")
+    return lambda: fresh_keyspace(hosts, EXACT)
+
+
+def _opened(url: str, cap: int) -> Iterator:
+    opened = store_from_url(url, cap=cap).open()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
 @pytest.fixture
-def store(cassandra_hosts: str) -> Iterator:
+def store(fresh_url) -> Iterator:
+    with fresh_url() as url:
+        yield from _opened(url, 50)
+
+
+@pytest.fixture
+def cassandra_store(cassandra_hosts: str) -> Iterator:
+    """Rows kept across pages are a network store's (``FeedVersions.reader``)."""
     with fresh_keyspace(cassandra_hosts, EXACT) as url:
-        opened = store_from_url(url, cap=50).open()
-        try:
-            yield opened
-        finally:
-            opened.close()
+        yield from _opened(url, 50)
 
 
 def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespace]:
@@ -111,7 +139,8 @@ def test_a_deleted_original_leaves_every_page_that_showed_it(store) -> None:
     assert b'"original"' not in _read(pages, state, 30, kind=OWN)
 
 
-def test_rows_kept_across_pages_go_when_a_batch_names_them(store) -> None:
+def test_rows_kept_across_pages_go_when_a_batch_names_them(cassandra_store) -> None:
+    store = cassandra_store
     # Users 1 and 2 follow 10: user 2's first page reads the rows user 1's page read
     # from the kept ones, unless a batch renamed 10 or deleted 100 in between.
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
@@ -156,7 +185,8 @@ def test_a_new_repost_drops_its_originals_kept_reposts_and_only_its_readers_page
     state.versions.close()
 
 
-def test_kept_reposts_answer_any_bound_at_or_above_their_own(store) -> None:
+def test_kept_reposts_answer_any_bound_at_or_above_their_own(cassandra_store) -> None:
+    store = cassandra_store
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
     join.run([Post(100, 10, T0 + 1, "original"),
               *(Repost(100 + i, 10 + i, 100, 10, T0 + 10 * i) for i in range(1, 4))])
@@ -181,7 +211,8 @@ def test_kept_reposts_answer_any_bound_at_or_above_their_own(store) -> None:
     versions.close()
 
 
-def test_kept_followees_go_when_their_reader_follows_or_unfollows(store) -> None:
+def test_kept_followees_go_when_their_reader_follows_or_unfollows(cassandra_store) -> None:
+    store = cassandra_store
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
     join.run([Follow(1, 10, T0), Follow(2, 10, T0)])
     versions = page_versions(store)
@@ -198,6 +229,42 @@ def test_kept_followees_go_when_their_reader_follows_or_unfollows(store) -> None
     versions.position()
     assert reader.followees(1) == [20]
     versions.close()
+
+
+def test_a_store_read_in_process_keeps_no_rows_across_pages(store) -> None:
+    """SQLite: rows are read in a snapshot in microseconds, and its reposts_of filters by
+    the reader, so pages read the store itself; Cassandra: the kept rows."""
+    versions = page_versions(store)
+    assert isinstance(versions, FeedVersions)
+    assert (versions.reader(store) is store) == store.reads_in_process
+    versions.close()
+
+
+def test_a_reader_behind_the_sqlite_feeds_trim_forgets_everything(tmp_path, monkeypatch
+                                                                  ) -> None:
+    """The feed keeps the last FEED_BATCHES rows: a reader further behind gets None (a
+    new epoch), one within it the rows it missed."""
+    from views.stores import sqlite
+
+    monkeypatch.setattr(sqlite, "FEED_BATCHES", 3)
+    store = store_from_url(f"sqlite:///{tmp_path}/trim.sqlite", cap=50).open()
+    join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
+    feed = store.version()
+    assert isinstance(feed, SQLiteFeed)
+    try:
+        for i in range(5):
+            join.run([Post(100 + i, 10 + i, T0 + i, "x")])
+        assert feed.position() == 5
+        assert store._conn().execute("SELECT count(*) FROM page_changes").fetchone()[0] == 3
+        assert feed.since(1, 5) is None and feed.since(None, 5) is None
+        got = feed.since(3, 5)
+        assert got is not None and [(seq, c.authors) for seq, c in got] == [
+            (4, {13}), (5, {14})]
+        join.run([Activity(10, T0 + 9)])  # reads change no page: no row
+        assert feed.position() == 5
+    finally:
+        feed.close()
+        store.close()
 
 
 def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
@@ -226,7 +293,7 @@ SINCE = (encode_cursor((0, 0)), encode_cursor((5, 0)))
        cuts=st.lists(st.integers(0, 200), min_size=2, max_size=6), cap=st.integers(1, 6),
        celebrities=st.booleans())
 def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
-        cassandra_hosts: str, history, seed, cuts, cap, celebrities) -> None:
+        fresh_url, history, seed, cuts, cap, celebrities) -> None:
     """With a celebrity cache (refreshed after each batch, as its thread would) or
     without one (celebrities' tweets read from the store)."""
     rng = random.Random(seed)
@@ -234,7 +301,7 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
     rng.shuffle(arrivals)
     batches = split(arrivals, cuts)
     note(f"batches: {batches}")
-    with fresh_keyspace(cassandra_hosts, EXACT) as url:
+    with fresh_url() as url:
         store = store_from_url(url, cap=cap).open()
         try:
             join = LocalJoin(JoinConfig(cap, 3, 2), store)

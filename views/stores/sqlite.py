@@ -9,12 +9,13 @@ the last committed batch. The sink's callback runs on a Spark thread, hence
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from views.stores.rows import (
     TweetRow,
     UserRow,
 )
-from views.stores.versions import StoreVersion
+from views.stores.versions import ChangeFeed, Changes, StoreVersion, pack_ids, unpack_ids
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,15 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS page_version (
   id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL);
 INSERT OR IGNORE INTO page_version VALUES (0, 0);
+CREATE TABLE IF NOT EXISTS page_changes (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, everything INTEGER NOT NULL,
+  homes BLOB NOT NULL, authors BLOB NOT NULL, tweets BLOB NOT NULL, users BLOB NOT NULL,
+  originals BLOB NOT NULL);
+CREATE TRIGGER IF NOT EXISTS page_version_drops_every_page AFTER UPDATE ON page_version
+BEGIN
+  INSERT INTO page_changes (at, everything, homes, authors, tweets, users, originals)
+  VALUES (CAST(strftime('%s', 'now') AS INTEGER) * 1000, 1, X'', X'', X'', X'', X'');
+END;
 """
 #: Ids per ``IN (...)`` of one read (SQLite allows 32,766 bound values; any build 999).
 _IN_CHUNK = 900
@@ -100,10 +110,22 @@ _GONE = (
     f"original_id = CASE WHEN {_SAME} THEN tweets.original_id ELSE 0 END, "
     f"original_author = CASE WHEN {_SAME} THEN tweets.original_author ELSE 0 END "
     f"WHERE {_SAME} OR (excluded.created_at != 0 AND {_RIVAL})")
-#: Counts the commits after which a page may read differently (:meth:`WritePlan.shows`,
-#: or a dormant reader's cache regenerated): what API processes validate cached pages
-#: against, so a batch of only offsets and read times keeps them (serving.pagecache).
-PAGE_VERSION_SQL = "SELECT version FROM page_version"
+#: The change feed (:class:`SQLiteFeed`): ``page_changes`` holds a row for each batch
+#: that may change a page (:meth:`Changes.of`, with the homes a dormant reader's
+#: regenerated cache touched), written in the batch's transaction, numbered by ``seq``
+#: with no gaps (AUTOINCREMENT, rolled back with its batch), and trimmed to the last
+#: FEED_BATCHES rows and FEED_MS of time, whichever keeps fewer (the newest row stays).
+#: ``page_version`` is what an older version counted page-visible commits in: the sink
+#: no longer writes it, and an update of it (a hand-edited store) is a change of
+#: everything, so no cached page survives it.
+FEED_BATCHES = 256
+FEED_MS = 600_000
+#: Oldest rows the age trim looks at per batch (it runs every batch: a few at most).
+_FEED_TRIM_SCAN = 64
+_FEED_ADD = ("INSERT INTO page_changes (at, everything, homes, authors, tweets, users, "
+             "originals) VALUES (?, ?, ?, ?, ?, ?, ?)")
+_FEED_SINCE = ("SELECT seq, everything, homes, authors, tweets, users, originals FROM "
+               "page_changes WHERE seq > ? AND seq <= ? ORDER BY seq")
 
 NO_HORIZON = (-1, -1)
 #: Page cache of the connection that writes batches (KiB; reading connections keep
@@ -316,11 +338,9 @@ class SQLiteStore(Store):
                 self._checkpointer.wait()  # the log starts over only after it
             db.execute("BEGIN IMMEDIATE")
             try:
-                written = self.rows_written
-                self._write_tables(db, plan)
-                self._write_timelines(db, plan)
-                if plan.shows() or self.rows_written != written:
-                    db.execute("UPDATE page_version SET version = version + 1")
+                moved = self._write_tables(db, plan)
+                homes = self._write_timelines(db, plan)
+                self._write_changes(db, plan, moved, homes)
                 self._write_bookkeeping(db, plan, batch_id, time.perf_counter() - start)
             except BaseException:
                 db.execute("ROLLBACK")
@@ -329,13 +349,59 @@ class SQLiteStore(Store):
             if self._checkpointer is not None:
                 self._checkpointer.request()
 
-    def _write_tables(self, db: sqlite3.Connection, plan: WritePlan) -> None:
+    def _write_tables(self, db: sqlite3.Connection, plan: WritePlan) -> set[int]:
+        """The plan's rows; returns the originals its tweet ids were stored under before."""
         plan.dead += stored_conflicts(plan, self._stored_claims(db, plan))
+        moved = self._stored_originals(db, plan)
         self._write_tweets(db, plan)
         self._write_reposts(db, plan)
         self._write_graph(db, plan)
         self._write_users(db, plan)
         self._write_relations(db, plan)
+        return moved
+
+    @staticmethod
+    def _stored_originals(db: sqlite3.Connection, plan: WritePlan) -> set[int]:
+        """The originals the plan's tweet ids were stored as reposts of, before it.
+
+        Whatever the plan writes under such an id (shown, hidden, another original, a
+        post that outranks it) may change that original's shown reposts, so the change
+        feed names it (as Cassandra's :func:`moved_originals`, a superset of it).
+        """
+        if not (plan.reposts or plan.tweets or plan.foreign_deletes):
+            return set()
+        ids = sorted({*plan.tweets, *plan.reposts, *(t.tweet_id for t in plan.foreign_deletes)})
+        out: set[int] = set()
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i:i + _IN_CHUNK]
+            out.update(o for (o,) in db.execute(
+                "SELECT original_id FROM tweets WHERE original_id != 0 AND tweet_id IN "  # noqa: S608
+                f"({','.join('?' * len(chunk))})", chunk))
+        return out
+
+    @staticmethod
+    def _write_changes(db: sqlite3.Connection, plan: WritePlan, moved: set[int],
+                       homes: set[int]) -> None:
+        """The batch's row of the change feed, if it may change a page; then the trim.
+
+        ``homes``: users whose cache the store itself regenerated or dropped (a dormant
+        reader): their pages read the same, but are named anyway, as ``page_version``
+        counted them.
+        """
+        changes = Changes.of(plan, moved)
+        if homes - changes.homes and not changes.everything:
+            changes = dataclasses.replace(changes, homes=changes.homes | homes)
+        if not changes:
+            return
+        now = int(time.time() * 1000)
+        seq = db.execute(_FEED_ADD, (now, int(changes.everything), *(
+            pack_ids(ids) for ids in (changes.homes, changes.authors, changes.tweets,
+                                      changes.users, changes.originals)))).lastrowid
+        assert seq is not None
+        db.execute("DELETE FROM page_changes WHERE seq <= ?", (seq - FEED_BATCHES,))
+        db.execute("DELETE FROM page_changes WHERE seq IN (SELECT seq FROM page_changes "
+                   "WHERE seq < ? ORDER BY seq LIMIT ?) AND at < ?",
+                   (seq, _FEED_TRIM_SCAN, now - FEED_MS))
 
     @staticmethod
     def _stored_claims(db: sqlite3.Connection,
@@ -461,7 +527,8 @@ class SQLiteStore(Store):
             "DELETE FROM relations WHERE user_id = ? AND other_id = ? AND relation = ?",
             [row[:3] for r in off for row in _relation_rows(r)])
 
-    def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> None:
+    def _write_timelines(self, db: sqlite3.Connection, plan: WritePlan) -> set[int]:
+        """The timeline rows; returns the users whose cache was regenerated or dropped."""
         # Not a row another author's claim owns at its time: two claims of one id at one
         # time share a row, and the wipe of the author it lists leaves the owner's entry.
         db.executemany(
@@ -477,10 +544,10 @@ class SQLiteStore(Store):
             [(u, t, a, c, t) for u, t, c, a in plan.removes])
         ordered = SortedAdds(plan.adds)  # one sort: the users it reaches, then the kept
         meta = self._meta(db, set(ordered.users()) | set(plan.horizons) | set(plan.activity))
-        self._read(db, plan.activity, meta)
+        homes = self._read(db, plan.activity, meta)
         for user, key in plan.horizons.items():
             meta[user][0] = max(meta[user][0], key)
-        self._go_dormant(db, plan.adds, meta)
+        homes |= self._go_dormant(db, plan.adds, meta)
         # At or below its horizon a timeline is read through the query, not the cache,
         # so an add there would only be trimmed again: skip it (all of a dormant one's).
         adds = ordered.kept({u: m[0] for u, m in meta.items()})
@@ -491,15 +558,19 @@ class SQLiteStore(Store):
             self._maybe_trim(db, user, meta[user], added)
         insert_rows(db, "INSERT OR REPLACE INTO timeline_meta", 5,
                     [(u, h[0], h[1], size, read_at) for u, (h, size, read_at) in meta.items()])
+        return homes
 
     def _read(self, db: sqlite3.Connection, activity: dict[int, int],
-              meta: dict[int, list]) -> None:
-        """Record reads; a dormant user who read gets their cache regenerated."""
+              meta: dict[int, list]) -> set[int]:
+        """Record reads; a dormant user who read gets their cache regenerated (returned)."""
+        regenerated = set()
         for user, read_at in activity.items():
             m = meta[user]
             m[2] = max(m[2], read_at)
             if m[0] == DORMANT:
                 m[0], m[1] = self._regenerate(db, user)
+                regenerated.add(user)
+        return regenerated
 
     def _regenerate(self, db: sqlite3.Connection, user: int) -> tuple[Key, int]:
         """Fill a returning user's cache as fan-out would have: (horizon, size).
@@ -519,19 +590,22 @@ class SQLiteStore(Store):
         return horizon, len(kept)
 
     def _go_dormant(self, db: sqlite3.Connection, adds: Adds,
-                    meta: dict[int, list]) -> None:
+                    meta: dict[int, list]) -> set[int]:
         """Users an entry reaches more than ``inactive_ms`` after their newest read.
 
         Their cache is dropped and their horizon set to :data:`DORMANT`, so this
-        batch's adds and every later one skip them until they read again.
+        batch's adds and every later one skip them until they read again. Returns them.
         """
+        dropped: set[int] = set()
         if not self.inactive_ms:
-            return
+            return dropped
         for user, created_at, _, _ in adds:
             m = meta[user]
             if 0 <= m[2] < created_at - self.inactive_ms and m[0] != DORMANT:
                 db.execute("DELETE FROM home_timeline WHERE user_id = ?", (user,))
                 m[0], m[1] = DORMANT, 0
+                dropped.add(user)
+        return dropped
 
     @staticmethod
     def _meta(db: sqlite3.Connection, users: set[int]) -> dict[int, list]:
@@ -718,10 +792,10 @@ class SQLiteStore(Store):
         return {(t, p): o for t, p, o in rows}
 
     def version(self) -> StoreVersion:
-        """The page version, which only page-visible writes move (:class:`PageVersion`)."""
+        """The change feed (:class:`SQLiteFeed`), on a connection of its own."""
         if str(self.path).startswith((":memory:", "file::memory:")):
             return StoreVersion(self)  # another connection to :memory: is another database
-        return PageVersion(self)
+        return SQLiteFeed(self)
 
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
@@ -749,14 +823,14 @@ class SQLiteStore(Store):
         return int(self._conn().execute("SELECT count(*) FROM dead_letters").fetchone()[0])
 
 
-class PageVersion(StoreVersion):
-    """One token for every page: the ``page_version`` row, read when a commit landed.
+class SQLiteFeed(ChangeFeed):
+    """The ``page_changes`` rows the sink writes in each batch's transaction (DESIGN §7).
 
-    The sink bumps ``page_version`` in a batch's own transaction when anything a page
-    shows changed, not for a batch of only offsets and the activity log's read times,
-    which the reads themselves cause (:meth:`WritePlan.shows`). The row is read only
-    when ``PRAGMA data_version`` — on a connection of this object's own, a
-    microsecond — says another connection committed since the last look.
+    :meth:`position` is the newest row's ``seq``, read only when ``PRAGMA
+    data_version`` — on a connection of this object's own, a microsecond — says another
+    connection committed since the last look; :meth:`since` reads the rows in between,
+    and gives None when the trim took one of them (``seq`` has no gaps): the reader
+    forgets everything. Questions are cheap, so every read asks (``fresh_s`` 0).
     """
 
     def __init__(self, store: SQLiteStore) -> None:
@@ -764,17 +838,29 @@ class PageVersion(StoreVersion):
         self._db = sqlite3.connect(store.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._seen: int | None = None
-        self._version: Hashable = None
+        self._committed = 0
 
-    def position(self) -> Hashable:
+    def position(self) -> int:
         with self._lock:
             seen = self._db.execute("PRAGMA data_version").fetchone()[0]
             if seen != self._seen:
-                # A commit since the last look (or a first look): read the page version.
+                # A commit since the last look (or a first look): read the newest row.
                 # One landing between the two reads is seen again by the next call.
                 self._seen = seen
-                self._version = self._db.execute(PAGE_VERSION_SQL).fetchone()[0]
-            return self._version
+                self._committed = self._db.execute(
+                    "SELECT coalesce(max(seq), 0) FROM page_changes").fetchone()[0]
+            return self._committed
+
+    def since(self, seen: int | None, committed: int) -> list[tuple[int, Changes]] | None:
+        if seen is None or committed < seen:
+            return None  # a first look, or another file under the path
+        with self._lock:
+            rows = self._db.execute(_FEED_SINCE, (seen, committed)).fetchall()
+        if len(rows) != committed - seen:
+            return None  # trimmed past ``seen``: the feed cannot say what changed
+        return [(seq, Changes(unpack_ids(homes), unpack_ids(authors), unpack_ids(tweets),
+                              unpack_ids(users), bool(everything), unpack_ids(originals)))
+                for seq, everything, homes, authors, tweets, users, originals in rows]
 
     def close(self) -> None:
         self._db.close()

@@ -55,6 +55,7 @@ from views.stores.contract import Store
 from views.stores.plan import ID_CONFLICTS
 from views.stores.rows import Entry, Relations
 from views.stores.sqlite import SQLiteStore
+from views.stores.versions import ChangeFeed
 
 _SPACES = itertools.count(1)
 
@@ -845,3 +846,50 @@ def test_a_sqlite_file_from_before_4b_is_refused_with_the_way_out(tmp_path: Path
         store.open()
     store.close()
     SQLiteStore(tmp_path / "new.sqlite").open().close()  # a fresh file is created as usual
+
+
+def test_the_change_feed_names_what_a_batch_touched(backend: Backend, space: Space) -> None:
+    """Both backends keep a change feed (DESIGN §7): a page-visible batch moves its
+    position and names the home, the author and the tweet; offsets alone name nothing."""
+    store = backend.store()
+    feed = store.version()
+    assert isinstance(feed, ChangeFeed)
+    try:
+        u, a, t = space(1), space(2), space(3)
+        store.apply([offset(space.topic(), 0, 1)])
+        before = feed.position()
+        store.apply([post(t, a, 10), add(u, t, a, 10)])
+        after = feed.position()
+        assert after > before
+        changes = feed.since(before, after)
+        assert changes is not None and changes
+        assert u in set().union(*(c.homes for _, c in changes))
+        assert a in set().union(*(c.authors for _, c in changes))
+        assert t in set().union(*(c.tweets for _, c in changes))
+        store.apply([offset(space.topic(), 0, 2)])  # may move the position (Cassandra)
+        later = feed.position()
+        assert later >= after and feed.since(after, later) == []
+        assert feed.since(None, after) is None  # a first look covers nothing
+    finally:
+        feed.close()
+
+
+def test_a_sqlite_file_from_before_the_change_feed_gains_it(tmp_path: Path) -> None:
+    """An older file (a ``page_version`` counter, no ``page_changes``) is upgraded on
+    open; a hand-made bump of ``page_version`` still drops every cached page."""
+    path = tmp_path / "old.sqlite"
+    SQLiteStore(path).open().close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TRIGGER page_version_drops_every_page")
+        db.execute("DROP TABLE page_changes")
+        db.commit()
+    store = SQLiteStore(path).open()
+    feed = store.version()
+    try:
+        assert isinstance(feed, ChangeFeed) and feed.position() == 0
+        store._conn().execute("UPDATE page_version SET version = version + 1")
+        changes = feed.since(0, feed.position())
+        assert changes is not None and [c.everything for _, c in changes] == [True]
+    finally:
+        feed.close()
+        store.close()
