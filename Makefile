@@ -22,7 +22,7 @@ demo: jars
 # The tests use the class archive (tests/infra/test_class_archive.py checks that the
 # driver maps it), so the test target builds it.
 test: install
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.
 lint: $(STAMP)

@@ -29,6 +29,8 @@ from infra.hosts import (
 from tests.support.hosts import leftovers
 from tests.support.paths import ROOT
 
+pytestmark = [pytest.mark.xdist_group("nodes")]  # its worker group: tests/plugins/workers.py
+
 try:
     require_netns()
     CANNOT = ""

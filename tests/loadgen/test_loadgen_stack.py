@@ -28,7 +28,8 @@ from loadgen.recording import Recorder
 from loadgen.summary import PERCENTILES, label
 from tests.support.paths import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.xdist_group("stack"),
+              pytest.mark.e2e, pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(420)]
 
 RATE, DURATION, WARMUP = 40, 8, 2
 #: Every action of the social mix, often enough to show in a short run (its real

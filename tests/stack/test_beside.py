@@ -38,7 +38,8 @@ from tests.support.process import wait_for
 from tests.support.stack import Run
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.xdist_group("stack"),
+              pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(1800)]
 
 PAGE = 20
 #: The API's celebrity cache refresh (FANOUT_CELEBRITY_REFRESH_S, its default).

@@ -43,6 +43,8 @@ from tests.support.stack import Run, finish, job_status, kill, speedup_of, tree
 from views.kafka_offsets import EndOffsets
 from views.reference import HomeRow
 
+pytestmark = [pytest.mark.xdist_group("stack")]  # its worker group: tests/plugins/workers.py
+
 #: How long the paced replay lasts (seconds): long enough for the job's first batches
 #: (8-37 s on two cores) to land before the kill, in the middle of the replay.
 REPLAY_S = 40.0

@@ -51,7 +51,8 @@ from tests.support.paths import ROOT
 from tests.support.process import wait_for
 from views.stores import store_from_url
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
+pytestmark = [pytest.mark.xdist_group("nodes"),
+              pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
 
 USERS, FOLLOWS, TWEETS_PER_HISTORY = 200, 2000, 1000
 #: Generated histories start now (the API's writers post as the same users, and the

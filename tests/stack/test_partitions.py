@@ -71,7 +71,8 @@ try:
 except HostsError as exc:
     CANNOT = str(exc)
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e,
+pytestmark = [pytest.mark.xdist_group("nodes"),
+              pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e,
               pytest.mark.skipif(bool(CANNOT), reason=CANNOT)]
 
 USERS, FOLLOWS, TWEETS_PER_HISTORY = 200, 2000, 1000

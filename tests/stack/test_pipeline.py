@@ -32,7 +32,8 @@ from views.job import job_sink, start_query
 from views.settings import ViewSettings
 from views.stores.base import DORMANT, Store
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.xdist_group("stack"),
+              pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
 BIG = 2**63 - 1
 
 

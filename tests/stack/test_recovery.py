@@ -33,7 +33,8 @@ from tests.support.stack import CAP, REPLAY_S, Run, finish, kill, speedup_of, tr
 from views.changelog import read_changelog
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+pytestmark = [pytest.mark.xdist_group("recovery"),
+              pytest.mark.e2e, pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
