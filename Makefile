@@ -7,9 +7,11 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist): one a core; tests/plugins/workers.py says which tests
-# share a worker. TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 2
+# Test workers (pytest-xdist). 0, the default, runs the suite in one process, one
+# stack at a time; TEST_WORKERS=2 runs two workers, one a core, with the whole-stack
+# tests in the groups tests/plugins/workers.py names (docs/style.md §8).
+TEST_WORKERS ?= 0
+XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: demo test lint install jars class-archive java clean
 
@@ -22,7 +24,7 @@ demo: jars
 # The tests use the class archive (tests/infra/test_class_archive.py checks that the
 # driver maps it), so the test target builds it.
 test: install
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.
 lint: $(STAMP)

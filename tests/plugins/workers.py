@@ -1,4 +1,4 @@
-"""How the suite spreads over pytest-xdist workers (``make test`` runs two, one a core).
+"""How the suite spreads over pytest-xdist workers (``make test TEST_WORKERS=2``, one a core).
 
 With ``--dist loadgroup`` the tests of one ``xdist_group`` run one after another on one
 worker, and the tests of no group go to whichever worker is free. Each whole-stack test
@@ -11,8 +11,8 @@ module names its group in its ``pytestmark``:
   services of its own and some kill processes; one at a time per group keeps the CPU
   each one's timing windows were set for within a factor of two.
 
-Here the groups are put first, in :data:`ORDER`, the longest first, and ``make test``
-keeps that order (``--no-loadscope-reorder``): a group is one unit of work, and one
+Under xdist the groups are put first, in :data:`ORDER`, the longest first, and ``make
+test`` keeps that order (``--no-loadscope-reorder``): a group is one unit of work, and one
 handed out last would run on after the rest of the suite. Within a group the tests
 keep their files' order, which some scenarios rely on.
 
@@ -23,6 +23,8 @@ groups are plain markers and change nothing.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -37,5 +39,7 @@ def group_of(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files' order
     rank = {group: i for i, group in enumerate(ORDER)}
     items.sort(key=lambda item: rank.get(group_of(item) or "", len(ORDER)))  # stable
