@@ -258,10 +258,14 @@ class Pages:
 
 def _key_token(read: Read, kind: str, token: Hashable, celebrities: CelebrityCache | None,
                view: int) -> tuple[Hashable, Hashable]:
-    """A page's cache key, and its token: the versions', the celebrity cache's, the view's."""
-    generation = celebrities.generation if celebrities is not None else 0
+    """A page's cache key, and its token (:func:`page_token`)."""
     key = (kind, read.user, read.below, read.limit, read.since, read.count)
-    return key, (token, generation, view)
+    return key, page_token(token, celebrities, view)
+
+
+def page_token(token: Hashable, celebrities: CelebrityCache | None, view: int) -> Hashable:
+    """A cached page's token: the versions', the celebrity cache's generation, the view's."""
+    return token, celebrities.generation if celebrities is not None else 0, view
 
 
 def _response(page: Cached, if_none_match: str | None

@@ -58,7 +58,7 @@ from starlette.types import Receive, Scope, Send
 from serving.cursor import encode_cursor
 from serving.metrics import StreamMetrics
 from serving.pageversions import HOME
-from serving.reads import Pages, Read, in_process
+from serving.reads import Pages, Read, in_process, page_token
 from serving.settings import ServingSettings
 from serving.streamids import Window, decode, encode, steps
 from serving.switch import Served
@@ -241,7 +241,7 @@ class StreamHub:
                 self._failing = True
 
     def _moved(self, view: Served, gate: Hashable) -> tuple[bool, Hashable]:
-        now = (view.versions.position(), _generation(view), view.serial)
+        now = page_token(view.versions.position(), view.celebrities, view.serial)
         return now != gate, now
 
     @staticmethod
@@ -345,20 +345,16 @@ def _sse(kind: str, data: dict[str, Any], ident: str | None = None) -> bytes:
     return ServerSentEvent(orjson.dumps(data).decode(), event=kind, id=ident).encode()
 
 
-def _generation(view: Served) -> int:
-    return view.celebrities.generation if view.celebrities is not None else 0
-
-
 def _token(view: Served, user: int) -> Hashable:
-    """A home page's token as the page cache keys it: the versions', celebrities', view's."""
-    return view.versions.check(HOME, user)[1], _generation(view), view.serial
+    """A home page's token as the page cache keys it (:func:`serving.reads.page_token`)."""
+    return page_token(view.versions.check(HOME, user)[1], view.celebrities, view.serial)
 
 
 def _stamp(view: Served, user: int) -> tuple[Hashable, Hashable]:
     """The committed position (with what else moves a page) and the page's token."""
     position, token = view.versions.check(HOME, user)
-    generation = _generation(view)
-    return (position, generation, view.serial), (token, generation, view.serial)
+    return (page_token(position, view.celebrities, view.serial),
+            page_token(token, view.celebrities, view.serial))
 
 
 async def _call(view: Served, fn: Callable[..., Any], *args: Any) -> Any:
