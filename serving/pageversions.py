@@ -301,11 +301,12 @@ class FeedVersions(PageVersions):
 
         Rows read in process cost microseconds, and are read in a snapshot
         (``TimelineReader.snapshot``) that may predate a batch already taken in, so
-        keeping them would need the snapshot's position; and such a store may answer
-        ``reposts_of`` for its reader only (SQLite filters by the reader's followees),
-        which a list kept for every reader must not be.
+        keeping them would need the snapshot's position. A store whose rows are not the
+        same for every reader (``rows_shared`` false: SQLite's ``reposts_of`` lists the
+        reader's followees' reposts only) reads itself however it is read, as a list
+        kept for every reader must not hold one reader's answer.
         """
-        if store is not self.store or store.reads_in_process:
+        if store is not self.store or store.reads_in_process or not store.rows_shared:
             return store
         return self._reader
 

@@ -71,12 +71,17 @@ class TimelineReader(abc.ABC):
 
     Reads see committed rows only. Besides the reads, a reader declares what a server
     needs to know of it, so that no caller asks which backend it holds:
-    :attr:`reads_in_process` and :meth:`version`.
+    :attr:`reads_in_process`, :attr:`rows_shared` and :meth:`version`.
     """
 
     #: Whether reads are answered in this process in microseconds (no network), so a
     #: server may run them inline rather than on a worker thread.
     reads_in_process: bool = False
+
+    #: Whether the rows a page reads by id (tweets, profiles, the reposts of an original)
+    #: read the same for every reader, so a cache may keep them for all readers. SQLite's
+    #: ``reposts_of`` with a reader lists only the reposts by that reader's followees.
+    rows_shared: bool = True
 
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
         """Reads inside see one committed state (where the backend can offer it)."""
@@ -190,6 +195,7 @@ class ReaderProxy(TimelineReader):
     def __init__(self, inner: TimelineReader) -> None:
         self.inner = inner
         self.reads_in_process = inner.reads_in_process
+        self.rows_shared = inner.rows_shared
 
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
         return self.inner.snapshot()

@@ -265,6 +265,7 @@ class SQLiteStore(Store):
     """Store in one SQLite file; see the module docstring."""
 
     reads_in_process = True
+    rows_shared = False
 
     def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None,
                  inactive_days: float = 0.0) -> None:
