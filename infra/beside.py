@@ -247,9 +247,9 @@ class _BesideJob:
 
         Raises when it died of something another start would not change, or too often.
         """
-        if self.stack.running(BESIDE):
-            return True
         code = self.process.poll() if self.process is not None else None
+        if (self.process is not None and code is None) or self.stack.running(BESIDE):
+            return True  # our own child that has not exited runs, whatever /proc says
         recorded = Stack.load(Path(self.stack.run_dir))
         if recorded is None or BESIDE not in recorded.pids:
             msg = (f"the job of view v{self.target.number} was stopped (`fanout down`?); "

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
+from infra import procs
 from infra.errors import InfraError
 from infra.jars import CASSANDRA, classpath
 from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate, timer_slack
@@ -165,13 +166,12 @@ class LocalCassandra:
         return f"cassandra://{self.hosts}/{keyspace}" + (f"?{options}" if options else "")
 
     def rss_bytes(self) -> int:
-        """Resident memory of the JVM now (from /proc), in bytes."""
+        """Resident memory of the JVM now, in bytes."""
         pid = self.pid
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        msg = f"no VmRSS in /proc/{pid}/status"
-        raise CassandraError(msg)
+        if not (found := procs.rss(pid)):
+            msg = f"the Cassandra JVM (pid {pid}) is gone"
+            raise CassandraError(msg)
+        return found
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> LocalCassandra:
@@ -406,12 +406,10 @@ def running_pid(data_dir: Path) -> int | None:
     """The pid of a live Cassandra JVM recorded in ``data_dir``, if there is one."""
     try:
         pid = int((data_dir / PID_FILE).read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except (OSError, ValueError):
         return None
     config = f"-Dcassandra.config=file://{(data_dir / 'cassandra.yaml').resolve()}"
-    return pid if config.encode() in cmdline and state != "Z" else None
+    return pid if procs.running(pid, config) else None
 
 
 def _load_ports(data_dir: Path) -> Ports | None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
+from infra import procs
 from infra.errors import InfraError
 from infra.hosts import Host
 from infra.process import free_port
@@ -135,7 +136,7 @@ class LocalSparkCluster:
 
     def executor_log(self, pid: int) -> Path:
         """The stderr file of executor ``pid``, in the worker's directory."""
-        args = _cmdline(pid).split()
+        args = procs.cmdline(pid).split()
         try:
             app = args[args.index("--app-id") + 1]
             executor = args[args.index("--executor-id") + 1]
@@ -157,14 +158,14 @@ class LocalSparkCluster:
         ``master`` and ``worker``, and summed over the worker's descendants,
         ``executors`` (JVMs) and ``python`` (the PySpark daemon and workers).
         """
-        figures = {name: _rss(pid) for name, pid in self._pids.items()}
+        figures = {name: procs.rss(pid) for name, pid in self._pids.items()}
         figures["executors"] = figures["python"] = 0
         worker = self._pids.get("worker")
         for pid, cmdline in _own_session(worker, WORKER_CLASS) if worker else []:
             if pid == worker:
                 continue
             kind = "executors" if EXECUTOR_CLASS in cmdline else "python"
-            figures[kind] += _rss(pid)
+            figures[kind] += procs.rss(pid)
         return figures
 
     # -- start and stop --------------------------------------------------------------
@@ -373,44 +374,9 @@ def _get_json(url: str, timeout: float) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, session."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = (Path("/proc") / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace")
-
-
 def _is_running(pid: int, main_class: str | None = None) -> bool:
     """Alive and not a zombie; running ``main_class`` if given (guards a reused pid)."""
-    fields = _stat(pid)
-    if fields is None or fields[0] == "Z":
-        return False
-    return main_class is None or main_class in _cmdline(pid)
-
-
-def _session_members(sid: int) -> list[tuple[int, str]]:
-    """Live processes of session ``sid`` with their command lines.
-
-    A daemon's descendants stay in its session even when they move to a process group
-    of their own (PySpark's daemon does), so the session finds them all.
-    """
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat(int(entry.name))
-        if fields is not None and fields[0] != "Z" and fields[3] == str(sid):
-            members.append((int(entry.name), _cmdline(int(entry.name))))
-    return members
+    return procs.running(pid, main_class)
 
 
 def _own_session(sid: int, main_class: str) -> list[tuple[int, str]]:
@@ -420,20 +386,10 @@ def _own_session(sid: int, main_class: str) -> list[tuple[int, str]]:
     so members of a session whose leader is gone are the daemon's orphans; a live
     leader running something else means the number was reused: none of ours is left.
     """
-    members = _session_members(sid)
+    members = procs.session_members(sid)
     if any(pid == sid and main_class not in cmdline for pid, cmdline in members):
         return []
     return members
-
-
-def _rss(pid: int) -> int:
-    try:
-        for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

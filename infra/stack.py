@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from infra import hosts as hosts_mod
+from infra import procs
 from infra.errors import InfraError
 from infra.process import Heartbeat
 from infra.settings import API_URL_ENV, SPARK_DRIVER_HOST_ENV, SPARK_MASTER_ENV
@@ -278,12 +279,7 @@ def job_lock(checkpoint_dir: Path) -> Iterator[None]:
 
 def alive(pid: int, marker: str = MARKER) -> bool:
     """Whether ``pid`` runs (not a zombie) with ``marker`` in its command line."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return marker.encode() in cmdline and state != "Z"
+    return procs.running(pid, marker)
 
 
 def stop_pid(pid: int, name: str, timeout: float = 30.0, marker: str = MARKER) -> None:
@@ -327,17 +323,7 @@ def _end_session(sid: int, name: str) -> None:
 
 def session_members(sid: int) -> list[int]:
     """Live (not zombie) processes of session ``sid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, _ in procs.session_members(sid)]
 
 
 def _reap(pid: int) -> None:
