@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -382,6 +382,24 @@ class StreamTally:
     ends: Counter[str] = field(default_factory=Counter)
 
 
+def sse_events(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """The events of a Server-Sent Events body, as their fields (``id``, ``event``, ``data``).
+
+    An event ends at a blank line. A comment (the server's heartbeat) comes out as an
+    empty dict, so that a reader learns, at least that often, that it may stop.
+    """
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line.startswith(":"):
+            yield {}
+        elif line:
+            name, _, text = line.partition(": ")
+            fields[name] = text
+        elif fields:
+            yield fields
+            fields = {}
+
+
 class StreamHolder:
     """One client holding a user's live home stream on a thread (module docstring).
 
@@ -437,22 +455,17 @@ class StreamHolder:
                 self.tally.errors += 1
                 self._stop.wait(0.5)
                 return
-            fields: dict[str, str] = {}
-            for line in response.iter_lines():
+            for fields in sse_events(response.iter_lines()):
                 if self._stop.is_set():
                     return
-                if line and not line.startswith(":"):
-                    name, _, text = line.partition(": ")
-                    fields[name] = text
-                    continue
-                if not line and fields:
-                    kind = self.take(fields)
-                    fields = {}
-                    if kind == "end":
-                        return
-                    if self.drop_every and self._rng.random() < 1 / self.drop_every:
-                        self.tally.resumes += 1
-                        return
+                if not fields:
+                    continue  # a heartbeat
+                kind = self.take(fields)
+                if kind == "end":
+                    return
+                if self.drop_every and self._rng.random() < 1 / self.drop_every:
+                    self.tally.resumes += 1
+                    return
 
     def take(self, fields: dict[str, str]) -> str:
         """Fold one event (its SSE fields) into the page held; its type."""
