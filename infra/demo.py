@@ -5,22 +5,28 @@ the social mix (:data:`ingest.social.SOCIAL`: replies, reposts and their undos,
 blocks, mutes and a few account deletions beside posts, deletes and follows),
 replays it into the changelogs as fast as possible, waits (with progress) until the
 view job has applied every record, prints the busiest user's home timeline and one
-entry of each kind (post, reply, repost) fetched over HTTP, the result of
-``verify``, and stops everything — also when a step fails.
+entry of each kind (post, reply, repost) fetched over HTTP, one post arriving live on
+a follower's home stream (``GET …/home/stream``: posted over HTTP, the ``add`` event
+timed from the 202), the result of ``verify``, and stops everything — also when a
+step fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import httpx
+import orjson
 
+from infra.checker import sse_events
 from infra.errors import InfraError
 from infra.launch import up
 from infra.process import HEARTBEAT_S
@@ -33,6 +39,7 @@ from ingest.progress import progress as progress_bar
 from ingest.replay import replay
 from ingest.settings import KafkaSettings
 from ingest.social import SOCIAL
+from serving.auth import USER_HEADER
 from serving.settings import AUTH_ENV
 from views.settings import CELEBRITY_THRESHOLD_ENV
 from views.stores import store_from_url
@@ -42,6 +49,8 @@ from views.stores.base import Store
 KINDS: Final = ("post", "reply", "repost")
 #: Users whose first home page is searched for an entry of each kind, busiest first.
 SEARCHED: Final = 50
+#: How long the demo waits for the live event of its post (seconds).
+LIVE_TIMEOUT_S: Final = 60.0
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -81,6 +90,9 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
     try:
         clock.step("wait for the view job to catch up", lambda: catch_up(kafka, store))
         _show_timelines(stack, store)
+        if not clock.step("post over HTTP and watch it arrive on a follower's live stream",
+                          lambda: live_event(stack.api_url, store)):
+            return 1
         # As `fanout verify` reads: in a process per core, each reopening the store.
         opener = functools.partial(store_from_url, stack.store_url, cap=store.cap)
         result = clock.step("verify against the SQL",
@@ -135,6 +147,68 @@ def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:
             print(f"  {kind:<7} in user {reader}'s home: {describe(e, store)}")
         else:
             print(f"  {kind:<7} none in the first page of the {SEARCHED} busiest readers")
+
+
+def live_event(api_url: str, store: Store, timeout: float = LIVE_TIMEOUT_S) -> bool:
+    """Hold the busiest reader's stream, post as one they follow, show the ``add``.
+
+    True when the event of the post arrived within ``timeout`` seconds of its 202.
+    """
+    reader = next((u for u in sorted(store.home_users(),
+                                     key=lambda u: (-len(store.followees(u)), u))
+                   if store.followees(u) and store.users([u])), None)
+    if reader is None:
+        print("no reader follows anyone: nothing to stream")
+        return False
+    hidden = store.relations(reader)
+    author = min((u for u in store.followees(reader) if store.users([u])
+                  and u not in hidden.blocked and u not in hidden.muted), default=None)
+    if author is None:
+        print(f"user {reader} sees no one they follow: nothing to stream")
+        return False
+    events: queue.Queue[dict[str, str]] = queue.Queue()
+    done = threading.Event()
+
+    def hold() -> None:
+        with httpx.Client(base_url=api_url, timeout=timeout) as client, client.stream(
+                "GET", f"/v1/users/{reader}/home/stream", params={"limit": 5}) as response:
+            for fields in sse_events(response.iter_lines()):
+                if fields:
+                    events.put(fields)
+                if done.is_set():
+                    return
+
+    holder = threading.Thread(target=hold, daemon=True, name="demo-stream")
+    holder.start()
+    try:
+        first = events.get(timeout=timeout)  # the page as adds: the stream is open
+        print(f"GET /v1/users/{reader}/home/stream?limit=5: open ({first.get('event')} "
+              "events of the first page)")
+        with httpx.Client(base_url=api_url, timeout=10) as client:
+            posted = client.post("/v1/tweets", headers={USER_HEADER: str(author)},
+                                 json={"text": "hello, live from fanout's demo"})
+        accepted = time.monotonic()
+        posted.raise_for_status()
+        tweet = posted.json()["tweet_id"]
+        print(f"POST /v1/tweets as user {author}: {posted.status_code}, tweet {tweet}")
+        while (left := accepted + timeout - time.monotonic()) > 0:
+            try:
+                fields = events.get(timeout=left)
+            except queue.Empty:
+                break
+            data = orjson.loads(fields.get("data", "{}"))
+            if fields.get("event") == "add" and data["entry"]["tweet_id"] == tweet:
+                print(f"event add on user {reader}'s stream "
+                      f"{(time.monotonic() - accepted) * 1000:.0f} ms after the 202: "
+                      f"{describe(data['entry'], store)}")
+                return True
+        print(f"the post's event did not arrive on user {reader}'s stream within {timeout:.0f}s")
+        return False
+    except queue.Empty:
+        print(f"user {reader}'s stream sent nothing within {timeout:.0f}s")
+        return False
+    finally:
+        done.set()
 
 
 def one_of_each(client: httpx.Client, users: Iterable[int],
