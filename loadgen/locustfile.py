@@ -29,6 +29,19 @@ learns of a deletion made by another from such an answer.
 Writes need the acting user's bearer token when the API has auth on: pass a tokens
 file (``fanout load`` writes one) or the API's secret; with auth off the acting user
 travels in ``X-User-Id``.
+
+**Live streams.** :class:`StreamUser` holds a reader's live home stream, leaves and
+resumes with ``Last-Event-ID`` (:mod:`loadgen.streamer`); ``--fanout-streams`` of the
+``-u`` users are stream users (Locust's ``fixed_count``; by default the profile's
+share, 10% in ``social``, none in the others), the rest are :class:`TimelineUser`\ s
+acting as before. Push latency — a load user's post accepted (202) → its ``add`` at a
+follower's stream — is joined from both ends wherever they were seen
+(:mod:`loadgen.push`): every process records its accepts and receipts, workers ship
+them to the master with their reports, and the process that writes ``hdr.json``
+matches them by tweet id. ``hdr.json`` then holds ``push`` (the matched samples, with
+their writers) and ``streams`` (connects, events, resets, cut-offs, open streams over
+time), and ``meta.celebrities`` when the workload or ``--fanout-celebrities`` names
+them.
 """
 
 from __future__ import annotations
@@ -47,12 +60,15 @@ from locust import User, events, task
 from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
+from locust.user.users import LOCUST_STATE_STOPPING
 
-from loadgen.action import Call, Memory, Planner, tweet_texts
+from loadgen.action import GONE, POST, REPLY, Call, Memory, Planner, tweet_texts
 from loadgen.bearer import mint
 from loadgen.errors import LoadgenError
 from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
+from loadgen.push import PushLog, StreamTally
 from loadgen.recording import Recorder
+from loadgen.streamer import STREAM, Connect, Habits, StreamClient
 from loadgen.summary import Expected, summarize, table
 from loadgen.wire import Connection, WireError
 from loadgen.workload import (
@@ -60,6 +76,7 @@ from loadgen.workload import (
     PROFILES,
     Mix,
     Workload,
+    ZipfPicker,
     load_tokens,
     parse_mix,
     parse_user_range,
@@ -70,6 +87,8 @@ log = logging.getLogger("fanout.loadgen")
 RESULTS = "hdr.json"
 LIVE = "live.json"
 TOKEN_TTL = 86_400
+#: Writes whose 202 starts a push-latency sample (their tweet reaches followers' streams).
+PUSHED = frozenset({POST, REPLY})
 
 
 @events.init_command_line_parser.add_listener
@@ -114,6 +133,27 @@ def _arguments(parser: LocustArgumentParser) -> None:
                         "(LOCUST_FANOUT_MAX_REQUESTS)")
     g.add_argument("--fanout-seed", type=int, default=0, env_var="LOCUST_FANOUT_SEED",
                    help="seed of the user and action draws (LOCUST_FANOUT_SEED)")
+    _stream_arguments(g)
+
+
+def _stream_arguments(g: Any) -> None:
+    g.add_argument("--fanout-streams", type=int, default=-1, env_var="LOCUST_FANOUT_STREAMS",
+                   help="users (of -u) that hold a live home stream; -1 = the profile's "
+                        "share, 10%% in social (LOCUST_FANOUT_STREAMS; default -1)")
+    g.add_argument("--fanout-stream-limit", type=int, default=20,
+                   env_var="LOCUST_FANOUT_STREAM_LIMIT",
+                   help="entries of the streamed window (LOCUST_FANOUT_STREAM_LIMIT; default 20)")
+    g.add_argument("--fanout-stream-hold", type=float, default=60.0,
+                   env_var="LOCUST_FANOUT_STREAM_HOLD",
+                   help="mean seconds a stream is held before its client leaves and resumes "
+                        "(LOCUST_FANOUT_STREAM_HOLD; default 60)")
+    g.add_argument("--fanout-stream-away", type=float, default=2.0,
+                   env_var="LOCUST_FANOUT_STREAM_AWAY",
+                   help="mean seconds a client stays away before resuming with "
+                        "Last-Event-ID (LOCUST_FANOUT_STREAM_AWAY; default 2)")
+    g.add_argument("--fanout-celebrities", default="", env_var="LOCUST_FANOUT_CELEBRITIES",
+                   help="celebrity ids, comma-separated, for the push latency split (default: "
+                        "the workload's) (LOCUST_FANOUT_CELEBRITIES)")
 
 
 class _Run:
@@ -135,6 +175,9 @@ class _Run:
         self.out: Path | None = None
         self.live: gevent.Greenlet | None = None
         self.environment: Environment | None = None
+        self.push = PushLog()
+        self.tally = StreamTally()
+        self.habits = Habits()
 
     def start(self, options: Any, processes: int, index: int) -> None:
         """Build this process's workload, mix, schedule and recorder from the options."""
@@ -154,10 +197,17 @@ class _Run:
         measure_from = now + float(options.fanout_warmup)
         self.recorder = Recorder(measure_from, float(options.fanout_interval))
         self.expected = Expected(measure_from)
+        self.push = PushLog(measure_from)
+        self.tally = StreamTally(float(options.fanout_interval))
+        self.habits = Habits(int(options.fanout_stream_limit), float(options.fanout_stream_hold),
+                             float(options.fanout_stream_away))
         self.out = Path(options.fanout_out) if options.fanout_out else None
         self.meta = {"started_at": now, "measure_from": measure_from, "stopped_at": None,
                      "options": {k: v for k, v in vars(options).items()
                                  if k.startswith("fanout_") and k != "fanout_auth_secret"}}
+        celebrities = _celebrities(options)
+        if celebrities is not None:
+            self.meta["celebrities"] = celebrities
 
     def planner(self) -> Planner:
         """A planner for one more simulated user of this process."""
@@ -180,8 +230,14 @@ class _Run:
         if self.out is None or self.recorder is None:
             return
         self.meta |= {"host": environment.host, "runner": type(environment.runner).__name__}
+        if not isinstance(environment.runner, MasterRunner | WorkerRunner):
+            # A master joins what its workers report as it arrives; a worker's lists
+            # must stay for its last report, so only a local process joins its own.
+            self.push.join()
         _write_json(self.out / RESULTS, {"meta": self.meta, "recording": self.recorder.to_dict(),
-                                         "expected": self.expected.to_dict()})
+                                         "expected": self.expected.to_dict(),
+                                         "push": self.push.to_dict(),
+                                         "streams": self.tally.to_dict()})
 
 
 RUN = _Run()
@@ -202,6 +258,15 @@ def _workload(options: Any) -> Workload:
         return Workload.load(Path(options.fanout_workload))
     lo, hi = parse_user_range(options.fanout_users)
     return Workload.from_range(lo, hi, seed=int(options.fanout_seed))
+
+
+def _celebrities(options: Any) -> list[int] | None:
+    """The celebrities the options or the workload name, or None if neither knows."""
+    if options.fanout_celebrities:
+        return sorted(int(u) for u in options.fanout_celebrities.split(",") if u.strip())
+    if options.fanout_workload:
+        return Workload.load(Path(options.fanout_workload)).celebrities or None
+    return None
 
 
 def _pacer(options: Any, now: float, processes: int, seed: int) -> Pacer | None:
@@ -230,6 +295,16 @@ def _options(environment: Environment) -> Any:
 @events.init.add_listener
 def _on_init(environment: Environment, **_: Any) -> None:
     RUN.environment = environment  # worker_report does not pass it
+    options = environment.parsed_options
+    if options is not None:
+        # Decided before the first spawn, where Locust's dispatcher reads it.
+        streams = int(options.fanout_streams)
+        if streams < 0:
+            streams = parse_mix(options.fanout_profile).stream_users(int(options.num_users or 0))
+        StreamUser.fixed_count = streams
+        if not streams:  # Locust would give a class of no fixed count its weight's share
+            environment.user_classes = [c for c in environment.user_classes
+                                        if c is not StreamUser]
 
 
 @events.test_start.add_listener
@@ -269,6 +344,8 @@ def _on_report_to_master(data: dict[str, Any], **_: Any) -> None:
     if RUN.recorder is not None:
         data["fanout"] = RUN.recorder.drain()
         data["fanout_expected"] = RUN.expected.drain()
+        data["fanout_push"] = RUN.push.drain()
+        data["fanout_streams"] = RUN.tally.drain()
 
 
 @events.worker_report.add_listener
@@ -276,6 +353,9 @@ def _on_worker_report(data: dict[str, Any], **_: Any) -> None:
     if RUN.recorder is not None and "fanout" in data:
         RUN.recorder.merge(data["fanout"])
         RUN.expected.merge(data.get("fanout_expected", {}))
+        RUN.push.merge(data.get("fanout_push", {}))
+        RUN.push.join()
+        RUN.tally.merge(data.get("fanout_streams", {}))
         if RUN.environment is not None:
             RUN.save(RUN.environment)  # the last reports arrive after `quitting`
 
@@ -390,9 +470,12 @@ class TimelineUser(User):
             context["fanout_expected"] = status
         elif failure is None:
             parsed, failure = _parsed(status, raw, decode)
+        elapsed = time.perf_counter() - start
+        if call.name in PUSHED and isinstance(parsed, dict) and "tweet_id" in parsed:
+            RUN.push.accept(int(parsed["tweet_id"]), start_time + elapsed, call.actor or 0)
         self.environment.events.request.fire(
             request_type=call.method, name=call.name, start_time=start_time,
-            response_time=(time.perf_counter() - start) * 1000, response_length=len(raw),
+            response_time=elapsed * 1000, response_length=len(raw),
             response=None, context=context, exception=failure)
         return status, parsed if isinstance(parsed, dict) else None
 
@@ -411,3 +494,69 @@ def _parsed(status: int, raw: bytes, decode: bool) -> tuple[Any, Exception | Non
 
 class ResponseError(Exception):
     """An answer the user counts as failed: not 2xx, or not JSON."""
+
+
+# -- the stream holder ------------------------------------------------------------------------
+class StreamUser(User):
+    """Holds a reader's live home stream as an app does: reads, leaves, resumes.
+
+    A reader drawn Zipf-like by activity, as the home reads draw theirs, holds one
+    stream (:class:`loadgen.streamer.StreamClient`) for ``--fanout-stream-hold`` s on
+    average, goes away for ``--fanout-stream-away`` s and comes back with
+    ``Last-Event-ID``. Each connect is reported as a request, ``GET home stream``
+    (to the answer's head; a deleted reader's 404 is an expected answer, and the user
+    draws another reader); what the stream brings goes to the run's push log and
+    stream tally. How many there are is set at start-up (:func:`_on_init`).
+    """
+
+    #: Set from the options at start-up (:func:`_on_init`); 1 until then, as Locust
+    #: drops a class of no weight and no fixed count before any option is read.
+    fixed_count = 1
+    weight = 0
+    connection_timeout = 10.0
+
+    def wait_time(self) -> float:
+        """The time away between two sessions."""
+        return self.client.away()
+
+    def on_start(self) -> None:
+        if self.host is None or RUN.workload is None:
+            msg = "no host to load, or the test has not started: pass --host"
+            raise LoadgenError(msg)
+        RUN.users_started += 1
+        self.rng = random.Random(RUN.seed * 1_000_003 + RUN.users_started)
+        self.readers = ZipfPicker(RUN.workload.readers, RUN.workload.exponent)
+        self.client = self._client()
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def _client(self) -> StreamClient:
+        reader = next((u for u in (self.readers.pick(self.rng) for _ in range(5))
+                       if u not in RUN.memory.gone), self.readers.pick(self.rng))
+        token = RUN.tokens.get(reader)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        assert self.host is not None
+        return StreamClient(self.host, reader, headers, RUN.habits, self.rng, RUN.push, RUN.tally,
+                            RUN.meta["started_at"], self._connected)
+
+    @task
+    def hold(self) -> None:
+        """One session of the stream; a reader found gone is replaced by another."""
+        how = self.client.session(lambda: self._state == LOCUST_STATE_STOPPING)
+        if how == "gone":
+            RUN.memory.gone.add(self.client.user)
+            self.client.close()
+            self.client = self._client()
+
+    def _connected(self, connect: Connect) -> None:
+        context: dict[str, Any] = {}
+        failure = None
+        if connect.status in GONE:
+            context["fanout_expected"] = connect.status
+        elif connect.error is not None:
+            failure = ResponseError(connect.error)
+        self.environment.events.request.fire(
+            request_type="GET", name=STREAM, start_time=time.time() - connect.seconds,
+            response_time=connect.seconds * 1000, response_length=0, response=None,
+            context=context, exception=failure)

@@ -6,7 +6,9 @@
 - :func:`over_time`: p50 and p99 of reads and writes per interval, and throughput
   per endpoint, with the warm-up shaded;
 - :func:`fanout_lag`: each probe's post → visible latency by class, timeouts at the
-  deadline, and the view job's event-time → applied lag per micro-batch.
+  deadline, and the view job's event-time → applied lag per micro-batch;
+- :func:`streams`: each push sample (post accepted → add at a follower's stream) by
+  the author's class, and the live streams open and their events per second.
 """
 
 from __future__ import annotations
@@ -114,6 +116,41 @@ def fanout_lag(samples: Sequence[dict[str, Any]], batches: Sequence[tuple[float,
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def streams(open_series: Sequence[tuple[float, int]], events: Sequence[tuple[float, float]],
+            samples: Sequence[Sequence[Any]], celebrities: set[int] | None, start: float,
+            out: Path, title: str) -> Path:
+    """Push latency per sample above, streams open and events/s below.
+
+    Samples are ``(writer, accepted at, seconds)``, split by the writer's class (all
+    together when the celebrities are unknown).
+    """
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    classes = (("normal", "tab:blue"), ("celebrity", "tab:orange")) if celebrities is not None \
+        else (("all", "tab:blue"),)
+    for name, color in classes:
+        mine = [s for s in samples if name == "all" or
+                (int(s[0]) in (celebrities or set())) == (name == "celebrity")]
+        if mine:
+            top.scatter([s[1] - start for s in mine], [max(s[2], 1e-4) * 1000 for s in mine],
+                        s=6, color=color, label=f"post accepted → add at a follower, {name}")
+    _log_if_drawn(top)
+    top.set_ylabel("push latency (ms)")
+    top.set_title(title)
+    bottom.plot([t - start for t, _ in open_series], [n for _, n in open_series], "g-",
+                label="streams open (most per interval)")
+    bottom.set_ylabel("streams open")
+    right = bottom.twinx()
+    right.plot([t - start for t, _ in events], [n for _, n in events], "m-", linewidth=1,
+               label="events/s")
+    right.set_ylabel("events/s")
+    bottom.set_xlabel("seconds since start")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=7, loc="upper right")
     return _save(fig, out)
 
 

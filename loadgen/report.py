@@ -6,6 +6,16 @@ view; ``read``: the home query evaluated at read time): the Locust results file
 counted apart), the fan-out probe's samples and the view job's lag per micro-batch. :func:`build` writes everything into one directory and
 returns the summary; :func:`render_text` is the short table printed at the end.
 Every figure comes from HdrHistograms; percentiles are in milliseconds.
+
+**Live streams.** When stream users ran, ``hdr.json`` holds the push samples its
+writer joined (:mod:`loadgen.push`: a load user's post or reply accepted with a 202 →
+the ``add`` of that tweet at a follower's stream, matched by tweet id across the
+Locust processes) and the stream tally. :func:`push_summary` splits the samples by
+their writer into normal and celebrity authors — with the celebrities ``hdr.json``
+names (the workload's, or ``--fanout-celebrities``), else those of the store the run
+info names (``store``: the store's celebrity table when the report is built) — and
+gives p50/p99/p99.9/max of each; :func:`stream_summary` gives the streams open,
+events per second, resets and cut-off clients.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -25,8 +36,12 @@ from hdrh.histogram import HdrHistogram
 from loadgen import plot
 from loadgen.errors import ReportError
 from loadgen.probe import CLASSES, ProbeResult
+from loadgen.push import CLASSES as PUSH_CLASSES
+from loadgen.push import StreamTally, classify
 from loadgen.recording import Recorder, kind
 from loadgen.summary import PERCENTILES, label, merged, problems, stats, summarize, table, timeline
+
+log = logging.getLogger(__name__)
 
 SUMMARY: Final = "summary.json"
 HTML: Final = "report.html"
@@ -87,21 +102,26 @@ def build(runs: list[ModeRun], info: dict[str, Any], out: Path) -> dict[str, Any
         msg = "nothing was measured: no run to report"
         raise ReportError(msg)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"run": info, "modes": {r.mode: mode_summary(r) for r in runs}}
+    celebrities = {r.mode: celebrities_of(r, info) for r in runs}
+    summary: dict[str, Any] = {"run": info, "modes": {
+        r.mode: mode_summary(r, celebrities[r.mode]) for r in runs}}
     summary["compare"] = compare_rows(summary)
-    images = _plots(runs, out)
+    images = _plots(runs, out, celebrities)
     summary["images"] = [p.name for p in images]
     (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=_json_default))
     (out / HTML).write_text(render_html(summary, images))
     return summary
 
 
-def mode_summary(run: ModeRun) -> dict[str, Any]:
-    """Figures of one mode: endpoints, reads/writes/all, fan-out, view lag, checks."""
+def mode_summary(run: ModeRun, celebrities: set[int] | None = None) -> dict[str, Any]:
+    """Figures of one mode: endpoints, reads/writes/all, fan-out, streams, view lag, checks."""
     seconds = run.seconds()
     figures = summarize(run.recorder, seconds, run.expected)
     figures["meta"] = run.meta
     figures["fanout_latency"] = probe_summary(run.probe, seconds) if run.probe else None
+    push, streams = run.results.get("push"), run.results.get("streams")
+    figures["push_latency"] = push_summary(push, celebrities, seconds) if push else None
+    figures["streams"] = stream_summary(streams, run.meta, seconds) if streams else None
     figures["view_lag"] = lag_summary(run.batches)
     figures["problems"] = problems(figures)
     for name, cost in (("client", run.client), ("server", run.server)):
@@ -123,6 +143,75 @@ def probe_summary(result: ProbeResult, seconds: float) -> dict[str, Any]:
     out["skipped"] = result.skipped
     out["samples"] = [asdict(s) for s in result.samples]
     return out
+
+
+def celebrities_of(run: ModeRun, info: dict[str, Any]) -> set[int] | None:
+    """The celebrities the run's results name, else the store's table (None: unknown)."""
+    named = run.meta.get("celebrities")
+    if named is not None:
+        return {int(u) for u in named}
+    if not info.get("store"):
+        return None
+    from views.stores import store_from_url
+
+    try:
+        with store_from_url(str(info["store"])) as store:
+            return set(store.celebrities())
+    except Exception:  # the report goes on without the split; the log says why
+        log.warning("cannot read the celebrities from %s: push latency is not split",
+                    info["store"], exc_info=True)
+        return None
+
+
+def push_summary(push: dict[str, Any], celebrities: set[int] | None,
+                 seconds: float) -> dict[str, Any]:
+    """Push latency (post accepted → ``add`` at a follower's stream) by author class, ms.
+
+    ``normal`` and ``celebrity`` (None each when the celebrities are unknown) and
+    ``all``; the counts that stayed out of the percentiles: ``caught_up`` (receipts
+    of tweets accepted before the stream connected: sent by a (re)connect, not
+    pushed), ``unmatched`` (no load user's accept: a probe's post), ``warmup``;
+    ``accepted``: posts and replies accepted in the measured part.
+    """
+    samples = push.get("samples") or []
+    out: dict[str, Any] = {"all": stats(classify(samples, set())["normal"], seconds)}
+    split = classify(samples, celebrities) if celebrities is not None else None
+    for k in PUSH_CLASSES:
+        out[k] = stats(split[k], seconds) if split is not None else None
+    out |= {"celebrities_known": celebrities is not None,
+            **{k: int(push.get(k, 0)) for k in ("accepted", "unmatched", "caught_up",
+                                                "warmup", "negative", "dropped")},
+            "samples": samples}
+    return out
+
+
+def stream_summary(streams: dict[str, Any], meta: dict[str, Any],
+                   seconds: float) -> dict[str, Any]:
+    """Streams open (most at once, mean), events/s, resets and cut-off clients.
+
+    Events and open streams per interval cover the measured part only (from
+    ``measure_from`` to the stop); the counts cover the whole run. A client is *cut
+    off* when the server ended its stream for it: ``end`` with ``too_slow`` (its queue
+    was full), or the connection closed with no ``end`` (``dropped``: a send that
+    timed out closes the socket).
+    """
+    tally = StreamTally(float(streams.get("interval", 1.0)))
+    tally.merge(streams)
+    begin, stop = meta["measure_from"], meta.get("stopped_at") or meta["measure_from"]
+    opened = [n for t, n in tally.open_series() if begin <= t < stop]
+    events = sum(n * tally.interval for t, n in tally.event_series() if begin <= t < stop)
+    counts, ended = tally.counts, tally.ended
+    return {"connects": counts["connects"], "resumes": counts["resumes"],
+            "failed_connects": counts["failed_connects"],
+            "open_max": max(opened, default=0),
+            "open_mean": round(sum(opened) / len(opened), 1) if opened else 0,
+            "events": {k: v for k, v in tally.events.items() if k != "comment"},
+            "events_per_s": round(events / seconds, 2) if seconds > 0 else 0.0,
+            "heartbeats": tally.events["comment"], "resets": tally.events["reset"],
+            "ended": dict(ended),
+            "cut_off": {"too_slow": ended["too_slow"], "dropped": counts["dropped"]},
+            "errors": counts["error"],
+            "series": {"open": tally.open_series(), "events": tally.event_series()}}
 
 
 def lag_summary(batches: list[tuple[float, float]]) -> dict[str, Any]:
@@ -150,7 +239,8 @@ def compare_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- plots ----------------------------------------------------------------------------
-def _plots(runs: list[ModeRun], out: Path) -> list[Path]:
+def _plots(runs: list[ModeRun], out: Path,
+           celebrities: dict[str, set[int] | None]) -> list[Path]:
     images = [plot.percentiles(_curves(runs), out / "latency-percentiles.png",
                                "Latency by percentile (HdrHistogram, from intended send time "
                                "in open loop)")]
@@ -159,6 +249,15 @@ def _plots(runs: list[ModeRun], out: Path) -> list[Path]:
         images.append(plot.over_time(timeline(rec), start, run.meta["measure_from"],
                                      out / f"over-time-{run.mode}.png",
                                      f"Latency and throughput over time ({run.mode} mode)"))
+        streams = run.results.get("streams")
+        if streams:
+            tally = StreamTally(float(streams.get("interval", 1.0)))
+            tally.merge(streams)
+            push = (run.results.get("push") or {}).get("samples") or []
+            images.append(plot.streams(tally.open_series(), tally.event_series(), push,
+                                       celebrities.get(run.mode), start,
+                                       out / f"streams-{run.mode}.png",
+                                       f"Live streams ({run.mode} mode)"))
         if run.probe is not None or run.batches:
             samples = [asdict(s) for s in run.probe.samples] if run.probe else []
             images.append(plot.fanout_lag(samples, run.batches, start, run.probe_deadline,
@@ -201,6 +300,8 @@ def render_text(summary: dict[str, Any]) -> str:
         fan = figures.get("fanout_latency")
         if fan:
             parts.append(_fanout_text(fan))
+        if figures.get("streams"):
+            parts.append(_streams_text(figures["streams"], figures.get("push_latency")))
         for problem in figures["problems"]:
             parts.append(f"INCONSISTENT: {problem}")
     if len(summary["compare"]) > 1:
@@ -220,6 +321,28 @@ def _fanout_text(fan: dict[str, Any]) -> str:
         lines.append(f"read-your-writes (?after= read of the author's own post), ms: "
                      f"n={own['count']} p50={_ms(own.get('p50'))} p99={_ms(own.get('p99'))} "
                      f"misses={own['misses']}")
+    return "\n".join(lines)
+
+
+def _streams_text(streams: dict[str, Any], push: dict[str, Any] | None) -> str:
+    cut = streams["cut_off"]
+    lines = [f"live streams: {streams['open_max']} open at most ({streams['open_mean']} on "
+             f"average), {streams['connects']} connects ({streams['resumes']} resumed, "
+             f"{streams['failed_connects']} failed), {streams['events_per_s']} events/s, "
+             f"{streams['resets']} resets, cut off: {cut['too_slow']} too slow, "
+             f"{cut['dropped']} dropped, {streams['errors']} errors"]
+    if push:
+        lines.append("push latency (post accepted 202 → add at a follower's stream), ms")
+        for k in (*PUSH_CLASSES, "all"):
+            s = push[k]
+            if s is None:
+                lines.append(f"  {k:<10} - (the celebrities are unknown)")
+                continue
+            lines.append(f"  {k:<10} n={s['count']:<6} p50={_ms(s.get('p50'))} "
+                         f"p99={_ms(s.get('p99'))} p99.9={_ms(s.get('p99.9'))} "
+                         f"max={_ms(s.get('max'))}")
+        lines.append(f"  {push['accepted']} posts accepted; {push['caught_up']} receipts "
+                     f"caught up on a (re)connect, {push['unmatched']} unmatched")
     return "\n".join(lines)
 
 
@@ -311,6 +434,8 @@ def _mode_html(mode: str, figures: dict[str, Any]) -> str:
                                  "Service time only (from the actual send): what a "
                                  "closed-loop tool would have reported."))
     parts.append(_fanout_html(figures.get("fanout_latency"), figures["view_lag"]))
+    if figures.get("streams"):
+        parts.append(_streams_html(figures["streams"], figures.get("push_latency")))
     checks = figures["problems"] or ["counts add up and percentiles are monotonic"]
     parts.append("<p class='checks'>Checks: " + "; ".join(map(_e, checks)) + "</p>")
     return "\n".join(parts)
@@ -329,6 +454,25 @@ def _fanout_html(fan: dict[str, Any] | None, lag: dict[str, Any]) -> str:
                        "Post or repost → visible in a follower's home timeline (ms); an "
                        "author's ?after= read of their own post (a miss: it did not show "
                        "it); the view job's newest event time → applied per micro-batch.")
+
+
+def _streams_html(streams: dict[str, Any], push: dict[str, Any] | None) -> str:
+    rows = [[k, s["count"], s.get("p50"), s.get("p99"), s.get("p99.9"), s.get("max")]
+            for k in (*PUSH_CLASSES, "all") if push and (s := push[k]) is not None]
+    parts = [_table_html(["push", "count", "p50", "p99", "p99.9", "max"], rows,
+                         "Post or reply accepted by the API (its 202 at the writer) → the "
+                         "add event of that tweet at a follower holding a live stream (ms), "
+                         "by the author's class; receipts of tweets accepted before the "
+                         "stream (re)connected are catch-up, not push, and left out.")]
+    cut = streams["cut_off"]
+    parts.append(_table_html(
+        ["open at most", "open on average", "connects", "resumed", "failed", "events/s",
+         "resets", "cut off: too slow", "cut off: dropped", "errors"],
+        [[streams["open_max"], streams["open_mean"], streams["connects"], streams["resumes"],
+          streams["failed_connects"], streams["events_per_s"], streams["resets"],
+          cut["too_slow"], cut["dropped"], streams["errors"]]],
+        "Live home streams held by the stream users over the measured part."))
+    return "\n".join(parts)
 
 
 def _table_html(cols: list[str], rows: list[list[Any]], caption: str) -> str:

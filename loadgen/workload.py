@@ -37,6 +37,10 @@ TWEET_WEIGHT: Final = 0.6
 #: and 100,000 posts; 2,000 and 20,000): turns the share of users whose account is
 #: deleted over a history into a rate per post.
 USERS_PER_POST: Final = 0.1
+#: The share of ``social``'s simulated users that hold a live home stream rather than
+#: act: one in ten, a few streams in a default ``fanout load`` (32 users) beside the
+#: readers and writers, enough to time the push of their posts to followers.
+STREAM_SHARE: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Mix:
     ``block`` and ``mute`` and their undos ``unfollow``, ``unblock`` and ``unmute`` (an
     edge this run created); ``delete_account``. The defaults are ``read-heavy``. A home
     read continues to the next page with probability ``page``, up to ``max_pages``.
+    ``streams`` is not an action: the share of the simulated users that hold a live
+    home stream instead of acting (``loadgen.streamer``; ``social`` has 0.1).
     """
 
     home: float = 62.0
@@ -68,6 +74,7 @@ class Mix:
     delete_account: float = 0.0
     page: float = 0.2
     max_pages: int = 3
+    streams: float = 0.0
 
     def __post_init__(self) -> None:
         weights = self.weights()
@@ -77,10 +84,17 @@ class Mix:
         if not 0 <= self.page <= 1 or self.max_pages < 1:
             msg = f"page must be in [0, 1] and max_pages >= 1, got {self.page}, {self.max_pages}"
             raise WorkloadError(msg)
+        if not 0 <= self.streams < 1:
+            msg = f"streams (a share of the users) must be in [0, 1), got {self.streams}"
+            raise WorkloadError(msg)
 
     def weights(self) -> dict[str, float]:
         """Action name → weight, in a fixed order."""
         return {name: float(getattr(self, name)) for name in ACTIONS}
+
+    def stream_users(self, users: int) -> int:
+        """How many of ``users`` simulated users hold a stream: the share, rounded."""
+        return round(users * self.streams)
 
     def reads_per_write(self) -> float:
         """First-page reads per write (inf for a read-only mix)."""
@@ -105,7 +119,8 @@ def social_mix(records: RecordMix = SOCIAL, tweets: float = TWEET_WEIGHT) -> Mix
     (replies included) are ``tweets / (1 + reposts)``; blocks and mutes are per post,
     their undos and unreposts a share of them, and account deletions a share of the
     users (:data:`USERS_PER_POST` per post). Reads, deletes, follows and unfollows stay
-    as in ``read-heavy``. Weights keep four significant digits, so that
+    as in ``read-heavy``; :data:`STREAM_SHARE` of the users hold a live stream.
+    Weights keep four significant digits, so that
     :meth:`Mix.describe` reads back as the same mix.
     """
     posts = tweets / (1 + records.reposts)
@@ -117,7 +132,7 @@ def social_mix(records: RecordMix = SOCIAL, tweets: float = TWEET_WEIGHT) -> Mix
                "mute": mutes, "unmute": mutes * records.unmute_ratio,
                "delete_account": posts * USERS_PER_POST * records.account_deletes}
     rounded: dict[str, Any] = {name: float(f"{w:.4g}") for name, w in weights.items()}
-    return Mix(**rounded)
+    return Mix(**rounded, streams=STREAM_SHARE)
 
 
 PROFILES: Final[dict[str, Mix]] = {
@@ -186,7 +201,8 @@ class Workload:
     empty means anyone in ``readers``. ``reserved``: users the fan-out probe posts as
     or watches; the load never follows, unfollows, blocks or mutes as them, never
     blocks or mutes them and never deletes their accounts, so it cannot break the
-    probe's edges.
+    probe's edges. ``celebrities``: the authors on the celebrity path, when the
+    file's writer knew them (the load report splits push latency by them).
     """
 
     readers: list[int]
@@ -195,6 +211,7 @@ class Workload:
     reserved: list[int] = field(default_factory=list)
     exponent: float = 1.0
     source: str = ""
+    celebrities: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.readers or not self.authors:
@@ -242,7 +259,7 @@ class Workload:
             msg = "no user of the workload holds a token: mint tokens for its users"
             raise WorkloadError(msg)
         return Workload(readers, self.authors, sorted(tokens), self.reserved,
-                        self.exponent, self.source)
+                        self.exponent, self.source, self.celebrities)
 
 
 def parse_user_range(text: str) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from infra.loadprep import STARTED, History, api_for, seed, target
 from infra.stack import Stack, down
 from loadgen.action import ACTION_NAMES, HOME, HOME_NEXT, REPLY, REPOST, TWEETS
 from loadgen.recording import Recorder
+from loadgen.streamer import STREAM
 from loadgen.summary import PERCENTILES, label
 from tests.support.paths import ROOT
 
@@ -40,7 +41,7 @@ EVERY_ACTION = ("social:home=6,tweets=2,post=2,reply=3,repost=3,unrepost=2,delet
 #: account's timeline, a reply to or repost of a tweet deleted meanwhile, a repost of
 #: one reposted already from the other process.
 EXPECTED = {HOME: {"404"}, HOME_NEXT: {"404"}, TWEETS: {"404"}, REPLY: {"404"},
-            REPOST: {"404", "409"}}
+            REPOST: {"404", "409"}, STREAM: {"404"}}
 
 
 @pytest.fixture(scope="module")
@@ -189,13 +190,20 @@ def test_fanout_load_drives_every_action_of_the_social_mix_in_two_processes(
     assert figures["endpoints"]["DELETE account"]["count"] >= 2
     _check_repost_probe(figures["fanout_latency"])
     assert "expected" in done.stdout and "read-your-writes" in done.stdout
+    # One of the 8 users holds a stream (social's share); the report splits its push
+    # latency with the store's celebrities.
+    streams, push = figures["streams"], figures["push_latency"]
+    assert streams["connects"] >= 1 and streams["errors"] == streams["failed_connects"] == 0
+    assert push["celebrities_known"] and push["accepted"] > 0, push
+    assert "live streams:" in done.stdout
 
 
 def test_plain_locust_drives_every_action_in_two_processes(stack: Stack, tmp_path: Path):
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"),
            "--headless", "-u", "6", "-r", "6", "-t", "12s", "--host", stack.api_url,
            "--processes", "2", "--fanout-users", "1-300", "--fanout-profile", EVERY_ACTION,
-           "--fanout-rate", str(RATE), "--fanout-out", str(tmp_path), "--only-summary"]
+           "--fanout-rate", str(RATE), "--fanout-out", str(tmp_path), "--only-summary",
+           "--fanout-streams", "2", "--fanout-stream-hold", "2", "--fanout-stream-away", "0.5"]
     done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -207,3 +215,10 @@ def test_plain_locust_drives_every_action_in_two_processes(stack: Stack, tmp_pat
                      "expected": sum(results["expected"].get(n, {}).values())}
                  for n, h in recorder.latency.items()}
     _check_actions(endpoints)
+    # Two of the six users held streams, leaving and resuming; every post's accept
+    # reached the process that joins them, with any push it made.
+    streams, push = results["streams"], results["push"]
+    assert streams["counts"]["connects"] >= 4 and streams["counts"]["resumes"] >= 2, streams
+    assert streams["events"]["add"] > 0 and not streams["counts"].get("error"), streams
+    assert push["accepted"] >= endpoints["POST tweet"]["count"] * 0.8, push
+    assert all(0 <= latency < 30 for _, _, latency in push["samples"]), push["samples"]
