@@ -6,8 +6,9 @@ settings its checkpoint was built with (:mod:`views.fingerprint`), a new version
 whose state layout differs — and the old way out (:mod:`infra.rebuild`) stopped the
 job and served an empty, filling store meanwhile. Here the live job and the API go
 on while a second view job (the stack's ``job-beside`` service) reads the same topics
-from the start into its own checkpoint and its own SQLite file, under
-``<run>/views/v<N>/``:
+from the start into its own checkpoint (under ``<run>/views/v<N>/``) and its own store:
+a SQLite file beside the checkpoint, or on Cassandra a keyspace of its own on the same
+cluster (the live keyspace's name with ``_v<N>``, its schema applied first):
 
 1. **Build.** The second job starts (with the new settings, if any); progress shows
    how many records its view is behind the log. If it dies midway it is started
@@ -22,7 +23,7 @@ from the start into its own checkpoint and its own SQLite file, under
    job stop. ``stack.json`` now names the new view's store, checkpoint and settings,
    so ``up``, ``verify`` and the rest use it.
 
-The old view stays until ``--drop-old`` deletes it; ``--back`` switches back to it
+The old view stays until ``--drop-old`` deletes it (its file, or its keyspace dropped); ``--back`` switches back to it
 the same way (its job resumes and catches up first). ``<run>/views/beside.json``
 records a build under way, so running the command again after it was interrupted
 resumes that build; ``--abandon`` stops it and deletes what it built.
@@ -34,6 +35,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -41,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 from infra.process import free_port
 from infra.stack import BESIDE, MARKER, Stack, StackError, spawn, stop_service
@@ -78,6 +81,8 @@ SWITCH_TIMEOUT_S: Final = 30.0
 _NOT_VIEW: Final = frozenset({STORE_ENV, CHECKPOINT_DIR_ENV})
 
 Say = Callable[[str], object]
+#: The longest keyspace name Cassandra takes.
+_KEYSPACE_MAX: Final = 48
 
 
 def view_envs() -> frozenset[str]:
@@ -192,6 +197,13 @@ def _build_and_switch(stack: Stack, target: ViewRecord, *, sample: int | None,
     port = _record_pending(stack, target)
     kafka = KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
                           topic_prefix=stack.topic_prefix)
+    if _keyspace(target) is not None:
+        from views.stores.cassandra.schema import apply_at  # noqa: PLC0415 - the driver
+
+        applied = apply_at(target.store_url)  # the job checks the schema, as `up`'s does
+        if applied:
+            say(f"view v{target.number}: keyspace {_keyspace(target)} created "
+                f"({len(applied)} schema steps)")
     job = _BesideJob(stack, target, port)
     job.ensure(timeout)
     store = _open(target)
@@ -439,10 +451,9 @@ def _stack(run_dir: Path) -> Stack:
     if stack is None:
         msg = f"no stack in {run_dir}: start one with `fanout --run-dir {run_dir} up`"
         raise StackError(msg)
-    if not stack.store_url.startswith("sqlite:///"):
-        msg = (f"the store {stack.store_url.split('@')[-1]} is not a SQLite file: a view "
-               "beside is built for the SQLite store only; build one by hand with a job on a "
-               f"new keyspace ({STORE_ENV}) and its own {CHECKPOINT_DIR_ENV}")
+    if not stack.store_url.startswith(("sqlite:///", "cassandra://")):
+        msg = (f"the store {stack.store_url.split('@')[-1]} is neither a SQLite file nor a "
+               "Cassandra keyspace: no view can be built beside it")
         raise StackError(msg)
     return stack
 
@@ -455,8 +466,26 @@ def _plan(stack: Stack, overrides: Mapping[str, str]) -> ViewRecord:
     while (_views_dir(stack) / f"v{number}").exists():
         number += 1
     where = _views_dir(stack) / f"v{number}"
-    return ViewRecord(number, f"sqlite:///{where / 'fanout.sqlite'}",
+    return ViewRecord(number, _store_of(stack.store_url, number, where),
                       str(where / CHECKPOINTS), {**now.current.settings, **overrides})
+
+
+def _store_of(live_url: str, number: int, where: Path) -> str:
+    """The store URL of view ``number``: a file in ``where``, or a keyspace beside the live one.
+
+    A Cassandra view's keyspace is the live one's name without its ``_v<N>`` (if it is a
+    view built beside too) with ``_v<number>``, on the same hosts with the same options.
+    """
+    if not live_url.startswith("cassandra://"):
+        return f"sqlite:///{where / 'fanout.sqlite'}"
+    parts = urlsplit(live_url)
+    base = re.sub(r"_v\d+$", "", parts.path.strip("/"))
+    keyspace = f"{base}_v{number}"
+    if len(keyspace) > _KEYSPACE_MAX:
+        msg = (f"the keyspace {keyspace!r} of view v{number} would be longer than Cassandra's "
+               f"{_KEYSPACE_MAX} characters: run the stack on a shorter keyspace name")
+        raise StackError(msg)
+    return urlunsplit(parts._replace(path=f"/{keyspace}"))
 
 
 def metrics_url(stack: Stack) -> str | None:
@@ -485,11 +514,40 @@ def _record_pending(stack: Stack, target: ViewRecord) -> int:
     return port
 
 
+def _keyspace(view: ViewRecord) -> str | None:
+    """The Cassandra keyspace ``view`` is stored in; None for a SQLite file."""
+    if not view.store_url.startswith("cassandra://"):
+        return None
+    from views.stores.cassandra.config import parse_url  # noqa: PLC0415 - the driver, when used
+
+    return str(parse_url(view.store_url).keyspace)
+
+
+def _drop_keyspace(view: ViewRecord) -> str:
+    """Drop a Cassandra view's keyspace (its data goes; snapshots as the cluster keeps them)."""
+    from views.stores.cassandra.config import parse_url  # noqa: PLC0415 - the driver, when used
+    from views.stores.cassandra.schema import connect  # noqa: PLC0415
+
+    config = parse_url(view.store_url)
+    cluster, session = connect(config, wait=60)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
+    return f"dropped keyspace {config.keyspace}"
+
+
 def _delete_view(stack: Stack, view: ViewRecord) -> list[str]:
-    """Delete a view's SQLite files and checkpoint (and its numbered directory)."""
+    """Delete a view's store (SQLite files, or its keyspace) and checkpoint (and directory)."""
     done = []
-    store = Path(view.store_url.removeprefix("sqlite:///"))
-    for path in (store, Path(f"{store}-wal"), Path(f"{store}-shm"), Path(view.checkpoint_dir)):
+    if _keyspace(view) is not None:
+        done.append(_drop_keyspace(view))
+        files: tuple[Path, ...] = ()
+        store = Path(view.checkpoint_dir)  # in the view's own directory, as a file would be
+    else:
+        store = Path(view.store_url.removeprefix("sqlite:///"))
+        files = (store, Path(f"{store}-wal"), Path(f"{store}-shm"))
+    for path in (*files, Path(view.checkpoint_dir)):
         if path.is_dir():
             shutil.rmtree(path)
             done.append(f"deleted {path}")

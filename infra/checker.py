@@ -52,6 +52,8 @@ from typing import Any, Final
 import httpx
 import orjson
 
+from serving.auth import USER_HEADER
+
 log = logging.getLogger(__name__)
 
 #: How long one HTTP request may take before it counts as failed (seconds).
@@ -192,8 +194,9 @@ class Workload:
         self.stop()
 
     def _headers(self, user: int) -> dict[str, str]:
+        """The user's bearer token; with auth off (no token), the header naming the caller."""
         token = self.token_of(user)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return {"Authorization": f"Bearer {token}"} if token else {USER_HEADER: str(user)}
 
     def _write_loop(self, seed: float) -> None:
         rng = random.Random(seed)

@@ -12,6 +12,7 @@ every page must be full and hold every entry of the page read before the rebuild
 that is still within its time range — an empty or partial view shows as a short
 page or a missing entry. Tweets written through the API during the rebuild must be
 in the new view, and ``fanout verify`` must find 0 divergent users after each switch.
+The same runs on a Cassandra stack, where the new view is a keyspace of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -36,7 +38,8 @@ from ingest.settings import KafkaSettings
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
 from tests.support.stack import Run
-from views.stores.sqlite import SQLiteStore
+from views.errors import ViewError
+from views.stores import store_from_url
 
 pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(1800)]
@@ -164,11 +167,19 @@ def _kill_session(pid: int) -> None:
 
 def _applied(url: str) -> int:
     """Records the store at ``url`` has applied (0 while it does not exist yet)."""
-    path = Path(url.removeprefix("sqlite:///"))
-    if not path.exists():
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return 0
-    with SQLiteStore(path, cap=60) as store:
-        return sum(o + 1 for o in store.applied_offsets().values())
+    try:
+        with store_from_url(url, cap=60) as store:
+            return sum(o + 1 for o in store.applied_offsets().values())
+    except ViewError:  # a keyspace not created yet
+        return 0
+
+
+def _building(run: BesideRun) -> str | None:
+    """The store URL of the view being built beside, once the command has recorded it."""
+    path = run.run_dir / "views" / "beside.json"
+    return json.loads(path.read_text())["view"]["store_url"] if path.exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +194,33 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BesideRun]:
         state.down_leaving_nothing()
 
 
+@pytest.fixture(scope="module")
+def cassandra_run(run: BesideRun) -> Iterator[BesideRun]:
+    """A second stack, ``fanout up --store cassandra``, with the same history."""
+    state = BesideRun(run.root / "cassandra", run.history)
+    try:
+        yield state
+    finally:
+        state.down_leaving_nothing()
+
+
 def test_a_view_built_beside_a_live_stack_under_load_switches_with_no_seam(
         run: BesideRun) -> None:
-    run.fanout("up", timeout=300)
+    _built_beside_under_load(run)
+
+
+def test_on_cassandra_a_view_built_beside_in_its_own_keyspace_switches_with_no_seam(
+        cassandra_run: BesideRun) -> None:
+    """As on SQLite; the new view is a keyspace of its own, dropped by ``--drop-old``."""
+    _built_beside_under_load(cassandra_run, "--store", "cassandra")
+
+
+def _built_beside_under_load(run: BesideRun, *up: str) -> None:
+    run.fanout("up", *up, timeout=600)
     run.fanout("replay", "--no-progress", str(run.history), timeout=300)
     stack = run.stack()
     kafka = KafkaSettings(bootstrap=stack["bootstrap"], partitions=4)
-    with SQLiteStore(Path(stack["store_url"].removeprefix("sqlite:///")), cap=60) as live:
+    with store_from_url(stack["store_url"], cap=60) as live:
         assert wait_caught_up(live, end_offsets(kafka), 300), "the live view did not catch up"
     base = stack["api_url"]
     before = {u: httpx.get(f"{base}/v1/users/{u}/home?limit={PAGE}").json()
@@ -207,7 +238,10 @@ def test_a_view_built_beside_a_live_stack_under_load_switches_with_no_seam(
     try:
         started = time.monotonic()
         rebuild = run.background("rebuild", "--beside", "--timeline-cap", "50")
-        new_url = f"sqlite:///{run.run_dir / 'views' / 'v1' / 'fanout.sqlite'}"
+        wait_for(lambda: _building(run) or rebuild.poll() is not None, 120,
+                 "the command to record the view it builds")
+        new_url = _building(run)
+        assert new_url is not None, rebuild.communicate()[0][-4000:]
         wait_for(lambda: _applied(new_url) > 0 or rebuild.poll() is not None, 300,
                  "the beside view's first batch")
         assert rebuild.poll() is None, rebuild.communicate()[0][-4000:]
@@ -236,7 +270,12 @@ def test_a_view_built_beside_a_live_stack_under_load_switches_with_no_seam(
     pointer = json.loads((run.run_dir / "view.json").read_text())
     assert pointer["current"]["number"] == 1 and pointer["previous"]["number"] == 0
     assert tweets, "no write was accepted during the rebuild"
-    with SQLiteStore(Path(new_url.removeprefix("sqlite:///")), cap=50) as new:
+    if new_url.startswith("sqlite"):
+        assert new_url == f"sqlite:///{run.run_dir / 'views' / 'v1' / 'fanout.sqlite'}"
+    else:  # the live keyspace's name with _v1, on the same hosts with the same options
+        live_url = urlsplit(stack["store_url"])
+        assert urlsplit(new_url) == live_url._replace(path=live_url.path + "_v1"), new_url
+    with store_from_url(new_url, cap=50) as new:
         assert wait_caught_up(new, end_offsets(kafka), 120)
         found = new.tweets(tweets)
     assert set(found) == set(tweets), f"writes missing from the new view: {set(tweets) - set(found)}"
@@ -251,6 +290,8 @@ def test_a_view_built_beside_a_live_stack_under_load_switches_with_no_seam(
     assert "0 divergent" in run.verify()
     dropped = run.fanout("rebuild", "--drop-old").stdout
     assert "deleted" in dropped and not (run.run_dir / "views" / "v1").exists(), dropped
+    if new_url.startswith("cassandra"):
+        assert f"dropped keyspace {urlsplit(new_url).path.strip('/')}" in dropped, dropped
 
 
 def test_a_version_that_cannot_resume_the_checkpoint_leaves_the_api_serving(
