@@ -290,7 +290,8 @@ def _lifespan(settings: ServingSettings, injected: Store | None, writer: SharedP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         follower = None
         if injected is not None:
-            _install(app.state, served(injected, type(injected).__name__, cache))
+            _install(app.state, served(injected, type(injected).__name__, cache,
+                                       shards=settings.shards()))
         else:
             follower = _follow_views(settings, app.state, cache)
             log.info("serving from %s (auth %s)", app.state.store_label,
@@ -340,11 +341,12 @@ def _follow_views(settings: ServingSettings, state: Any,
     def open_view(record: ViewRecord) -> Served:
         cap = int(record.settings.get(TIMELINE_CAP_ENV, settings.timeline_cap))
         store = store_from_url(record.store_url, cap=cap).open()
-        return served(store, _redact(record.store_url), cache, record)
+        return served(store, _redact(record.store_url), cache, record, settings.shards())
 
     if settings.view_file is None or pointer.read(settings.view_file) is None:
         store = store_from_url(settings.store_url, cap=settings.timeline_cap).open()
-        _install(state, served(store, _redact(settings.store_url), cache))
+        _install(state, served(store, _redact(settings.store_url), cache,
+                               shards=settings.shards()))
     if settings.view_file is None:
         return None
     # Grace for a request still on a replaced view: the longest ?after= wait, and more.

@@ -52,6 +52,15 @@ known without waiting (:meth:`FeedVersions.check_now`) and the page is served on
 event loop: two such requests a window per process while reads arrive, a few per read
 when reads are sparse, none when idle.
 
+**Shards.** A process given some feed shards (``FANOUT_FEED_SHARDS``,
+:func:`views.stores.versions.shard` of the user) keeps tokens only for pages of users
+in them, and reads only those shards' homes (Cassandra stores them per shard; the
+rows every page may depend on — authors, tweets, profiles, originals — come from the
+rows shard, read by all). A page of another user is served, rendered each time: its
+token is new on every :meth:`FeedVersions.check`, and it is never kept; its reader's
+followees are not kept either (the batch naming them may be another shard's). Its
+stream is refused (:mod:`serving.stream`, 421 naming the shard). See docs/design.md §7,
+*Scaling out*.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ from typing import Any, Final
 from views.delta import Key
 from views.stores.contract import ReaderProxy, TimelineReader
 from views.stores.rows import FLOOR, Entry, Hydrated, TweetRow, UserRow
-from views.stores.versions import ChangeFeed, Changes, StoreVersion
+from views.stores.versions import FEED_SHARDS, ChangeFeed, Changes, Shards, StoreVersion, shard
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +95,23 @@ HOME: Final = "home"
 OWN: Final = "tweets"
 
 
-def page_versions(store: TimelineReader) -> PageVersions:
+def page_versions(store: TimelineReader, shards: Shards = None) -> PageVersions:
     """The page caches' tokens for ``store``: per page from a change feed, else one.
 
-    One per reading process, built after the store is opened; close it before the store.
+    ``shards``: the feed shards this process keeps tokens for (None: all; only a change
+    feed has shards, a store-wide version serves every page alike). One per reading
+    process, built after the store is opened; close it before the store.
     """
     version = store.version()
     if isinstance(version, ChangeFeed):
-        return FeedVersions(store, version)
+        return FeedVersions(store, version.for_shards(shards), shards=shards)
     return PageVersions(store, version)
+
+
+def describe_shards(shards: Shards) -> str:
+    """``shards`` as a message names them."""
+    return f"all {FEED_SHARDS}" if shards is None else \
+        f"{', '.join(map(str, sorted(shards)))} of {FEED_SHARDS}"
 
 
 #: A store's committed position, as :meth:`PageVersions.check` reports it.
@@ -137,6 +154,14 @@ class PageVersions:
 
         This default has nothing to keep fresh.
         """
+
+    def holds(self, user: int) -> bool:
+        """Whether ``user``'s pages are kept and streamed here (in this process's shards)."""
+        return True
+
+    def shard_of(self, user: int) -> tuple[int, str]:
+        """``user``'s feed shard, and what this process's shards are (for a message)."""
+        return shard(user), describe_shards(None)
 
     def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
         """:meth:`check`, if it can be answered without waiting on the store; else None.
@@ -188,9 +213,13 @@ class FeedVersions(PageVersions):
     """Per-page tokens kept current from the change feed (see the module docstring)."""
 
     def __init__(self, store: TimelineReader, feed: ChangeFeed,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, shards: Shards = None
+                 ) -> None:
         super().__init__(store, feed)
         self.feed, self._clock, self.fresh_s = feed, clock, feed.fresh_s
+        self.shards = shards
+        # the homes the feed gives are ours already, unless it reads other shards too
+        self._filter_homes = shards is not None and feed.shards != shards
         self._lock = threading.Lock()  # the indexes and kept rows; never held over the network
         self._asking = threading.Lock()  # one question to the store at a time
         self._last_read = -float("inf")  # when a page last asked for its token
@@ -265,16 +294,28 @@ class FeedVersions(PageVersions):
                 self._asked = asked
                 return self._seen
 
+    def holds(self, user: int) -> bool:
+        return self.shards is None or shard(user) in self.shards
+
+    def shard_of(self, user: int) -> tuple[int, str]:
+        return shard(user), describe_shards(self.shards)
+
     def check(self, kind: str, user: int) -> tuple[Position, Hashable]:
+        """The position, and the page's token: a new one each time outside our shards."""
         self._last_read = self._clock()
         position = self.position()
+        if not self.holds(user):
+            return position, object()  # equal to no kept token: rendered anew
         with self._lock:
             return position, (self._epoch, self._touched.get((kind, user), 0))
 
     def check_now(self, kind: str, user: int) -> tuple[Position, Hashable] | None:
-        """:meth:`check` when the newest answer is within the window and no catch-up runs."""
+        """:meth:`check` when the newest answer is within the window and no catch-up runs.
+
+        None for a page outside our shards: it is never kept.
+        """
         arrived = self._last_read = self._clock()
-        if not self._lock.acquire(blocking=False):
+        if not self.holds(user) or not self._lock.acquire(blocking=False):
             return None
         try:
             if self._asked is None or self._asked < arrived - self.fresh_s:
@@ -285,7 +326,12 @@ class FeedVersions(PageVersions):
 
     def keep(self, position: Position, kind: str, user: int,
              rows: Iterable[tuple[str, int]]) -> bool:
-        """Keep (and watch its rows) only if no batch was taken in since ``position``."""
+        """Keep (and watch its rows) only if no batch was taken in since ``position``.
+
+        Never a page outside our shards.
+        """
+        if not self.holds(user):
+            return False
         with self._lock:
             if position != self._seen:
                 return False
@@ -321,6 +367,8 @@ class FeedVersions(PageVersions):
         depend on the reader (the Cassandra store's do not).
         """
         want_followees = followees and reader is not None
+        # a reader of another shard: the batch that changes its followees is not read here
+        keep_followees = want_followees and self.holds(reader)  # type: ignore[arg-type]
         with self._lock:
             got_t, ask_t = _split(self._tweets, tweets)
             got_u, ask_u = _split(self._users, users)
@@ -332,7 +380,7 @@ class FeedVersions(PageVersions):
                     ask_r[o] = bound
                 elif kept[1] and (newer := _above(kept[1], bound)):
                     got_r[o] = newer
-            kept_f = self._followees.get(reader) if want_followees else None  # type: ignore[arg-type]
+            kept_f = self._followees.get(reader) if keep_followees else None  # type: ignore[arg-type]
             ask_f = want_followees and kept_f is None
             asked = len(ask_t) + len(ask_u) + len(ask_r) + ask_f
             self.row_misses += asked
@@ -350,7 +398,8 @@ class FeedVersions(PageVersions):
                     found, kept = read.reposts.get(o, []), self._reposts.get(o)
                     if len(found) <= MAX_LIST and (kept is None or bound < kept[0]):
                         self._keep_list(self._reposts, o, (bound, found), len(found))
-                if ask_f and read.followees is not None and len(read.followees) <= MAX_LIST:
+                if ask_f and keep_followees and read.followees is not None \
+                        and len(read.followees) <= MAX_LIST:
                     self._keep_list(self._followees, reader, read.followees,  # type: ignore[arg-type]
                                     len(read.followees))
         return Hydrated({**got_t, **read.tweets}, {**got_u, **read.users},
@@ -400,7 +449,10 @@ class FeedVersions(PageVersions):
         if changes.everything:
             self._reset()
             return
-        if changes.tweets or changes.users or changes.originals or changes.homes:
+        homes, authors = changes.homes, changes.authors
+        if self._filter_homes:
+            homes = frozenset(u for u in homes if self.holds(u))
+        if changes.tweets or changes.users or changes.originals or homes:
             self._generation += 1
             for t in changes.tweets:
                 self._tweets.pop(t, None)
@@ -408,9 +460,10 @@ class FeedVersions(PageVersions):
                 self._users.pop(u, None)
             for o in changes.originals:
                 self._drop_list(self._reposts, o)
-            for u in changes.homes:  # a follow edge written names its follower here
+            for u in homes:  # a follow edge written names its follower here
                 self._drop_list(self._followees, u)
-        pages = [(HOME, u) for u in changes.homes] + [(OWN, a) for a in changes.authors]
+        pages = [(HOME, u) for u in homes]
+        pages += [(OWN, a) for a in authors if self.shards is None or self.holds(a)]
         for row in (*(("t", t) for t in changes.tweets), *(("u", u) for u in changes.users),
                     *(("a", a) for a in changes.authors)):
             pages += self._watchers.pop(row, ())

@@ -19,9 +19,11 @@ from ingest.settings import env_alias as _env
 from serving.errors import ConfigError
 from views.pointer import VIEW_FILE_ENV
 from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, TIMELINE_CAP_ENV
+from views.stores.versions import FEED_SHARDS, Shards
 
 __all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "API_WORKERS_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
-           "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings")
+           "FEED_SHARDS_ENV", "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings",
+           "parse_shards")
 
 API_HOST_ENV: Final = "FANOUT_API_HOST"
 API_PORT_ENV: Final = "FANOUT_API_PORT"
@@ -31,6 +33,7 @@ AUTH_ENV: Final = "FANOUT_AUTH"
 AUTH_SECRET_ENV: Final = "FANOUT_AUTH_SECRET"  # noqa: S105 - the variable's name
 WORKER_ID_ENV: Final = "FANOUT_WORKER_ID"
 API_WORKERS_ENV: Final = "FANOUT_API_WORKERS"
+FEED_SHARDS_ENV: Final = "FANOUT_FEED_SHARDS"
 
 #: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
 MIN_SECRET = 16
@@ -153,6 +156,14 @@ class ServingSettings(FanoutSettings):
                                                   "stream_send_timeout_s"),
         description="Longest one write to a stream's socket may wait before the client is "
                     "cut off.")
+    feed_shards: str = Field(
+        default="all", validation_alias=_env(FEED_SHARDS_ENV, "feed_shards"),
+        description=f"The feed shards (0..{FEED_SHARDS - 1}, of users' pages by a hash of "
+                    "the user) whose changes this process reads and whose pages it caches "
+                    "and streams: `all`, or terms joined by commas, each a shard `S` or "
+                    "`R/M`, the shards s with s % M == R (`3/8`: 3 and 11). Pages of other "
+                    "users are served uncached; their streams answer 421 naming the shard "
+                    "(DESIGN §7, Scaling out).")
     worker_id: int | None = Field(
         default=None, ge=0, le=1023, validation_alias=_env(WORKER_ID_ENV, "worker_id"),
         description="Snowflake worker id of this API process for tweet ids (random if "
@@ -169,9 +180,33 @@ class ServingSettings(FanoutSettings):
             raise ConfigError(msg)
         return value.encode()
 
+    def shards(self) -> Shards:
+        """The feed shards :attr:`feed_shards` names (None: all of them)."""
+        return parse_shards(self.feed_shards)
+
     @model_validator(mode="after")
     def _default_fits(self) -> ServingSettings:
         if self.default_page > self.max_page:
             msg = f"default_page={self.default_page} exceeds max_page={self.max_page}"
             raise ValueError(msg)
+        self.shards()  # a bad spelling fails at startup
         return self
+
+
+def parse_shards(text: str) -> Shards:
+    """``all`` (or empty): None; else the union of the terms ``S`` and ``R/M`` (ValueError)."""
+    if text.strip().lower() in ("", "all"):
+        return None
+    out: set[int] = set()
+    for term in (t.strip() for t in text.split(",")):
+        rest, _, modulus = term.partition("/")
+        try:
+            r, m = int(rest), int(modulus) if modulus else FEED_SHARDS
+        except ValueError:
+            r = m = -1
+        if not 0 <= r < m <= FEED_SHARDS:
+            msg = (f"{FEED_SHARDS_ENV}: {term!r} is not a shard 0..{FEED_SHARDS - 1} nor R/M "
+                   f"with 0 <= R < M <= {FEED_SHARDS}")
+            raise ValueError(msg)
+        out.update(s for s in range(FEED_SHARDS) if s % m == r)
+    return None if len(out) == FEED_SHARDS else frozenset(out)

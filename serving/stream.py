@@ -29,6 +29,12 @@ A key diff cannot see an entry whose rendering changed while its key stayed (a
 profile's new handle); the reset bounds how old such a rendering gets. A first
 connect is a resume from the empty window: the page arrives as adds.
 
+**Shards.** A process reading some feed shards only (``FANOUT_FEED_SHARDS``) keeps no
+token for the pages of other users, so it cannot tell when their page changed short
+of reading it every tick; their streams are refused instead, with a ``421`` that
+names the user's shard (:class:`WrongShard`), for a balancer to route them by it
+(docs/design.md §7, *Scaling out*). Their ``GET /home`` is served, uncached.
+
 **Slow clients.** Each stream has a queue of at most ``FANOUT_STREAM_QUEUE`` events;
 a change that does not fit ends the stream with an ``end`` event (``too_slow``) and
 the connection is closed, and each send waits at most ``FANOUT_STREAM_SEND_TIMEOUT_S``,
@@ -56,6 +62,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from serving.cursor import encode_cursor
+from serving.errors import ServingError
 from serving.metrics import StreamMetrics
 from serving.pageversions import HOME
 from serving.reads import Pages, Read, in_process, page_token
@@ -69,6 +76,15 @@ log = logging.getLogger(__name__)
 
 #: How long a stream has, once the server is stopping, to send its ``end`` event.
 _SHUTDOWN_GRACE_S: Final = 1.0
+#: The response header of a :class:`WrongShard` naming the user's feed shard.
+SHARD_HEADER: Final = "X-Fanout-Feed-Shard"
+
+
+class WrongShard(ServingError):
+    """A stream of a user outside this process's feed shards (421 Misdirected Request)."""
+
+    status = 421
+    code = "wrong_shard"
 
 
 @dataclass(eq=False)
@@ -129,7 +145,16 @@ class StreamHub:
     # -- a client connects ------------------------------------------------------------------
     async def open(self, view: Served, user: int, limit: int, last_id: str | None
                    ) -> EventSourceResponse:
-        """The stream's response; 400 for a bad ``last_id``, 404 for a deleted account."""
+        """The stream's response; 400 for a bad ``last_id``, 404 for a deleted account.
+
+        421 (:class:`WrongShard`) for a user whose pages this process does not keep.
+        """
+        if not view.versions.holds(user):
+            shard, ours = view.versions.shard_of(user)
+            msg = (f"user {user}'s pages are in feed shard {shard}; this API process reads "
+                   f"shards {ours} (FANOUT_FEED_SHARDS): open the stream on a process that "
+                   f"reads shard {shard}")
+            raise WrongShard(msg, field="user_id", headers={SHARD_HEADER: str(shard)})
         resume = decode(last_id, user) if last_id is not None else None
         # Registered before any wait, so streams opening together share one group.
         group = self.groups.setdefault((user, limit), _Group(user, limit))

@@ -33,6 +33,7 @@ from serving.pageversions import PageVersions, page_versions
 from views import pointer
 from views.pointer import ViewRecord
 from views.stores.contract import Store, TimelineReader
+from views.stores.versions import Shards
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,12 @@ class Served:
 
 def served(store: Store, label: str,
            celebrities: Callable[[TimelineReader, PageVersions], CelebrityCache | None],
-           record: ViewRecord | None = None) -> Served:
-    """An opened ``store`` with its versions and celebrity cache, under a new serial."""
-    versions = page_versions(store)
+           record: ViewRecord | None = None, shards: Shards = None) -> Served:
+    """An opened ``store`` with its versions and celebrity cache, under a new serial.
+
+    ``shards``: the feed shards whose pages the versions keep (None: all).
+    """
+    versions = page_versions(store, shards)
     versions.keep_fresh()  # cached pages answered on the event loop (serving.reads)
     return Served(store, versions, celebrities(store, versions), label, next(_serials), record)
 

@@ -41,6 +41,7 @@ from views.stores.cassandra.changes import CassandraFeed, Changes
 from views.stores.plan import WritePlan
 from views.stores.rows import TweetRow
 from views.stores.sqlite import SQLiteFeed
+from views.stores.versions import ROWS_SHARD, shard
 
 T0 = 1_700_000_000_000
 
@@ -274,13 +275,30 @@ def test_changes_of_a_plan_name_users_authors_and_rows() -> None:
     plan.users[5] = None  # type: ignore[assignment]
     changes = Changes.of(plan)
     assert changes.homes == {1, 3, 4} and changes.users == {5} and not changes.tweets
-    assert Changes.decode(changes.op(7)[1][3:9]) == changes
+    assert _decoded(changes.ops(7)) == changes
     assert not Changes.of(WritePlan())
     plan = WritePlan()
     plan.reposts[11] = TweetRow(11, 2, 5, "", False, original_id=10, original_author=1)
     changes = Changes.of(plan, moved={9})
     assert changes.tweets == {11} and changes.originals == {9, 10} and changes.homes == set()
-    assert Changes.decode(changes.op(7)[1][3:9]) == changes
+    assert _decoded(changes.ops(7)) == changes
+
+
+def _decoded(ops: list) -> Changes:
+    """The changes a writer's ``changes_add`` rows hold, merged as the feed reads them;
+    each row in its shard (a shard's row: only its users' homes)."""
+    merged = Changes()
+    for name, values in ops:
+        row = Changes.decode(values[4:10])
+        assert name == "changes_add" and values[2] == 7
+        if values[1] == ROWS_SHARD:
+            assert not row.homes
+        else:
+            assert row.homes and {shard(u) for u in row.homes} == {values[1]}
+            assert row == Changes(homes=row.homes)
+        merged = merged.merged(row)
+    return Changes(merged.homes, merged.authors, merged.tweets, merged.users,
+                   merged.everything, merged.originals)
 
 
 #: Positions to read what is new above: below everything, and mid-history (times 0-8).

@@ -596,7 +596,7 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               load_steps())] == [
             "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
-            "005_repost_changes", "006_dead_letter_partitions"]
+            "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -863,7 +863,8 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
     rows = [("INSERT INTO celebrity_follows (user_id, celebrity_id) VALUES (%s, %s)", edge)
             for edge in ((1, 7), (1, 8), (2, 7))]
     with _upgraded(cassandra_hosts, 3, rows, ["004_page_changes", "005_repost_changes",
-                                              "006_dead_letter_partitions"]) as url:
+                                              "006_dead_letter_partitions",
+                                              "007_page_changes_by_shard"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
             assert store.home_start(2, None, 5).celebrities == [7]
@@ -876,7 +877,8 @@ def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str
     rows = [("INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, reason, raw, "
              "seen_at) VALUES (%s, %s, %s, 'bad', 0x00, 1)", letter)
             for letter in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1))]
-    with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions"]) as url:
+    with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions",
+                                              "007_page_changes_by_shard"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert store.dead_letter_count() == 3
             store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)

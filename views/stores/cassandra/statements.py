@@ -151,11 +151,13 @@ STATEMENTS: Final[dict[str, str]] = {
                   "FROM batches WHERE bucket = ? LIMIT ?",
     "clock_get": "SELECT write_ts, last_batch FROM writer_clock WHERE id = 0",
     # -- the change feed (views.stores.cassandra.changes) ------------------------------
-    "changes_add": "INSERT INTO page_changes (bucket, ts, part, homes, authors, tweets, users, "
-                   "everything, originals) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    # One row per writer and feed shard (schema step 7); read for a set of shards.
+    "changes_add": "INSERT INTO page_changes_by_shard (bucket, shard, ts, part, homes, authors, "
+                   "tweets, users, everything, originals) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                   "USING TIMESTAMP ?",
     "changes_get": "SELECT ts, homes, authors, tweets, users, everything, originals "
-                   "FROM page_changes "
-                   "WHERE bucket = ? AND ts > ? AND ts <= ?",
+                   "FROM page_changes_by_shard "
+                   "WHERE bucket = ? AND shard IN ? AND ts > ? AND ts <= ?",
     "committed_set": "UPDATE writer_clock USING TIMESTAMP ? SET committed_ts = ? WHERE id = 0",
     "committed_get": "SELECT committed_ts FROM writer_clock WHERE id = 0",
     "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",

@@ -417,7 +417,7 @@ class CassandraStore(Store):
         now_ms = int(time.time() * 1000)
         changed = Changes.of(plan, moved)
         self._run(cql.offset_ops(plan.offsets) + cql.dead_ops(plan.dead, now_ms)
-                  + cql.dead_partition_ops(plan.dead) + ([changed.op(ts)] if changed else []))
+                  + cql.dead_partition_ops(plan.dead) + changed.ops(ts))
         if batch_id >= 0:
             record = cql.BatchRecord(batch_id, ts, cql.offsets_digest(plan.offsets), now_ms,
                                      plan.rows(), seconds, plan.max_event_time)

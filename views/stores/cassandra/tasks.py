@@ -74,7 +74,7 @@ class TaskWriter:
                                                       ts + cql.REMOVE)
         changed = Changes.of(plan, moved)
         store._run(cql.dead_ops(plan.dead, int(time.time() * 1000))
-                   + cql.dead_partition_ops(plan.dead) + ([changed.op(ts)] if changed else []))
+                   + cql.dead_partition_ops(plan.dead) + changed.ops(ts))
         return removes, skipped
 
     # -- the user stage -----------------------------------------------------------------------
@@ -91,9 +91,7 @@ class TaskWriter:
         meta = store._write_user_rows(plan, found, removes, ts + cql.REMOVE)
         adds, inserted = store._write_adds(plan, meta, ts, inactive_ms)
         store._write_trims(adds, meta, ts + cql.TRIM)
-        changed = Changes.of(plan)
-        if changed:
-            store._run([changed.op(ts)])
+        store._run(Changes.of(plan).ops(ts))
         return UserCounts(inserted, len(removes))
 
     # -- the driver: before and after the tasks --------------------------------------------------
