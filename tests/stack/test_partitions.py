@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from infra.checker import (
@@ -53,12 +52,13 @@ from infra.checker import (
     log_ends,
     read_stats,
 )
+from infra.faults import Window, acked, hold, render_probes
 from infra.hosts import HostsError, require_netns
 from infra.nemesis import LOG_FILE, Nemesis
 from infra.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
-from serving.auth import USER_HEADER, mint
+from serving.auth import mint
 from tests.support.hosts import leftovers, run_id
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
@@ -112,21 +112,21 @@ def _recorded_id(run_dir: Path) -> str:
 
 @dataclass
 class Faulted:
-    """What happened while a fault held, and after the heal."""
+    """What happened while a fault held (its :class:`Window`), and after the heal."""
 
-    name: str
-    began: float
-    healed: float
+    window: Window
     history: History
     report: Report
-    probes: list[dict[str, object]]
-    first_ack_s: float
     caught_up_s: float
     verified: str
     logged: list[dict[str, object]]
 
+    @property
+    def probes(self) -> list[dict[str, object]]:
+        return self.window.probes
+
     def during(self, ops: list[Op]) -> list[Op]:
-        return [op for op in ops if self.began <= op.began < self.healed]
+        return self.window.during(ops)
 
 
 @pytest.fixture(scope="module")
@@ -158,19 +158,9 @@ def _scenario(run: Run, name: str, apply: Callable[[Nemesis], object], *,
     nemesis = Nemesis(run.run_dir, echo=False)
     logged_before = _logged(run)
     try:
-        wait_for(lambda: _acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
-        began = time.time()
-        apply(nemesis)
-        assert any(nemesis.status().values()), f"no rule of the nemesis for {name}"
-        probes = _probe(stack.api_url, FAULT_S)
-        nemesis.heal()
-        healed = time.time()
-        assert not any(nemesis.status().values()), "rules left after the heal"
-        wait_for(lambda: _acked(history, healed) >= 1, 120, "a write answered 202 after the heal")
-        first_ack = min(op.ended for op in history.writes
-                        if op.status == 202 and op.began >= healed) - healed
+        wait_for(lambda: acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
+        window = hold(nemesis, name, apply, stack.api_url, history, FAULT_S, USERS)
     finally:
-        nemesis.heal()
         workload.stop()
         if replaying is not None and replaying.poll() is None and sys.exc_info()[0] is not None:
             replaying.kill()
@@ -182,9 +172,10 @@ def _scenario(run: Run, name: str, apply: Callable[[Nemesis], object], *,
     caught_up = time.monotonic() - verify_began
     with store_from_url(stack.store_url, cap=800) as store:
         report = check(history, kafka.bootstrap, kafka.topic(TWEETS), store)
-    result = Faulted(name, began, healed, history, report, probes, first_ack, caught_up,
-                     verified, _logged(run)[len(logged_before):])
-    _say(result)
+    result = Faulted(window, history, report, caught_up, verified,
+                     _logged(run)[len(logged_before):])
+    print(f"\n{window.render(history)}\n{report.render()}\nverify (view caught up) "
+          f"{caught_up:.0f}s after the replay: {verified.strip().splitlines()[-1]}")
     return result
 
 
@@ -205,22 +196,6 @@ def _logged(run: Run) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines]
 
 
-def _say(r: Faulted) -> None:
-    during, reads = r.during(r.history.writes), r.during(r.history.reads)
-    refused = [op for op in during if op.status == 503]
-    print(f"\n[{r.name} {r.healed - r.began:.0f}s] {r.report.render()}\n"
-          f"writes during the fault: {len(during)}, 202: "
-          f"{sum(op.status == 202 for op in during)}, 503: {len(refused)}, no answer: "
-          f"{sum(op.status == 0 for op in during)}; latency max "
-          f"{max((op.took for op in during), default=0):.2f}s, the 503s' max "
-          f"{max((op.took for op in refused), default=0):.2f}s\n"
-          f"probes: {_render(r.probes)}\n"
-          f"reads during the fault: {read_stats(r.history.reads, r.began, r.healed).render()}, "
-          f"no answer within {REQUEST_TIMEOUT_S:.0f}s: {sum(op.status == 0 for op in reads)}\n"
-          f"first 202 {r.first_ack_s:.1f}s after the heal; verify (view caught up) "
-          f"{r.caught_up_s:.0f}s after the replay: {r.verified.strip().splitlines()[-1]}")
-
-
 @pytest.mark.timeout(1500)  # includes starting the module's stack and the scenario
 def test_every_write_answered_202_is_in_the_log_once_and_in_the_views(isolated):
     assert isolated.report.ok, isolated.report.render()
@@ -235,9 +210,9 @@ def test_writes_during_the_fault_answer_202_or_a_503_with_a_reason(isolated):
     hung = [op for op in during if op.status == 0]
     assert not hung, f"{len(hung)} writes got no answer within {REQUEST_TIMEOUT_S:.0f}s"
     assert {op.status for op in during} <= {202, 503}, sorted({op.status for op in during})
-    assert all(p["status"] in (202, 503) for p in isolated.probes), _render(isolated.probes)
+    assert all(p["status"] in (202, 503) for p in isolated.probes), render_probes(isolated.probes)
     assert all(p["reason"] for p in isolated.probes if p["status"] == 503), (
-        _render(isolated.probes))
+        render_probes(isolated.probes))
 
 
 def test_reads_during_the_fault_answer_within_the_client_timeout(isolated):
@@ -247,7 +222,7 @@ def test_reads_during_the_fault_answer_within_the_client_timeout(isolated):
     assert not hung, (f"{len(hung)} of {len(reads)} reads got no answer within "
                       f"{REQUEST_TIMEOUT_S:.0f}s during the fault")
     assert {op.status for op in reads} <= {200, 503}, read_stats(
-        isolated.history.reads, isolated.began, isolated.healed).render()
+        isolated.history.reads, isolated.window.began, isolated.window.healed).render()
 
 
 @pytest.mark.timeout(600)
@@ -258,51 +233,13 @@ def test_cut_off_from_the_brokers_writes_answer_503_promptly_and_none_is_lost(cu
     assert [e["event"] for e in cut_off.logged][:2] == ["apply", "heal"], cut_off.logged
     assert not [op for op in during if op.status == 0], "writes got no answer"
     assert {op.status for op in during} <= {202, 503}, sorted({op.status for op in during})
-    assert [p for p in cut_off.probes if p["status"] == 503], _render(cut_off.probes)
+    assert [p for p in cut_off.probes if p["status"] == 503], render_probes(cut_off.probes)
     assert all(p["reason"] for p in cut_off.probes if p["status"] == 503), (
-        _render(cut_off.probes))
+        render_probes(cut_off.probes))
 
 
 def test_cut_off_from_the_brokers_reads_go_on(cut_off):
     reads = cut_off.during(cut_off.history.reads)
     assert reads, "no read was sent during the fault"
     assert not [op for op in reads if op.status != 200], read_stats(
-        cut_off.history.reads, cut_off.began, cut_off.healed).render()
-
-
-def _acked(history: History, since: float) -> int:
-    return sum(1 for op in history.writes if op.status == 202 and op.began >= since)
-
-
-def _probe(api_url: str, hold: float) -> list[dict[str, object]]:
-    """A write a second for ``hold`` seconds: its status, time and the 503's reason."""
-    probes: list[dict[str, object]] = []
-    deadline = time.monotonic() + hold
-    user = 0
-    with httpx.Client(base_url=api_url, timeout=REQUEST_TIMEOUT_S) as client:
-        while time.monotonic() < deadline:
-            user = user % USERS + 1  # every user's partition in turn
-            clock = time.monotonic()
-            status, reason = 0, ""
-            try:
-                response = client.post("/v1/tweets", json={"text": "probe"},
-                                       headers={USER_HEADER: str(user)})
-                status = response.status_code
-                if status == 503:
-                    reason = str(response.json().get("message", ""))
-            except (httpx.HTTPError, ValueError) as exc:
-                reason = repr(exc)
-            probes.append({"status": status, "took": round(time.monotonic() - clock, 3),
-                           "reason": reason})
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - clock)))
-    return probes
-
-
-def _render(probes: list[dict[str, object]]) -> str:
-    statuses: dict[object, int] = {}
-    for p in probes:
-        statuses[p["status"]] = statuses.get(p["status"], 0) + 1
-    took = sorted(float(str(p["took"])) for p in probes) or [0.0]
-    reasons = sorted({str(p["reason"]) for p in probes if p["reason"]})[:2]
-    return (f"{len(probes)} writes, statuses {statuses}, max {took[-1]:.2f}s, median "
-            f"{took[len(took) // 2]:.2f}s; reasons {reasons}")
+        cut_off.history.reads, cut_off.window.began, cut_off.window.healed).render()
