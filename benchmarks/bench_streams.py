@@ -72,6 +72,12 @@ HOST = "127.0.0.1"
 LIMIT = 20
 TARGET_S = {"normal": 1.0, "celebrity": 2.0}
 _TWEET_ID = re.compile(r'"tweet_id":"(\d+)"')
+_CREATED = re.compile(r'"created_at":(\d+)')
+#: Seconds a bucket of the push latency's time series spans (by accept time).
+BUCKET_S = 5.0
+#: Stream connects waiting for their answer at once, at most (the API's accept backlog
+#: is 2,048; at 400 connects/s on a busy box a few thousand waited past 30 s).
+CONNECTING = 256
 _STREAM_OPEN = re.compile(rb"^fanout_streams_open(?:\{[^}]*\})? ([0-9.e+]+)", re.M)
 _CUT = re.compile(rb'^fanout_stream_cut_off_total\{reason="(\w+)"\} ([0-9.e+]+)', re.M)
 
@@ -114,7 +120,9 @@ class State:
     def __init__(self, celebrities: set[int]) -> None:
         self.celebrities = celebrities
         self.accepted: dict[int, tuple[float, str]] = {}
-        self.first_id: int | None = None
+        self.since_ms = time.time() * 1000  # the history's tweets are older than the run
+        self.phase_start = 0.0
+        self.series: dict[int, HdrHistogram] = {}
         self.pending: list[tuple[int, float]] = []
         self.push = {k: histogram() for k in TARGET_S}
         self.post = histogram()
@@ -129,43 +137,52 @@ class State:
         self.open = 0
         self.measuring = False
 
-    def receive(self, tweet: int, user: int, at: float) -> None:
-        if self.first_id is None or tweet < self.first_id:
+    def receive(self, tweet: int, created_ms: int, user: int, at: float) -> None:
+        if created_ms < self.since_ms:
             return  # the page's history, not a post of this run
-        if (tweet, user) in self.probes:
-            self.receipts[(tweet, user)] = at
         known = self.accepted.get(tweet)
+        if (tweet, user) in self.probes and known is not None and self.measuring \
+                and known[0] >= self.phase_start:
+            self.receipts[(tweet, user)] = at  # a push of this phase, not a catch-up
         if known is None:
             self.pending.append((tweet, at))
         elif self.measuring:
-            self.push[known[1]].record_value(micros(max(at - known[0], 0.0)))
+            self._record(known, at)
+
+    def _record(self, known: tuple[float, str], at: float) -> None:
+        accepted, kind = known
+        if accepted < self.phase_start:
+            return  # accepted before the phase (in the ramp): not this phase's push
+        value = micros(max(at - accepted, 0.0))
+        self.push[kind].record_value(value)
+        bucket = int((accepted - self.phase_start) // BUCKET_S)
+        self.series.setdefault(bucket, histogram()).record_value(value)
 
     def join_pending(self) -> None:
         for tweet, at in self.pending:
             known = self.accepted.get(tweet)
             if known is not None and self.measuring:
-                self.push[known[1]].record_value(micros(max(at - known[0], 0.0)))
+                self._record(known, at)
             else:
                 self.counts["unmatched"] += 1
         self.pending = []
 
 
-async def hold(port: int, user: int, state: State) -> None:
+async def hold(port: int, user: int, state: State, connecting: asyncio.Semaphore) -> None:
     """One stream: connect, then read events until cancelled (or the server ends it)."""
+    async with connecting:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 60)
+        except (OSError, TimeoutError) as exc:
+            state.counts[f"connect_error_{type(exc).__name__}"] += 1
+            return
+        try:
+            parsed = await asyncio.wait_for(_answer(reader, writer, port, user), 120)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            state.counts[f"connect_error_{type(exc).__name__}"] += 1
+            writer.close()
+            return
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 30)
-    except (OSError, TimeoutError):
-        state.counts["connect_errors"] += 1
-        return
-    try:
-        target = f"/v1/users/{user}/home/stream?limit={LIMIT}"
-        writer.write(request(f"{HOST}:{port}".encode(), target))
-        buffer = b""
-        while (parsed := head(buffer)) is None:
-            chunk = await asyncio.wait_for(reader.read(65_536), 30)
-            if not chunk:
-                raise ConnectionResetError
-            buffer += chunk
         status, fields, rest = parsed
         if status != 200:
             state.counts[f"status_{status}"] += 1
@@ -177,10 +194,23 @@ async def hold(port: int, user: int, state: State) -> None:
                         rest, user, state)
         finally:
             state.open -= 1
-    except (OSError, TimeoutError, asyncio.IncompleteReadError):
-        state.counts["stream_errors"] += 1
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        state.counts[f"stream_error_{type(exc).__name__}"] += 1
     finally:
         writer.close()
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int,
+                  user: int) -> tuple[int, dict[bytes, bytes], bytes]:
+    """Send the stream's request; its answer's head (and what came after it)."""
+    writer.write(request(f"{HOST}:{port}".encode(), f"/v1/users/{user}/home/stream?limit={LIMIT}"))
+    buffer = b""
+    while (parsed := head(buffer)) is None:
+        chunk = await reader.read(65_536)
+        if not chunk:
+            raise ConnectionResetError
+        buffer += chunk
+    return parsed
 
 
 async def _read(reader: asyncio.StreamReader, parser: Parser, data: bytes, user: int,
@@ -191,10 +221,11 @@ async def _read(reader: asyncio.StreamReader, parser: Parser, data: bytes, user:
         for event in parser.feed(data):
             state.events[event.kind] += 1
             if event.kind == "add":
-                match = _TWEET_ID.search(event.data)
-                if match is not None and (tweet := int(match.group(1))) not in seen:
+                match, created = _TWEET_ID.search(event.data), _CREATED.search(event.data)
+                if match is not None and created is not None and \
+                        (tweet := int(match.group(1))) not in seen:
                     seen.add(tweet)
-                    state.receive(tweet, user, now)
+                    state.receive(tweet, int(created.group(1)), user, now)
             elif event.kind == "end":
                 state.ended[json.loads(event.data).get("reason", "?")] += 1
                 return
@@ -298,7 +329,6 @@ async def _post(http: Http, state: State, author: int, kind: str,
     answer = json.loads(payload)
     tweet = int(answer["tweet_id"])
     state.accepted[tweet] = (accepted, kind)
-    state.first_id = tweet if state.first_id is None else min(state.first_id, tweet)
     if state.measuring:
         state.post.record_value(micros(accepted - due))
     if probe:
@@ -368,15 +398,16 @@ class Meter:
 
     def snapshot(self) -> dict[str, float]:
         busy = psutil.cpu_times()
-        return {"wall": time.monotonic(), "api": sum(_cpu(p) for p in self.api),
+        each = {f"api_{i}": _cpu(p) for i, p in enumerate(self.api)}
+        return {**each, "wall": time.monotonic(), "api": sum(each.values()),
                 "client": _cpu(self.me),
                 "machine": busy.user + busy.system + busy.nice + busy.irq + busy.softirq}
 
     @staticmethod
     def cores(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
         wall = b["wall"] - a["wall"]
-        return {k: round((b[k] - a[k]) / wall, 3) for k in ("api", "client", "machine")} | {
-            "seconds": round(wall, 1)}
+        return {k: round((b[k] - a[k]) / wall, 3) for k in a if k != "wall"} | {
+            "seconds": round(wall, 1), "load_average_1m": round(os.getloadavg()[0], 2)}
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -414,8 +445,20 @@ async def metrics(http: Http) -> dict[str, Any]:
 
 
 # -- the run ---------------------------------------------------------------------------------
+def view_batches(store_url: str, since: float, until: float) -> dict[str, Any]:
+    """The view job's micro-batches that finished in [since, until] (epoch s)."""
+    with store_from_url(store_url) as store:
+        rows = [b for b in store.batches(5_000) if since * 1000 <= b.finished_at <= until * 1000]
+    ends = sorted(b.finished_at / 1000 for b in rows)
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    return {"batches": len(rows),
+            "interval_s_mean": round(sum(gaps) / len(gaps), 3) if gaps else None,
+            "apply_s_mean": round(sum(b.seconds for b in rows) / len(rows), 3) if rows else None}
+
+
 async def bench(api_url: str, owners: list[int], followers: dict[int, list[int]],
-                normal: list[int], celebs: list[int], args: argparse.Namespace) -> dict:
+                normal: list[int], celebs: list[int], args: argparse.Namespace,
+                store_url: str) -> dict:
     port = int(api_url.rsplit(":", 1)[1])
     api = api_processes(api_url)
     meter, rng = Meter(api), random.Random(args.seed)
@@ -426,7 +469,7 @@ async def bench(api_url: str, owners: list[int], followers: dict[int, list[int]]
     result: dict[str, Any] = {"api_processes": len(api)}
 
     print(f"baseline: posting at {args.rate}/s for {args.baseline} s, no streams", flush=True)
-    state.measuring = True
+    state.measuring, state.phase_start = True, time.time()
     a = meter.snapshot()
     await post_at_rate(http, state, args.rate, args.baseline, weighted, followers, set(),
                        args.probe_every, rng)
@@ -439,12 +482,13 @@ async def bench(api_url: str, owners: list[int], followers: dict[int, list[int]]
     print(f"opening {len(owners)} streams at {args.ramp}/s", flush=True)
     began = time.monotonic()
     holding = []
+    connecting = asyncio.Semaphore(CONNECTING)
     for i, user in enumerate(owners):
         delay = began + i / args.ramp - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        holding.append(asyncio.ensure_future(hold(port, user, state)))
-    deadline = time.monotonic() + 120
+        holding.append(asyncio.ensure_future(hold(port, user, state, connecting)))
+    deadline = time.monotonic() + args.open_timeout
     while state.open + sum(v for k, v in state.counts.items() if "error" in k or "status" in k) \
             < len(owners) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
@@ -463,11 +507,12 @@ async def bench(api_url: str, owners: list[int], followers: dict[int, list[int]]
 
     print(f"push: posting at {args.rate}/s for {args.seconds} s with streams open", flush=True)
     events0 = sum(state.events.values())
-    state.measuring = True
+    state.measuring, state.phase_start = True, time.time()
     a = meter.snapshot()
     await post_at_rate(http, state, args.rate, args.seconds, weighted, followers, holders,
                        args.probe_every, rng)
     b = meter.snapshot()
+    batches = view_batches(store_url, state.phase_start, time.time())
     await asyncio.sleep(args.drain)  # the last posts' adds
     state.join_pending()
     state.measuring = False
@@ -479,12 +524,18 @@ async def bench(api_url: str, owners: list[int], followers: dict[int, list[int]]
                       "normal_s": percentiles(state.push["normal"]),
                       "celebrity_s": percentiles(state.push["celebrity"]),
                       "view_s": percentiles(state.view), "post_s": percentiles(state.post),
+                      "view_not_applied_in_5s": state.counts["probe_not_consistent"],
                       "stream_part_s": _summary(extras["normal"] + extras["celebrity"]),
                       "stream_part_normal_s": _summary(extras["normal"]),
                       "stream_part_celebrity_s": _summary(extras["celebrity"]),
                       "events_per_s": round(
                           events / max(b["wall"] - a["wall"], 1e-9), 1),
                       "events": dict(state.events), "ended": dict(state.ended),
+                      "view_batches": batches,
+                      "series": [[k * BUCKET_S, h.get_total_count(),
+                                  round(h.get_value_at_percentile(50) / 1e6, 3),
+                                  round(h.get_value_at_percentile(99) / 1e6, 3)]
+                                 for k, h in sorted(state.series.items())],
                       "server": await metrics(http), "counts": dict(state.counts)}
     for task in holding:
         task.cancel()
@@ -536,6 +587,24 @@ def saved_reads(result: dict[str, Any], streams: int) -> dict[str, Any]:
             "ratio": round(needed / equivalent, 1) if equivalent > 0 else None}
 
 
+def stream_work(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The stream's CPU per event and per view batch, from the push phase over the baseline."""
+    push = result["push"]
+    interval = (push.get("view_batches") or {}).get("interval_s_mean")
+    events = push["events_per_s"]
+    api = [v for k, v in push["cores"].items() if k.startswith("api_")]
+    if not interval or not events or not api:
+        return None
+    per_event = (push["cores"]["api"] - result["baseline"]["cores"]["api"]) / events
+    per_batch = events * interval
+    return {"batch_interval_s": interval, "events_per_batch": round(per_batch),
+            "api_cpu_ms_per_event": round(per_event * 1000, 3),
+            "batch_work_s": round(per_batch * per_event / len(api), 2), "processes": len(api),
+            # at the CPU the API processes got in the phase (the box is shared)
+            "batch_work_wall_s": round(per_batch * per_event / max(sum(api), 1e-9), 2),
+            "api_cores": round(sum(api), 3)}
+
+
 def bounds(result: dict[str, Any]) -> list[str]:
     """What the figures say bounds each push p99 that misses its target (measured)."""
     push, out = result["push"], []
@@ -547,7 +616,9 @@ def bounds(result: dict[str, Any]) -> list[str]:
         part = push[f"stream_part_{kind}_s"].get("p99") or 0.0
         cores = push["cores"]
         why = [f"{kind} push p99 {p99} s > {target} s:",
-               f"the view's own delay (post 202 → ?after= answered) p99 {view} s,",
+               f"the view's own delay (post 202 → ?after= answered) p99 {view} s "
+               f"({push.get('view_not_applied_in_5s', 0)} probes of the run not applied "
+               "within the API's 5 s ?after= wait),",
                f"the stream's own part (add − ?after= answer) p99 {part} s;",
                f"CPU over the phase: API {cores['api']}, client {cores['client']}, machine "
                f"{cores['machine']} of {os.cpu_count()} cores"]
@@ -555,6 +626,26 @@ def bounds(result: dict[str, Any]) -> list[str]:
             why.append("— the machine's cores are saturated")
         if cores["client"] >= 0.9:
             why.append("— the client process is at a full core")
+        busiest = max((v for k, v in cores.items() if k.startswith("api_")), default=0.0)
+        if busiest >= 0.9:
+            why.append(f"— an API process is at {busiest} of a core (its one event loop "
+                       "sends every stream's events)")
+        work = stream_work(result)
+        if work:
+            why.append(f"— a view batch every {work['batch_interval_s']} s brings ~"
+                       f"{work['events_per_batch']} stream events; at the API's "
+                       f"{work['api_cpu_ms_per_event']} CPU-ms an event (re-read, encode, "
+                       f"send) over the baseline, a batch's events take ~"
+                       f"{work['batch_work_s']} s of its {work['processes']} processes at a "
+                       f"full core each, ~{work['batch_work_wall_s']} s at the "
+                       f"{work['api_cores']} cores they got, one page after another")
+        series = [row for row in push.get("series", []) if row[1]]
+        if len(series) >= 3 and series[-1][2] > 2 * series[0][2]:
+            why.append(f"— push p50 grew from {series[0][2]} s (posts of the first "
+                       f"{BUCKET_S:g} s) to {series[-1][2]} s (the last): the streams' "
+                       "re-reads and sends fell behind the post rate (a backlog, not a "
+                       "fixed delay)")
+        why.append(f"(load average {cores['load_average_1m']}: the machine is shared)")
         out.append(" ".join(why))
     return out
 
@@ -571,7 +662,11 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=10.0)
     ap.add_argument("--drain", type=float, default=10.0)
     ap.add_argument("--probe-every", type=int, default=20)
-    ap.add_argument("--celebrity-share", type=float, default=0.05)
+    ap.add_argument("--celebrity-share", type=float, default=0.01,
+                    help="share of the posts by celebrities (default 0.01: the 27 of a "
+                         "10k-user history each post ~4x as often as an average user)")
+    ap.add_argument("--open-timeout", type=float, default=300.0,
+                    help="seconds to wait for every stream to open")
     ap.add_argument("--users", type=int, default=10_000)
     ap.add_argument("--follows", type=int, default=100_000)
     ap.add_argument("--tweets", type=int, default=10_000)
@@ -593,7 +688,7 @@ def main() -> int:
             return 1
         followers, normal, celebs = graph(running.store_url)
         result = _run(bench(running.api_url, readers(followers, args.streams), followers,
-                            normal, celebs, args))
+                            normal, celebs, args, running.store_url))
         return _finish(result, args, limits, started)
     with scratch("bench-streams-") as work:
         run_dir = work / "run"
@@ -605,7 +700,8 @@ def main() -> int:
             owners = readers(followers, args.streams)
             print(f"stack up, history of {seeded['events']} events; {len(normal)} normal "
                   f"authors, {len(celebs)} celebrities", flush=True)
-            result = _run(bench(stack.api_url, owners, followers, normal, celebs, args))
+            result = _run(bench(stack.api_url, owners, followers, normal, celebs, args,
+                                stack.store_url))
         finally:
             down(run_dir)
     return _finish(result, args, limits, started)
@@ -614,6 +710,7 @@ def main() -> int:
 def _finish(result: dict[str, Any], args: argparse.Namespace, limits: tuple[int, int],
             started: float) -> int:
     result["reads_saved"] = saved_reads(result, result["open"]["streams"])
+    result["stream_work"] = stream_work(result)
     result["bounds"] = bounds(result)
     result["settings"] = {**vars(args), "nofile": list(limits), "wall_s": round(
         time.time() - started)}

@@ -171,6 +171,7 @@ class _Run:
         self.think = 0.0
         self.seed = 0
         self.users_started = 0
+        self.streams_started = 0  # apart, so the acting users draw as they did without
         self.meta: dict[str, Any] = {}
         self.out: Path | None = None
         self.live: gevent.Greenlet | None = None
@@ -523,8 +524,8 @@ class StreamUser(User):
         if self.host is None or RUN.workload is None:
             msg = "no host to load, or the test has not started: pass --host"
             raise LoadgenError(msg)
-        RUN.users_started += 1
-        self.rng = random.Random(RUN.seed * 1_000_003 + RUN.users_started)
+        RUN.streams_started += 1
+        self.rng = random.Random(RUN.seed * 1_000_003 - RUN.streams_started)
         self.readers = ZipfPicker(RUN.workload.readers, RUN.workload.exponent)
         self.client = self._client()
 
