@@ -199,9 +199,9 @@ def parse_shards(text: str) -> Shards:
         return None
     out: set[int] = set()
     for term in (t.strip() for t in text.split(",")):
-        rest, _, modulus = term.partition("/")
+        rest, slash, modulus = term.partition("/")
         try:
-            r, m = int(rest), int(modulus) if modulus else FEED_SHARDS
+            r, m = int(rest), int(modulus) if slash else FEED_SHARDS
         except ValueError:
             r = m = -1
         if not 0 <= r < m <= FEED_SHARDS:

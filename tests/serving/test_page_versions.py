@@ -31,6 +31,7 @@ from serving.cursor import encode_cursor
 from serving.pagecache import PageCache
 from serving.pageversions import HOME, OWN, FeedVersions, page_versions
 from serving.reads import Pages, Read
+from serving.settings import parse_shards
 from serving.timeline import AccountGone
 from tests.support.cassandra import fresh_keyspace
 from tests.support.histories import USERS, histories, split
@@ -84,9 +85,11 @@ def cassandra_store(cassandra_hosts: str) -> Iterator:
         yield from _opened(url, 50)
 
 
-def _pages(store, celebrities: bool = False) -> tuple[Pages, types.SimpleNamespace]:
-    """The API's page answers over ``store``; with or without a celebrity cache."""
-    versions = page_versions(store)
+def _pages(store, celebrities: bool = False, shards: str = "all"
+           ) -> tuple[Pages, types.SimpleNamespace]:
+    """The API's page answers over ``store``; with or without a celebrity cache; of the
+    feed shards ``shards`` spells (``FANOUT_FEED_SHARDS``)."""
+    versions = page_versions(store, parse_shards(shards))
     cache = CelebrityCache(store, depth=store.cap, version=versions.position) \
         if celebrities else None
     state = types.SimpleNamespace(store=store, versions=versions, celebrities=cache)
@@ -347,6 +350,49 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
                         except AccountGone:
                             anew = "gone"
                         assert cached == anew, f"user {user}, since {since}, limit {limit}"
+        finally:
+            state.versions.close()
+            store.close()
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=histories(max_size=40), seed=st.integers(0, 2**32),
+       cuts=st.lists(st.integers(0, 200), min_size=2, max_size=6), cap=st.integers(1, 6),
+       shards=st.sampled_from(["1/2", "0/2", "14"]))
+def test_a_process_of_some_shards_serves_every_page_exactly_caching_only_its_own(
+        fresh_url, history, seed, cuts, cap, shards) -> None:
+    """A process reading some feed shards (Cassandra: only their rows) serves every
+    user's page as rendered anew after every batch; a page outside its shards is never
+    served from the cache, a page inside is when no batch touched it. (USERS' shards:
+    1, 14, 13, 10, 7: each spelling holds some and not others.)"""
+    rng = random.Random(seed)
+    arrivals = history + rng.sample(history, k=len(history) // 3)
+    rng.shuffle(arrivals)
+    batches = split(arrivals, cuts)
+    note(f"batches: {batches}")
+    mine = parse_shards(shards)
+    assert mine is not None and 0 < sum(shard(u) in mine for u in USERS) < len(USERS)
+    with fresh_url() as url:
+        store = store_from_url(url, cap=cap).open()
+        try:
+            join = LocalJoin(JoinConfig(cap, 3, 2), store)
+            pages, state = _pages(store, shards=shards)
+            for batch in batches:
+                join.run(batch)
+                for user in USERS:
+                    for kind, limit in ((HOME, 2), (HOME, 20), (OWN, 20)):
+                        read = Read(store, user, None, limit, None)
+                        try:
+                            anew = read.body(pages._page_fn(state, read, kind), None)
+                        except AccountGone:
+                            anew = "gone"
+                        hits = pages.cache.hits
+                        assert _read(pages, state, user, kind, limit) == anew, \
+                            f"user {user}, {kind}, limit {limit}"
+                        assert _read(pages, state, user, kind, limit) == anew
+                        held = anew != "gone" and shard(user) in mine
+                        assert (pages.cache.hits > hits) == held, (user, kind)
         finally:
             state.versions.close()
             store.close()
