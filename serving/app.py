@@ -413,6 +413,7 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
                     "newer than it, newest first; or a since page's gap_cursor: the "
                     "entries of that gap, from the bottom up. Not with cursor.")]
     caller_t = Annotated[int | None, Depends(auth.caller)]
+    until_t = Annotated[float | None, Depends(auth.until)]
 
     def owner(user_id: str, caller: int | None) -> int:
         user = parse_id(user_id, "user_id")
@@ -483,7 +484,7 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
                     **_AUTH_ERRORS, 404: _NOT_MODIFIED[404]},
                 dependencies=[Depends(only_query({"limit"}))])
     async def home_stream(request: Request, user_id: user_id_t, caller: caller_t,
-                          limit: stream_limit_t = None,
+                          until: until_t, limit: stream_limit_t = None,
                           last_event_id: last_event_id_t = None) -> Response:
         """The user's first home page at ``limit``, as it changes (DESIGN §7, *Live stream*).
 
@@ -493,13 +494,14 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
         the page as adds. Each event's ``id`` resumes exactly, in any API process:
         reconnect with ``Last-Event-ID``. ``reset``: drop what you hold, the page follows
         as adds (an id past the retention, or of another view); ``end``: the stream
-        closes, with a ``reason`` (``too_slow``, ``account_deleted``, ``shutdown``).
-        Comment lines are heartbeats. The owner's token, as for the home.
+        closes, with a ``reason`` (``too_slow``, ``account_deleted``, ``shutdown``,
+        ``token_expired``: when the bearer token expires; reconnect with a new one and
+        ``Last-Event-ID``). Comment lines are heartbeats. The owner's token, as for the home.
         """
         user = owner(user_id, caller)
         view = _served(request)
         size = limit or min(settings.default_page, STREAM_MAX_LIMIT)
-        return await hub.open(view, user, size, last_event_id)
+        return await hub.open(view, user, size, last_event_id, until)
 
     @router.get("/tweets", summary="An author's own tweets, newest first",
                 response_model=TimelinePage, response_model_exclude_unset=True,

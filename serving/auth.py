@@ -126,6 +126,16 @@ class Auth:
             return None
         return self._verified(credentials)
 
+    async def until(self, credentials: Credentials) -> float | None:
+        """Dependency: when the caller's token expires (epoch seconds); None when auth is off.
+
+        A live stream ends then (``token_expired``): a token's right to read is bounded in
+        time, and a connection held open must not outlive it.
+        """
+        if not self.on or credentials is None:
+            return None
+        return float(_claims(_split(credentials.credentials)[0])[1])
+
     def bearer(self, authorization: str | None) -> int | None:
         """The caller an ``Authorization`` header proves (None when auth is off).
 

@@ -143,9 +143,12 @@ class StreamHub:
         self.reads = 0
 
     # -- a client connects ------------------------------------------------------------------
-    async def open(self, view: Served, user: int, limit: int, last_id: str | None
-                   ) -> EventSourceResponse:
+    async def open(self, view: Served, user: int, limit: int, last_id: str | None,
+                   until: float | None = None) -> EventSourceResponse:
         """The stream's response; 400 for a bad ``last_id``, 404 for a deleted account.
+
+        ``until``: when the caller's token expires (epoch seconds); the stream ends then
+        with ``token_expired``.
 
         421 (:class:`WrongShard`) for a user whose pages this process does not keep.
         """
@@ -180,7 +183,7 @@ class StreamHub:
             await shutdown.wait()
             stream.end("shutdown", "the server is stopping: reconnect with Last-Event-ID")
 
-        return _Response(self._events(stream), ping=self.heartbeat_s,
+        return _Response(self._events(stream, until), ping=self.heartbeat_s,
                          send_timeout=self.send_timeout_s, on_timeout=self._timed_out,
                          on_close=lambda: self._leave(group, stream),
                          shutdown_event=shutdown, shutdown_grace_period=_SHUTDOWN_GRACE_S,
@@ -201,8 +204,11 @@ class StreamHub:
         held = list(resume.keys) if resume is not None and reset is None else []
         return self._encoded(group, held, group.keys, entries, reset)
 
-    async def _events(self, stream: _Stream) -> AsyncIterator[bytes]:
+    async def _events(self, stream: _Stream, until: float | None) -> AsyncIterator[bytes]:
         while True:
+            if until is not None and time.time() >= until:
+                stream.end("token_expired", "the bearer token expired: reconnect with a new "
+                                            "one and Last-Event-ID")
             if stream.ended is not None:
                 stream.queue.clear()
                 code, message = stream.ended
@@ -212,7 +218,11 @@ class StreamHub:
                 yield self._sent(*stream.queue.popleft())
                 continue
             stream.wake.clear()
-            await stream.wake.wait()
+            if until is None:
+                await stream.wake.wait()
+            else:
+                with anyio.move_on_after(max(0.0, until - time.time())):
+                    await stream.wake.wait()
 
     def _leave(self, group: _Group, stream: _Stream) -> None:
         """The response ended (the client left, was cut off, or the server stops)."""

@@ -11,7 +11,8 @@ page ``GET /home`` serves and the SQL reference (:class:`views.reference.Referen
 says; no add of an entry it held, no remove of one it did not, none missing.
 
 Then the edges: bad input is a 400 in the JSON shape and counted in ``/metrics``; the
-owner's token; a deleted account's stream ends and a new one is a 404; an id past the
+owner's token, whose expiry ends the stream; a deleted account's stream ends and a new
+one is a 404; an id past the
 retention or of another view resets; a client that stops reading is cut off without
 holding up another stream of the same page; the watcher stops when the last stream
 closes.
@@ -286,6 +287,30 @@ def test_the_owners_token_only_and_a_deleted_account(world: World):
         finally:
             client.close()
         assert_error(http.get("/v1/users/2/home/stream", headers=bearer(2)), 404)
+
+
+def test_a_stream_ends_when_its_token_expires(world: World):
+    """The token's expiry bounds the connection too; a resume needs a new token."""
+    with running(create_app(stream_settings(world.path))) as base, \
+            httpx.Client(base_url=base, timeout=5) as http:
+        client = Client(3, 3)
+        request = http.build_request("GET", "/v1/users/3/home/stream", params={"limit": 3},
+                                     headers=bearer(3, ttl=2))
+        client._response = http.send(request, stream=True)
+        assert client._response.status_code == 200
+        client._lines = client._response.iter_lines()
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while client.ended is None and time.monotonic() < deadline:
+                event = client.next_event()
+                if event is not None:
+                    client.take(event)
+            assert client.ended == "token_expired" and client.events > 1
+        finally:
+            client.close()
+        expired = http.get("/v1/users/3/home/stream", headers=bearer(3, ttl=2, now=time.time() - 5),
+                           params={"limit": 3})
+        assert_error(expired, 401)
 
 
 def test_an_old_id_or_one_of_another_view_resets(world: World):
