@@ -25,7 +25,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from infra.checker import (  # noqa: E402
     check_streams,
     log_ends,
 )
-from infra.faults import hold  # noqa: E402
+from infra.faults import flapping, hold  # noqa: E402
 from infra.hosts import require_netns  # noqa: E402
 from infra.nemesis import Nemesis  # noqa: E402
 from infra.stack import Stack  # noqa: E402
@@ -63,19 +62,10 @@ def faults(rng: random.Random) -> dict[str, Any]:
     return {f"isolate {a}": lambda n: n.isolate(a),
             f"partition majority | {a}": lambda n: n.partition([a]),
             f"one-way {a} -> {b}": lambda n: n.one_way(a, b),
-            f"flap {a}": lambda n: _flapping(n, a),
+            f"flap {a}": flapping(a),
             f"lossy {a} 5%": lambda n: n.lossy(a, 5.0),
             f"throttle {a} 1mbit": lambda n: n.throttle(a, "1mbit"),
             "cut-root": lambda n: n.cut_root()}
-
-
-def _flapping(nemesis: Nemesis, host: str) -> tuple[threading.Thread, threading.Event]:
-    """``host`` isolated 4 s and healed 4 s in a loop, on a thread, until the stop is set."""
-    stop = threading.Event()
-    thread = threading.Thread(target=nemesis.flap, args=(host,), daemon=True,
-                              kwargs={"count": 100, "on_s": 4.0, "off_s": 4.0, "stop": stop})
-    thread.start()
-    return thread, stop
 
 
 def nines(verifier: str | None) -> dict[str, float]:

@@ -22,7 +22,7 @@ import httpx
 
 from infra.checker import REQUEST_TIMEOUT_S, History, Op, read_stats
 from infra.errors import InfraError
-from infra.nemesis import Nemesis
+from infra.nemesis import MAX_FLAPS, Nemesis
 from serving.auth import USER_HEADER
 
 #: How long a write answered 202 after the heal is waited for (seconds).
@@ -67,6 +67,18 @@ class Window:
                 f"{read_stats(history.reads, self.began, self.healed).render()}, no answer "
                 f"within {REQUEST_TIMEOUT_S:.0f}s: {f['reads_no_answer']}\n"
                 f"first 202 {self.first_ack_s:.1f}s after the heal")
+
+
+def flapping(host: str, on_s: float = 4.0, off_s: float = 4.0
+             ) -> Callable[[Nemesis], tuple[threading.Thread, threading.Event]]:
+    """A fault for :func:`hold`: ``host`` isolated ``on_s``, healed ``off_s``, until healed."""
+    def apply(nemesis: Nemesis) -> tuple[threading.Thread, threading.Event]:
+        stop = threading.Event()
+        thread = threading.Thread(target=nemesis.flap, args=(host,), daemon=True, kwargs={
+            "count": MAX_FLAPS, "on_s": on_s, "off_s": off_s, "stop": stop})
+        thread.start()
+        return thread, stop
+    return apply
 
 
 def acked(history: History, since: float) -> int:

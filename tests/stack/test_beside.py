@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from cassandra import InvalidRequest
 
 from infra.stack import session_members
 from infra.verify import end_offsets, wait_caught_up
@@ -172,7 +173,7 @@ def _applied(url: str) -> int:
     try:
         with store_from_url(url, cap=60) as store:
             return sum(o + 1 for o in store.applied_offsets().values())
-    except ViewError:  # a keyspace not created yet
+    except (ViewError, InvalidRequest):  # a keyspace not created yet, or being created
         return 0
 
 
@@ -235,6 +236,7 @@ def _built_beside_under_load(run: BesideRun, *up: str) -> None:
                threading.Thread(target=_write, args=(base, stop, tweets))]
     for thread in threads:
         thread.start()
+    rebuild: subprocess.Popen[str] | None = None
     try:
         started = time.monotonic()
         rebuild = run.background("rebuild", "--beside", "--timeline-cap", "50")
@@ -255,6 +257,8 @@ def _built_beside_under_load(run: BesideRun, *up: str) -> None:
         time.sleep(3)  # reads after the switch, on every worker
     finally:
         stop.set()
+        if rebuild is not None and rebuild.poll() is None:  # a failure above: not left behind
+            _kill_session(rebuild.pid)
         for thread in threads:
             thread.join()
         load_ran = load.poll() is None  # still running: it loaded the whole rebuild

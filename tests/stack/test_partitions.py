@@ -24,6 +24,12 @@ brokers' port for :data:`FAULT_S` seconds (``nemesis cut-root``): writes answer
 503 with a reason within the write timeout, reads go on, nothing acknowledged is lost,
 and the job catches up after the heal (``verify`` 0 divergent).
 
+Last, writers and readers again through a one-way partition (node-2 cannot reach
+node-3), node-3 flapping (4 s cut off, 4 s healed) and node-2 dropping 5 % of its
+packets, :data:`FAULT_S` seconds each in turn (:mod:`infra.faults`): every request
+answered within the client's timeout, writes 202 or a 503 with a reason, nothing
+acknowledged lost, ``verify`` 0 divergent.
+
 Each scenario runs once (a module fixture) and each test checks one of these.
 
 Run with ``-s`` for the figures (202s, the 503 window and its latencies, the time to
@@ -52,7 +58,7 @@ from infra.checker import (
     log_ends,
     read_stats,
 )
-from infra.faults import Window, acked, hold, render_probes
+from infra.faults import Window, acked, flapping, hold, render_probes
 from infra.hosts import HostsError, require_netns
 from infra.nemesis import LOG_FILE, Nemesis
 from infra.stack import Stack
@@ -112,14 +118,18 @@ def _recorded_id(run_dir: Path) -> str:
 
 @dataclass
 class Faulted:
-    """What happened while a fault held (its :class:`Window`), and after the heal."""
+    """What happened while each fault held (its :class:`Window`), and after the heals."""
 
-    window: Window
+    windows: list[Window]
     history: History
     report: Report
     caught_up_s: float
     verified: str
     logged: list[dict[str, object]]
+
+    @property
+    def window(self) -> Window:
+        return self.windows[0]
 
     @property
     def probes(self) -> list[dict[str, object]]:
@@ -132,18 +142,29 @@ class Faulted:
 @pytest.fixture(scope="module")
 def isolated(hosts_run: Run) -> Faulted:
     """Replay, writers and readers; node-1 cut off from every host and the root namespace."""
-    return _scenario(hosts_run, "isolate node-1", lambda n: n.isolate("node-1"), replay=True)
+    return _scenario(hosts_run, [("isolate node-1", lambda n: n.isolate("node-1"))],
+                     replay=True)
 
 
 @pytest.fixture(scope="module")
 def cut_off(hosts_run: Run) -> Faulted:
     """Writers and readers; the job and the API cut off from the brokers' port."""
-    return _scenario(hosts_run, "cut-root", lambda n: n.cut_root(), replay=False)
+    return _scenario(hosts_run, [("cut-root", lambda n: n.cut_root())], replay=False)
 
 
-def _scenario(run: Run, name: str, apply: Callable[[Nemesis], object], *,
+@pytest.fixture(scope="module")
+def in_turn(hosts_run: Run) -> Faulted:
+    """Writers and readers; a one-way partition, a flapping host and a lossy one in turn."""
+    return _scenario(hosts_run, [("one-way node-2 -> node-3", lambda n: n.one_way("node-2",
+                                                                                  "node-3")),
+                                 ("flap node-3", flapping("node-3")),
+                                 ("lossy node-2 5%", lambda n: n.lossy("node-2", 5.0))],
+                     replay=False)
+
+
+def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object]]], *,
               replay: bool) -> Faulted:
-    """Writers and readers on the API (and a paced replay), the fault for FAULT_S, heal."""
+    """Writers and readers on the API (and a paced replay), each fault for FAULT_S, heal."""
     stack = Stack.load(run.run_dir)
     assert stack is not None
     kafka = KafkaSettings(bootstrap=stack.bootstrap, partitions=stack.partitions,
@@ -159,7 +180,8 @@ def _scenario(run: Run, name: str, apply: Callable[[Nemesis], object], *,
     logged_before = _logged(run)
     try:
         wait_for(lambda: acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
-        window = hold(nemesis, name, apply, stack.api_url, history, FAULT_S, USERS)
+        windows = [hold(nemesis, name, apply, stack.api_url, history, FAULT_S, USERS)
+                   for name, apply in faults]
     finally:
         workload.stop()
         if replaying is not None and replaying.poll() is None and sys.exc_info()[0] is not None:
@@ -172,9 +194,10 @@ def _scenario(run: Run, name: str, apply: Callable[[Nemesis], object], *,
     caught_up = time.monotonic() - verify_began
     with store_from_url(stack.store_url, cap=800) as store:
         report = check(history, kafka.bootstrap, kafka.topic(TWEETS), store)
-    result = Faulted(window, history, report, caught_up, verified,
+    result = Faulted(windows, history, report, caught_up, verified,
                      _logged(run)[len(logged_before):])
-    print(f"\n{window.render(history)}\n{report.render()}\nverify (view caught up) "
+    shown = "\n".join(w.render(history) for w in windows)
+    print(f"\n{shown}\n{report.render()}\nverify (view caught up) "
           f"{caught_up:.0f}s after the replay: {verified.strip().splitlines()[-1]}")
     return result
 
@@ -243,3 +266,21 @@ def test_cut_off_from_the_brokers_reads_go_on(cut_off):
     assert reads, "no read was sent during the fault"
     assert not [op for op in reads if op.status != 200], read_stats(
         cut_off.history.reads, cut_off.window.began, cut_off.window.healed).render()
+
+
+@pytest.mark.timeout(900)
+def test_a_one_way_partition_a_flapping_and_a_lossy_host_lose_and_hang_nothing(in_turn):
+    assert in_turn.report.ok, in_turn.report.render()
+    assert "0 divergent" in in_turn.verified
+    assert [e["event"] for e in in_turn.logged].count("apply") >= 3, in_turn.logged
+    for window in in_turn.windows:
+        writes, reads = window.during(in_turn.history.writes), window.during(in_turn.history.reads)
+        assert writes and reads, f"no write or read during {window.name}"
+        assert not [op for op in writes + reads if op.status == 0], (
+            f"requests got no answer within {REQUEST_TIMEOUT_S:.0f}s during {window.name}")
+        assert {op.status for op in writes} <= {202, 503}, (window.name, sorted(
+            {op.status for op in writes}))
+        assert {op.status for op in reads} <= {200, 503}, (window.name, read_stats(
+            in_turn.history.reads, window.began, window.healed).render())
+        assert all(p["reason"] for p in window.probes if p["status"] == 503), (
+            render_probes(window.probes))

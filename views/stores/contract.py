@@ -78,6 +78,11 @@ class TimelineReader(abc.ABC):
     #: server may run them inline rather than on a worker thread.
     reads_in_process: bool = False
 
+    #: Whether a batch becomes visible at once (SQLite: one transaction), so that
+    #: applied offsets unchanged across reads mean the reads saw no part of a later batch.
+    #: Cassandra's executors write a batch's rows before its offsets commit.
+    atomic_batches: bool = False
+
     #: Whether the rows a page reads by id (tweets, profiles, the reposts of an original)
     #: read the same for every reader, so a cache may keep them for all readers. SQLite's
     #: ``reposts_of`` with a reader lists only the reposts by that reader's followees.
@@ -196,6 +201,7 @@ class ReaderProxy(TimelineReader):
         self.inner = inner
         self.reads_in_process = inner.reads_in_process
         self.rows_shared = inner.rows_shared
+        self.atomic_batches = inner.atomic_batches
 
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
         return self.inner.snapshot()

@@ -266,6 +266,7 @@ class SQLiteStore(Store):
 
     reads_in_process = True
     rows_shared = False
+    atomic_batches = True
 
     def __init__(self, path: str | Path, cap: int = 800, trim_slack: int | None = None,
                  inactive_days: float = 0.0) -> None:
