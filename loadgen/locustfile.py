@@ -33,12 +33,12 @@ travels in ``X-User-Id``.
 **Live streams.** :class:`StreamUser` holds a reader's live home stream, leaves and
 resumes with ``Last-Event-ID`` (:mod:`loadgen.streamer`); ``--fanout-streams`` of the
 ``-u`` users are stream users (Locust's ``fixed_count``; by default the profile's
-share, 10% in ``social``, none in the others), the rest are :class:`TimelineUser`\ s
-acting as before. Push latency — a load user's post accepted (202) → its ``add`` at a
-follower's stream — is joined from both ends wherever they were seen
-(:mod:`loadgen.push`): every process records its accepts and receipts, workers ship
-them to the master with their reports, and the process that writes ``hdr.json``
-matches them by tweet id. ``hdr.json`` then holds ``push`` (the matched samples, with
+share, 10% in ``social``, none in the others); the rest are timeline users
+(:class:`TimelineUser`), acting as before. Push latency — a load user's post
+accepted (202) → its ``add`` at a follower's stream — is joined from both ends
+wherever they were seen (:mod:`loadgen.push`): every process records its accepts
+and receipts, workers ship them to the master with their reports, and the process
+that writes ``hdr.json`` matches them by tweet id. ``hdr.json`` then holds ``push`` (the matched samples, with
 their writers) and ``streams`` (connects, events, resets, cut-offs, open streams over
 time), and ``meta.celebrities`` when the workload or ``--fanout-celebrities`` names
 them.
