@@ -209,9 +209,11 @@ def _from_store(store: Store, rng: random.Random, probe_authors: int
         raise LoadRunError(msg)
     readers = sorted(followees, key=lambda u: (-len(followees[u]), u))
     authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
-    targets = _probe_targets(followers, set(store.celebrities()), rng, probe_authors)
+    celebrities = sorted(store.celebrities())
+    targets = _probe_targets(followers, set(celebrities), rng, probe_authors)
     reserved = sorted({t.follower for t in targets})
-    return Workload(readers, authors, reserved=reserved, source="store"), targets
+    return Workload(readers, authors, reserved=reserved, source="store",
+                    celebrities=celebrities), targets
 
 
 def _probe_targets(followers: dict[int, list[int]], celebrities: set[int], rng: random.Random,

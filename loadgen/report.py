@@ -12,9 +12,8 @@ writer joined (:mod:`loadgen.push`: a load user's post or reply accepted with a 
 the ``add`` of that tweet at a follower's stream, matched by tweet id across the
 Locust processes) and the stream tally. :func:`push_summary` splits the samples by
 their writer into normal and celebrity authors — with the celebrities ``hdr.json``
-names (the workload's, or ``--fanout-celebrities``), else those of the store the run
-info names (``store``: the store's celebrity table when the report is built) — and
-gives p50/p99/p99.9/max of each; :func:`stream_summary` gives the streams open,
+names (the workload's: ``fanout load`` takes them from the store's celebrity table,
+or ``--fanout-celebrities``; without them the split is not made) — and gives p50/p99/p99.9/max of each; :func:`stream_summary` gives the streams open,
 events per second, resets and cut-off clients.
 """
 
@@ -102,7 +101,7 @@ def build(runs: list[ModeRun], info: dict[str, Any], out: Path) -> dict[str, Any
         msg = "nothing was measured: no run to report"
         raise ReportError(msg)
     out.mkdir(parents=True, exist_ok=True)
-    celebrities = {r.mode: celebrities_of(r, info) for r in runs}
+    celebrities = {r.mode: celebrities_of(r) for r in runs}
     summary: dict[str, Any] = {"run": info, "modes": {
         r.mode: mode_summary(r, celebrities[r.mode]) for r in runs}}
     summary["compare"] = compare_rows(summary)
@@ -145,22 +144,10 @@ def probe_summary(result: ProbeResult, seconds: float) -> dict[str, Any]:
     return out
 
 
-def celebrities_of(run: ModeRun, info: dict[str, Any]) -> set[int] | None:
-    """The celebrities the run's results name, else the store's table (None: unknown)."""
+def celebrities_of(run: ModeRun) -> set[int] | None:
+    """The celebrities the run's results name (the workload's; None: unknown)."""
     named = run.meta.get("celebrities")
-    if named is not None:
-        return {int(u) for u in named}
-    if not info.get("store"):
-        return None
-    from views.stores import store_from_url
-
-    try:
-        with store_from_url(str(info["store"])) as store:
-            return set(store.celebrities())
-    except Exception:  # the report goes on without the split; the log says why
-        log.warning("cannot read the celebrities from %s: push latency is not split",
-                    info["store"], exc_info=True)
-        return None
+    return {int(u) for u in named} if named is not None else None
 
 
 def push_summary(push: dict[str, Any], celebrities: set[int] | None,

@@ -152,8 +152,8 @@ def test_a_stream_client_times_pushes_and_resumes_with_its_last_id(world: World)
     assert sorted(w for w, _, _ in push.samples) == [10, 12]
     assert all(0 <= latency < 5 for _, _, latency in push.samples), push.samples
     assert push.counts["caught_up"] == 1 and not push.pending
-    assert celebrities_of(ModeRun("fanout", {"meta": {}}),
-                          {"store": f"sqlite:///{world.path}"}) == {12, 13}
+    assert celebrities_of(ModeRun("fanout", {"meta": {"celebrities": ["12", 13]}})) == {12, 13}
+    assert celebrities_of(ModeRun("fanout", {"meta": {}})) is None
 
 
 def _session(client: StreamClient, leave: threading.Event) -> threading.Thread:
