@@ -153,7 +153,8 @@ def _soak(args: argparse.Namespace, rng: random.Random, work: Path, run: Path
         for i in range(args.faults):
             name, apply = rng.choice(list(faults(rng).items()))
             say("fault", f"{i + 1}/{args.faults}: {name} for {args.hold:.0f}s")
-            window = hold(nemesis, name, apply, stack.api_url, history, args.hold, args.users)
+            window = hold(nemesis, name, apply, stack.api_url, history, args.hold, args.users,
+                          token)
             say("fault", window.render(history).replace("\n", "; "))
             time.sleep(args.gap)
             figures.append({"index": i + 1, **window.figures(history),

@@ -87,7 +87,8 @@ def acked(history: History, since: float) -> int:
 
 
 def hold(nemesis: Nemesis, name: str, apply: Callable[[Nemesis], object], api_url: str,
-         history: History, seconds: float, users: int) -> Window:
+         history: History, seconds: float, users: int,
+         token_of: Callable[[int], str | None] = lambda _: None) -> Window:
     """Apply a fault, probe writes for ``seconds``, heal; wait for a 202 after the heal.
 
     A fault that plays out over time (:meth:`Nemesis.flap`) runs on a thread of its own
@@ -108,7 +109,7 @@ def hold(nemesis: Nemesis, name: str, apply: Callable[[Nemesis], object], api_ur
                 msg = f"the nemesis made no rule for {name}"
                 raise InfraError(msg)
             time.sleep(0.1)
-        probes = probe(api_url, seconds, users)
+        probes = probe(api_url, seconds, users, token_of)
     finally:
         if running is not None:
             running[1].set()
@@ -130,8 +131,13 @@ def hold(nemesis: Nemesis, name: str, apply: Callable[[Nemesis], object], api_ur
     return window
 
 
-def probe(api_url: str, seconds: float, users: int) -> list[dict[str, Any]]:
-    """A write a second for ``seconds``, as users 1..``users`` in turn (every partition)."""
+def probe(api_url: str, seconds: float, users: int,
+          token_of: Callable[[int], str | None] = lambda _: None) -> list[dict[str, Any]]:
+    """A write a second for ``seconds``, as users 1..``users`` in turn (every partition).
+
+    ``token_of(user)``: the user's bearer token, None with auth off (the user is named
+    in the header for it then).
+    """
     probes: list[dict[str, Any]] = []
     deadline = time.monotonic() + seconds
     user = 0
@@ -141,8 +147,9 @@ def probe(api_url: str, seconds: float, users: int) -> list[dict[str, Any]]:
             clock = time.monotonic()
             status, reason = 0, ""
             try:
-                response = client.post("/v1/tweets", json={"text": "probe"},
-                                       headers={USER_HEADER: str(user)})
+                token = token_of(user)
+                response = client.post("/v1/tweets", json={"text": "probe"}, headers=(
+                    {"Authorization": f"Bearer {token}"} if token else {USER_HEADER: str(user)}))
                 status = response.status_code
                 if status == 503:
                     reason = str(response.json().get("message", ""))
