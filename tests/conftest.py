@@ -1,5 +1,5 @@
 """The suite's shared fixtures, loaded as plugins: the broker, per-test topics, Spark,
-Cassandra and a freshly booted clock.
+Cassandra, an empty store of each kind and a freshly booted clock.
 
 Real services start once per session on random loopback ports; each test gets its
 own uniquely prefixed topics (docs/style.md §8). The fixtures live in ``tests/plugins/``, one
@@ -11,6 +11,7 @@ pytest_plugins = [
     "tests.plugins.kafka",
     "tests.plugins.spark",
     "tests.plugins.cassandra",
+    "tests.plugins.stores",
     "tests.plugins.clock",
     "tests.plugins.workers",
 ]

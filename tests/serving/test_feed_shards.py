@@ -37,7 +37,6 @@ from tests.support.api import assert_error, bearer, running
 from tests.support.streams import T0, World, Writes, stream_settings
 from views.join import JoinConfig
 from views.reference import Reference
-from views.stores.sqlite import SQLiteStore
 from views.stores.versions import FEED_SHARDS, shard
 
 #: Reader 2's shard; readers 3 and 4 are in 13 and 10.
@@ -104,24 +103,6 @@ def test_a_process_of_one_shard_streams_its_users_and_serves_every_page(world: W
                 c.close()
     assert all((c.duplicated, c.phantom, c.ended) == (0, 0, None) for c in mine + others)
     assert sum(c.events for c in mine) > 10
-
-
-@pytest.fixture(params=["sqlite", "cassandra"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "any.sqlite", cap=20).open()
-        yield store
-        store.close()
-        return
-    from tests.support.cassandra import fresh_keyspace
-    from views.stores import store_from_url
-
-    with fresh_keyspace(request.getfixturevalue("cassandra_hosts"), "page_fresh_ms=0") as url:
-        store = store_from_url(url, cap=20).open()
-        try:
-            yield store
-        finally:
-            store.close()
 
 
 def test_a_hub_of_one_shard_streams_its_user_and_refuses_another(any_store: Any) -> None:

@@ -411,24 +411,6 @@ def test_the_watcher_runs_only_while_streams_are_open(world: World):
     view.close(own_store=False)
 
 
-@pytest.fixture(params=["sqlite", "cassandra"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "any.sqlite", cap=20).open()
-        yield store
-        store.close()
-        return
-    from tests.support.cassandra import fresh_keyspace
-    from views.stores import store_from_url
-
-    with fresh_keyspace(request.getfixturevalue("cassandra_hosts"), "page_fresh_ms=0") as url:
-        store = store_from_url(url, cap=20).open()
-        try:
-            yield store
-        finally:
-            store.close()
-
-
 def test_a_batch_reaches_only_the_streams_whose_page_it_changed(any_store):
     """On SQLite (a network store's thread path too, on Cassandra): user 1's stream gets
     the new entry, user 2's nothing. Both stores' change feeds name only user 1's page, so
