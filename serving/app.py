@@ -481,7 +481,11 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
                 response_class=Response, responses={
                     200: {"content": {"text/event-stream": {}},
                           "description": "Server-Sent Events: add, remove, reset, end."},
-                    **_AUTH_ERRORS, 404: _NOT_MODIFIED[404]},
+                    **_AUTH_ERRORS, 404: _NOT_MODIFIED[404],
+                    421: {"model": ErrorBody, "description": "The user's pages are in a feed "
+                          "shard this API process does not read (FANOUT_FEED_SHARDS); the "
+                          "X-Fanout-Feed-Shard header names it: open the stream on one "
+                          "that does."}},
                 dependencies=[Depends(only_query({"limit"}))])
     async def home_stream(request: Request, user_id: user_id_t, caller: caller_t,
                           until: until_t, limit: stream_limit_t = None,
