@@ -180,7 +180,13 @@ def _soak(args: argparse.Namespace, rng: random.Random, work: Path, run: Path
     return {"faults": figures, "checker": {
                 "ok": report.ok, "writes": report.attempted, "acked": report.acknowledged,
                 "lost": len(report.lost), "duplicated": len(report.duplicated),
-                "phantom": len(report.phantom)},
+                "phantom": len(report.phantom),
+                # each write found twice or lost, with when it was sent and what it got,
+                # to place it among the faults' windows
+                "odd_writes": [{"n": op.n, "began": op.began, "took": op.took,
+                                "status": op.status, "user": op.user}
+                               for op in history.writes
+                               if op.n in set(report.duplicated) | set(report.lost)]},
             "streams": {"ok": streams.ok, "events": streams.events, "resumes": streams.resumes,
                         "missed": streams.missed, "duplicated": streams.duplicated,
                         "phantom": streams.phantom},
