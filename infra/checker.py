@@ -154,6 +154,11 @@ class Report:
                 f"windows of refused writes: {windows}")
 
 
+def caller_headers(user: int, token: str | None) -> dict[str, str]:
+    """The headers of a request made as ``user``: its bearer token, else (auth off) the caller's id."""
+    return {"Authorization": f"Bearer {token}"} if token else {USER_HEADER: str(user)}
+
+
 class Workload:
     """Writer and reader threads on the API, recording into a :class:`History`.
 
@@ -195,8 +200,7 @@ class Workload:
 
     def _headers(self, user: int) -> dict[str, str]:
         """The user's bearer token; with auth off (no token), the header naming the caller."""
-        token = self.token_of(user)
-        return {"Authorization": f"Bearer {token}"} if token else {USER_HEADER: str(user)}
+        return caller_headers(user, self.token_of(user))
 
     def _write_loop(self, seed: float) -> None:
         rng = random.Random(seed)

@@ -20,10 +20,9 @@ from typing import Any
 
 import httpx
 
-from infra.checker import REQUEST_TIMEOUT_S, History, Op, read_stats
+from infra.checker import REQUEST_TIMEOUT_S, History, Op, caller_headers, read_stats
 from infra.errors import InfraError
 from infra.nemesis import MAX_FLAPS, Nemesis
-from serving.auth import USER_HEADER
 
 #: How long a write answered 202 after the heal is waited for (seconds).
 RECOVER_S = 120.0
@@ -147,9 +146,8 @@ def probe(api_url: str, seconds: float, users: int,
             clock = time.monotonic()
             status, reason = 0, ""
             try:
-                token = token_of(user)
-                response = client.post("/v1/tweets", json={"text": "probe"}, headers=(
-                    {"Authorization": f"Bearer {token}"} if token else {USER_HEADER: str(user)}))
+                response = client.post("/v1/tweets", json={"text": "probe"},
+                                       headers=caller_headers(user, token_of(user)))
                 status = response.status_code
                 if status == 503:
                     reason = str(response.json().get("message", ""))
