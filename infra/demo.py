@@ -129,7 +129,7 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
 
 def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:
     """The busiest reader's newest entries, then one entry of each kind over HTTP."""
-    busiest = sorted(store.home_users(), key=lambda u: (-len(store.followees(u)), u))
+    busiest = readers_busiest_first(store)
     with httpx.Client(base_url=stack.api_url, timeout=10) as client:
         for user in busiest:
             answer = client.get(f"/v1/users/{user}/home", params={"limit": entries})
@@ -149,13 +149,17 @@ def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:
             print(f"  {kind:<7} none in the first page of the {SEARCHED} busiest readers")
 
 
+def readers_busiest_first(store: Store) -> list[int]:
+    """The store's readers, those following the most first (ties by id)."""
+    return sorted(store.home_users(), key=lambda u: (-len(store.followees(u)), u))
+
+
 def live_event(api_url: str, store: Store, timeout: float = LIVE_TIMEOUT_S) -> bool:
     """Hold the busiest reader's stream, post as one they follow, show the ``add``.
 
     True when the event of the post arrived within ``timeout`` seconds of its 202.
     """
-    reader = next((u for u in sorted(store.home_users(),
-                                     key=lambda u: (-len(store.followees(u)), u))
+    reader = next((u for u in readers_busiest_first(store)
                    if store.followees(u) and store.users([u])), None)
     if reader is None:
         print("no reader follows anyone: nothing to stream")
