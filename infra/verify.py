@@ -98,6 +98,11 @@ def end_offsets(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
     return {(kafka.logical(t), p): end for (t, p), end in offsets.ends(tps).items()}
 
 
+def _ahead(store: TimelineReader, ends: dict[tuple[str, int], int]) -> bool:
+    """Whether the view has applied a record at or past ``ends`` (a log read earlier)."""
+    return any(offset >= ends.get(tp, 0) for tp, offset in store.applied_offsets().items())
+
+
 def lagging(store: TimelineReader, ends: dict[tuple[str, int], int]) -> list[str]:
     """Partitions whose last record the store has not applied yet."""
     applied = store.applied_offsets()
@@ -134,6 +139,20 @@ def verify(kafka: KafkaSettings, store: Store, cap: int, *, sample: int | None =
         result = compare(log_, store, cap, sample=sample, seed=seed, max_samples=max_samples,
                          progress=progress, entries=entries, opener=opener, workers=workers,
                          lateness=lateness, pool=pool)
+        if result.divergent_users and _ahead(store, log_.ends):
+            # Records that reached the log after it was read (a write answered 503 whose
+            # record landed later, say) were applied before the pages were: the users
+            # who differ are compared again with the log read anew.
+            log.info("the view applied records past the log as read; comparing the %d "
+                     "divergent users again", result.divergent)
+            log_ = read_changelog(kafka)
+            if wait > 0:
+                wait_caught_up(store, log_.ends, wait)
+            again = compare(log_, store, cap, users=result.divergent_users, seed=seed,
+                            max_samples=max_samples, entries=entries, opener=opener,
+                            workers=workers, lateness=lateness, pool=pool)
+            result.divergent, result.divergent_users = again.divergent, again.divergent_users
+            result.samples, result.missing = again.samples, again.missing
     result.lagging_partitions = lagging(store, log_.ends)
     result.seconds = time.perf_counter() - start
     return result
