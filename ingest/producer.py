@@ -206,6 +206,11 @@ class ChangelogProducer:
             raise ProduceError(msg) from None
 
     @property
+    def config(self) -> Mapping[str, Any]:
+        """The librdkafka settings this producer connects with (a copy)."""
+        return dict(self._config)
+
+    @property
     def fatal(self) -> bool:
         """Whether the client hit a fatal error: it will never deliver again.
 

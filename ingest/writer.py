@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException
@@ -69,6 +70,11 @@ class SharedProducer:
         except IngestError as exc:
             self._failed(exc)
             raise
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The librdkafka settings its producer connects with (makes none)."""
+        return ChangelogProducer(self.settings, **self._overrides).config
 
     def broker_reachable(self) -> bool | None:
         """Whether a broker answered a metadata request lately (None: none configured)."""

@@ -194,7 +194,7 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     from the store's batch log (one worker of several does; :mod:`serving.metrics`).
     """
     auth = Auth(settings)
-    writer = _writer(settings, kafka or KafkaSettings())
+    writer = write_producer(settings, kafka or KafkaSettings())
     app = FastAPI(title="fanout API", version="1",
                   lifespan=_lifespan(settings, store, writer, lambda: activity, freeze_heap,
                                      lambda: metrics, lambda: hub),
@@ -235,12 +235,18 @@ def _activity_log(settings: ServingSettings, writer: SharedProducer) -> Activity
     return ActivityLog(lambda: writer, settings.activity_every_s)
 
 
-def _writer(settings: ServingSettings, kafka: KafkaSettings) -> SharedProducer:
-    # The record times out when the request does, so a write answered 503 is not
-    # delivered later behind the client's back; linger 1 ms: writes wait one by one.
+def write_producer(settings: ServingSettings, kafka: KafkaSettings) -> SharedProducer:
+    """The producer the write routes share: a 503 at the write timeout, delivery tried on."""
+    # The request answers 503 at the write timeout; the record is tried on for the
+    # delivery timeout, past a leader failover, so it never times out in flight: that
+    # bumps the idempotent producer's epoch, and records retried under the new epoch can
+    # land twice (librdkafka#4953). One request in flight per broker: an out-of-order
+    # answer behind a failed request bumps the epoch too. Linger 1 ms: writes wait one
+    # by one.
     return SharedProducer(kafka, connect_timeout=settings.write_timeout_ms / 1000,
                           cooldown=settings.retry_after_s, probe_every=settings.broker_check_s,
-                          message_timeout_ms=settings.write_timeout_ms, linger_ms=1)
+                          message_timeout_ms=settings.delivery_timeout_ms,
+                          max_in_flight_requests_per_connection=1, linger_ms=1)
 
 
 def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None:

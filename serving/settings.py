@@ -111,6 +111,15 @@ class ServingSettings(FanoutSettings):
         default=5_000, ge=100, le=60_000,
         validation_alias=_env("FANOUT_WRITE_TIMEOUT_MS", "write_timeout_ms"),
         description="Longest a write waits for the broker's acknowledgement before 503.")
+    delivery_timeout_ms: int = Field(
+        default=60_000, ge=1_000, le=600_000,
+        validation_alias=_env("FANOUT_WRITE_DELIVERY_MS", "delivery_timeout_ms"),
+        description="Longest the producer keeps trying to deliver a write's record "
+                    "(librdkafka's message.timeout.ms), at least the write timeout: longer "
+                    "than a leader failover, so no record times out in flight (a timeout "
+                    "bumps the idempotent producer's epoch, and a retry under the new epoch "
+                    "can write a record twice). A write answered 503 may still land "
+                    "within it.")
     retry_after_s: int = Field(
         default=2, ge=1, validation_alias=_env("FANOUT_RETRY_AFTER_S", "retry_after_s"),
         description="Retry-After of a 503 to a write; also how long writes fail fast "
@@ -188,6 +197,11 @@ class ServingSettings(FanoutSettings):
     def _default_fits(self) -> ServingSettings:
         if self.default_page > self.max_page:
             msg = f"default_page={self.default_page} exceeds max_page={self.max_page}"
+            raise ValueError(msg)
+        if self.delivery_timeout_ms < self.write_timeout_ms:
+            msg = (f"delivery_timeout_ms={self.delivery_timeout_ms} is shorter than "
+                   f"write_timeout_ms={self.write_timeout_ms}: a record must be tried for at "
+                   "least as long as its request waits")
             raise ValueError(msg)
         self.shards()  # a bad spelling fails at startup
         return self

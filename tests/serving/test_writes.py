@@ -32,6 +32,7 @@ from ingest.events import (
 )
 from ingest.settings import KafkaSettings
 from ingest.snowflake import EPOCH_MS, Snowflake
+from serving.app import write_producer
 from serving.writes import NOT_ONLY_SPACE
 from tests.support.api import (
     assert_error,
@@ -426,3 +427,21 @@ def test_bad_timeline_writes_are_4xx_before_producing(offline: httpx.Client, met
                                                       field: str):
     response = offline.request(method, path, json=body, headers=bearer(ME))
     assert assert_error(response, status)["field"] == field
+
+
+def test_a_write_record_is_tried_past_a_failover_with_one_request_in_flight(tmp_path: Path):
+    # A record that times out in flight, or an out-of-order answer behind a failed
+    # request, bumps the idempotent producer's epoch, and records retried under the new
+    # epoch can be written twice (the soak found one): the request answers 503 at the
+    # write timeout while the record is tried on.
+    store = open_store(tmp_path)
+    try:
+        config = settings(store, write_timeout_ms=2_000, delivery_timeout_ms=45_000)
+        producer = write_producer(config, unreachable_kafka()).config
+        assert producer["message.timeout.ms"] == 45_000
+        assert producer["max.in.flight.requests.per.connection"] == 1
+        assert producer["enable.idempotence"] is True
+        with pytest.raises(ValueError, match="shorter than write_timeout_ms"):
+            settings(store, write_timeout_ms=5_000, delivery_timeout_ms=1_000)
+    finally:
+        store.close()
