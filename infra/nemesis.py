@@ -10,7 +10,8 @@ each on the hosts' own network, never on any other:
 - ``partition --minority HOST...``: the minority cut off from the majority, both ways;
 - ``one-way SRC DST``: what SRC sends DST is lost; DST still reaches SRC;
 - ``flap HOST``: ``isolate`` for a few seconds, healed for a few, ``--count`` times;
-- ``slow HOST``: ``tc netem`` delay with jitter (100 ms ± 50 ms) on the host's link;
+- ``slow HOST``: delay with jitter (100 ms ± 50 ms) on the host's link, both ways:
+  ``tc netem`` where the kernel has it, else a packet delayer (:mod:`infra.delay`);
 - ``lossy HOST``: 5 % of the packets to and from the host lost;
 - ``throttle HOST``: the host's link capped (``tc tbf``), for kernels without netem;
 - ``cut-root``: the root namespace (the job's driver, the API, the load generator)
@@ -18,10 +19,19 @@ each on the hosts' own network, never on any other:
 
 Drops are ``iptables`` rules in a chain of the nemesis's own (:data:`CHAIN`) inside the
 hosts' namespaces, jumped to first from ``INPUT`` and ``OUTPUT``; delay, loss and caps
-are qdiscs on both ends of a host's veth pair. ``heal`` flushes the chain and deletes
-the qdiscs on every host. This machine's kernel (6.18, Firecracker) has no
-``sch_netem``: ``slow`` says so and refuses; ``lossy`` then drops with ``iptables``'
-``statistic`` match, the same random loss. Every fault and heal is logged, with its
+are qdiscs on both ends of a host's veth pair. ``heal`` flushes the chain, deletes
+the qdiscs and stops the delayers on every host. This machine's kernel (6.18,
+Firecracker) has no ``sch_netem``: ``lossy`` then drops with ``iptables``' ``statistic``
+match, the same random loss, and ``slow`` starts a packet delayer (:mod:`infra.delay`)
+in the host's namespace and sends the host's traffic on its ``eth0`` (not its
+loopback) to it with ``NFQUEUE`` rules in the chain: a normal delay per packet, in
+order, each way (the fault's detail says ``"how": "nfqueue"`` or ``"netem"``). What the
+host receives is held in the kernel until its time; what it sends is copied, dropped
+and sent again by the delayer, as netem frees such a packet from its socket (else TCP's
+small-queue limit throttles the sender to a few KB per delay). ``--queue-bypass`` lets
+the packets through should the delayer die; its pid is kept in the run directory, so
+a heal by a later nemesis stops one an earlier nemesis left, and it stops by itself
+once its host is removed (``fanout down``). Every fault and heal is logged, with its
 time, to stdout and to ``<run>/nemesis.jsonl``.
 
 The command holds each fault for ``--for`` seconds and then heals it, and a flap
@@ -44,6 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from infra import delay
 from infra.errors import InfraError
 from infra.hosts import HOST_IF, Host, HostNetwork, run_cmd
 
@@ -58,6 +69,17 @@ KAFKA_PORT: Final = 9092
 MAX_HOLD_S: Final = 3600.0
 MAX_FLAPS: Final = 100
 _IPTABLES: Final = ("iptables", "-w", "5")
+#: The NFQUEUEs ``slow`` uses in a host's namespace (each namespace has queues of its
+#: own): this one for what the host receives, the next for what it sends.
+DELAY_QUEUE: Final = 5
+#: What ``slow`` queues without netem: what the host gets on, and sends out of, its link
+#: (the chain is jumped to from INPUT, where only ``-i`` matches, and from OUTPUT, where
+#: only ``-o`` does); the host's own loopback traffic is never delayed. The first rule
+#: returns the packets the delayer sends again: they went through the chain once.
+_QUEUE_RULES: Final = (
+    ["-m", "mark", "--mark", hex(delay.RESENT_MARK), "-j", "RETURN"],
+    ["-i", HOST_IF, "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"],
+    ["-o", HOST_IF, "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE + 1), "--queue-bypass"])
 
 
 class NemesisError(InfraError):
@@ -133,11 +155,24 @@ class Nemesis:
         return self._applied(Fault("cut-root", tuple(touched), {"port": port}))
 
     def slow(self, name: str, delay_ms: int = 100, jitter_ms: int = 50) -> Fault:
-        """Delay with jitter on both directions of ``name``'s link (``tc netem``)."""
-        netem = ["netem", "delay", f"{delay_ms}ms", f"{jitter_ms}ms", "distribution", "normal"]
-        self._qdisc(self.host(name), netem, "slow")
-        return self._applied(Fault("slow", (name,), {"delay_ms": delay_ms,
-                                                     "jitter_ms": jitter_ms}))
+        """Delay with jitter on both directions of ``name``'s link.
+
+        ``tc netem`` where the kernel has it; else the packets go through a delayer in
+        the host (:mod:`infra.delay`), which keeps them in order where netem reorders.
+        """
+        if delay_ms < 0 or jitter_ms < 0:
+            msg = f"a delay and its jitter are >= 0 ms, not {delay_ms} ms ± {jitter_ms} ms"
+            raise NemesisError(msg)
+        host = self.host(name)
+        detail: dict[str, Any] = {"delay_ms": delay_ms, "jitter_ms": jitter_ms}
+        if netem_available():
+            self._qdisc(host, ["netem", "delay", f"{delay_ms}ms", f"{jitter_ms}ms",
+                               "distribution", "normal"], "slow")
+            detail["how"] = "netem"
+        else:
+            detail.update(how="nfqueue", queue=DELAY_QUEUE,
+                          pid=self._delay(host, delay_ms, jitter_ms))
+        return self._applied(Fault("slow", (name,), detail))
 
     def lossy(self, name: str, percent: float = 5.0) -> Fault:
         """``percent`` % of the packets to and from ``name`` lost.
@@ -184,13 +219,18 @@ class Nemesis:
         return rounds
 
     def heal(self) -> list[Fault]:
-        """Remove every fault on every host: flush the chains, delete the qdiscs."""
+        """Remove every fault on every host: flush the chains, delete the qdiscs.
+
+        The delayers stop last, once no rule queues packets to them.
+        """
         for host in self.hosts():
             run_cmd(host.argv([*_IPTABLES, "-F", CHAIN]), check=False)
             run_cmd(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
             run_cmd(host.argv(["tc", "qdisc", "del", "dev", HOST_IF, "root"]), check=False)
+        stopped = delay.stop_all(self.run_dir)
         healed, self.active = self.active, []
-        self._log("heal", None, {"healed": [f.kind for f in healed]})
+        self._log("heal", None, {"healed": [f.kind for f in healed],
+                                 **({"delayers_stopped": stopped} if stopped else {})})
         return healed
 
     def status(self) -> dict[str, list[str]]:
@@ -201,6 +241,8 @@ class Nemesis:
             qdiscs = run_cmd(["tc", "qdisc", "show", "dev", host.veth], check=False).stdout
             shown[host.name] = [r for r in rules if r.startswith("-A")] + [
                 q for q in qdiscs.splitlines() if "netem" in q or "tbf" in q]
+        for name, pid in delay.running(self.run_dir).items():
+            shown.setdefault(name, []).append(f"packet delayer pid {pid}")
         return shown
 
     # -- the hosts -----------------------------------------------------------------------
@@ -218,6 +260,32 @@ class Nemesis:
         """``host`` drops what it gets from, and what it sends to, ``addresses``."""
         self._rules(host, [rule for a in addresses
                            for rule in (["-s", a, "-j", "DROP"], ["-d", a, "-j", "DROP"])])
+
+    def _delay(self, host: Host, delay_ms: int, jitter_ms: int) -> int:
+        """Start ``host``'s delayer, then queue its link's packets to it; the delayer's pid.
+
+        A host already slow gets its delayer and rules replaced, as ``tc qdisc replace``
+        replaces netem's.
+        """
+        _require("iptables", "apt-get install -y iptables")
+        self._chain(host)
+        self._unqueue(host)
+        pid = delay.start(host, self.run_dir, DELAY_QUEUE, delay_ms, jitter_ms, HOST_IF,
+                          max_seconds=MAX_HOLD_S)
+        try:
+            resent, *queued = _QUEUE_RULES
+            run_cmd(host.argv([*_IPTABLES, "-I", CHAIN, "1", *resent]))
+            self._rules(host, queued)
+        except Exception:
+            self._unqueue(host)
+            raise
+        return pid
+
+    def _unqueue(self, host: Host) -> None:
+        """Remove ``host``'s queue rules and stop its delayer, if it has them."""
+        for rule in _QUEUE_RULES:
+            run_cmd(host.argv([*_IPTABLES, "-D", CHAIN, *rule]), check=False)
+        delay.stop_all(self.run_dir, host.name)
 
     def _rules(self, host: Host, rules: list[list[str]]) -> None:
         _require("iptables", "apt-get install -y iptables")
@@ -291,7 +359,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "apply one for --for seconds, then heal it")
     faults = p.add_subparsers(dest="fault", metavar="FAULT", required=True)
     for name, what in (("isolate", "cut HOST off from every other host and the job/API"),
-                       ("slow", "delay HOST's link (tc netem, --delay ms ± --jitter ms)"),
+                       ("slow", "delay HOST's link --delay ms ± --jitter ms, both ways (tc "
+                                "netem; without netem, an NFQUEUE delayer in HOST, in order)"),
                        ("lossy", "lose --loss %% of HOST's packets"),
                        ("throttle", "cap HOST's link at --rate (tc tbf)"),
                        ("flap", "isolate HOST --on s, heal --off s, --count times")):
