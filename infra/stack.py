@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from infra import delay, procs
 from infra import hosts as hosts_mod
-from infra import procs
 from infra.errors import InfraError
 from infra.process import Heartbeat
 from infra.settings import API_URL_ENV, SPARK_DRIVER_HOST_ENV, SPARK_MASTER_ENV
@@ -350,6 +350,7 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     Topics, checkpoint and store stay: ``up`` resumes from them.
     """
     stack = Stack.load(run_dir)
+    delay.stop_all(run_dir)  # a nemesis's packet delayers hold their hosts' namespaces
     if stack is None:
         hosts_mod.remove(run_dir)  # what a crashed first `up --hosts` may have left
         return None
