@@ -154,11 +154,13 @@ def cut_off(hosts_run: Run) -> Faulted:
 
 @pytest.fixture(scope="module")
 def in_turn(hosts_run: Run) -> Faulted:
-    """Writers and readers; a one-way partition, a flapping host and a lossy one in turn."""
+    """Writers and readers; a one-way partition, a flapping host, a lossy one and a slow
+    one in turn."""
     return _scenario(hosts_run, [("one-way node-2 -> node-3", lambda n: n.one_way("node-2",
                                                                                   "node-3")),
                                  ("flap node-3", flapping("node-3")),
-                                 ("lossy node-2 5%", lambda n: n.lossy("node-2", 5.0))],
+                                 ("lossy node-2 5%", lambda n: n.lossy("node-2", 5.0)),
+                                 ("slow node-1 100±50ms", lambda n: n.slow("node-1", 100, 50))],
                      replay=False)
 
 
@@ -269,10 +271,12 @@ def test_cut_off_from_the_brokers_reads_go_on(cut_off):
 
 
 @pytest.mark.timeout(900)
-def test_a_one_way_partition_a_flapping_and_a_lossy_host_lose_and_hang_nothing(in_turn):
+def test_a_one_way_partition_a_flapping_a_lossy_and_a_slow_host_lose_and_hang_nothing(in_turn):
     assert in_turn.report.ok, in_turn.report.render()
     assert "0 divergent" in in_turn.verified
-    assert [e["event"] for e in in_turn.logged].count("apply") >= 3, in_turn.logged
+    assert [e["event"] for e in in_turn.logged].count("apply") >= 4, in_turn.logged
+    slow = [e for e in in_turn.logged if e.get("fault") == "slow"]
+    assert slow and slow[0]["how"] in ("netem", "nfqueue"), in_turn.logged
     for window in in_turn.windows:
         writes, reads = window.during(in_turn.history.writes), window.during(in_turn.history.reads)
         assert writes and reads, f"no write or read during {window.name}"
