@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import psutil
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -378,10 +378,8 @@ def _run_loop(coro):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--follows", type=int, default=200_000)
-    ap.add_argument("--tweets", type=int, default=200_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="api", users=20_000, follows=200_000,
+                         tweets=200_000, store=None, rounds=3)
     ap.add_argument("--celebrity-threshold", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=50_000, help="events per LocalJoin batch")
     ap.add_argument("--connections", type=int, default=64)
@@ -389,16 +387,10 @@ def main() -> int:
                     help="seconds the API's CPU is measured without load first")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over the modes; the "
-                    "median round by requests per CPU-second is the figure")
     ap.add_argument("--modes", default="fanout,read", help="comma-separated FANOUT_READ_MODEs")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--store", type=Path, default=None,
-                    help="keep the built store here, or reuse it if it exists (default: a "
-                         "temporary file, deleted)")
     ap.add_argument("--graph", type=Path, default=EGO,
                     help="real follow graph for the celebrity-threshold split ('' to skip)")
-    ap.add_argument("--name", default="api")
     args = ap.parse_args()
     # SIGTERM (e.g. from `timeout`) unwinds like an error, so the API process is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -11,20 +11,19 @@ the process's CPU over ``--seconds`` with no requests and the job idle. Results 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
 from bench_http import _tree_cpu, api, checkout
-from harness import save
+from harness import argument_parser, save
 from pipeline import scratch
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", type=Path, default=Path("/tmp/fanout14/v.sqlite"))
+    ap = argument_parser(__doc__.split("\n\n")[0], name="api-idle",
+                         store=Path("/tmp/fanout14/v.sqlite"))
     ap.add_argument("--before", default="0d21c7e")
     ap.add_argument("--seconds", type=float, default=15.0)
     args = ap.parse_args()
@@ -41,7 +40,7 @@ def main() -> int:
                               "loadavg_1m": round(os.getloadavg()[0], 2)}
             print(label, out[label], flush=True)
     out["before"]["rev"] = args.before
-    print(f"written to {save('api-idle', out)}")
+    print(f"written to {save(args.name, out)}")
     return 0
 
 

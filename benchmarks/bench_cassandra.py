@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -338,20 +338,18 @@ def _keyspace(hosts: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__.split("\n\n")[0], name="cassandra", users=2000)
     parser.add_argument("--seconds", type=float, default=60.0, help="measured s per phase")
     parser.add_argument("--warmup", type=float, default=20.0, help="unmeasured s per phase")
     parser.add_argument("--idle-seconds", type=float, default=15.0,
                         help="the node's idle CPU is measured this long before the phases")
     parser.add_argument("--clients", type=int, default=2, help="client processes per phase")
     parser.add_argument("--threads", type=int, default=8, help="reader threads per client")
-    parser.add_argument("--users", type=int, default=2000)
     parser.add_argument("--fanout", type=int, default=20, help="followers per post")
     parser.add_argument("--batch-tweets", type=int, default=100, help="posts per batch")
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--heap-mb", type=int, default=768)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--name", default="cassandra")
     parser.add_argument("--client", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -88,7 +88,7 @@ def _one_node(slack_us: int, args: argparse.Namespace, work: Path) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__.splitlines()[0], name="cassandra_idle")
     parser.add_argument("--slacks-us", type=int, nargs="+",
                         default=[0, TIMER_SLACK_NS // 1000])
     parser.add_argument("--gaps-ms", type=float, nargs="+", default=[0, 1, 5, 20, 100])
@@ -96,7 +96,6 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=30.0)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--heap-mb", type=int, default=512)
-    parser.add_argument("--name", default="cassandra_idle")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fanout-idle-") as tmp:
         nodes = [_one_node(slack, args, Path(tmp)) for slack in args.slacks_us]

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import psutil
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
@@ -106,15 +106,13 @@ def _api_cpu(store: Path, refresh_s: float, seconds: float, work: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", type=Path, default=_default_store())
+    ap = argument_parser(__doc__.split("\n\n")[0], name="celebrity-cost", store=_default_store())
     ap.add_argument("--rate", type=float, default=500.0, help="tweets/s written")
     ap.add_argument("--batch-s", type=float, default=1.0, help="seconds between commits")
     ap.add_argument("--celebrity-share", type=float, default=0.1,
                     help="share of the tweets posted by celebrities")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--name", default="celebrity-cost")
     args = ap.parse_args()
     if args.store is None or not args.store.exists():
         raise SystemExit("no ego-twitter store: run benchmarks/bench_replay.py first "

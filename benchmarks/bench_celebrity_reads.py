@@ -18,7 +18,6 @@ Results go to benchmarks/results/celebrity_reads.json.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import built_store, percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
@@ -109,8 +108,7 @@ def _http(path: Path, readers, rounds: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="celebrity_reads", rounds=2000)
     ap.add_argument("--http", action="store_true", help="also measure over HTTP")
     args = ap.parse_args()
     with scratch("fanout-celeb-") as work:
@@ -128,7 +126,7 @@ def main() -> int:
         print(f"{path_name:>6}: " + "  ".join(
             f"{k:>4} celebs p50 {g['p50_ms']:.2f}ms p99 {g['p99_ms']:.2f}ms "
             f"(×{g['p99_vs_0']})" for k, g in groups.items()))
-    print(f"written to {save('celebrity_reads', result)}")
+    print(f"written to {save(args.name, result)}")
     return 0
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 
 from bench_replay import _graph, _phase
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import pipeline, replay_process, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -105,9 +105,7 @@ def _child(args: argparse.Namespace, master: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=50_000, help="first N ego-twitter edges")
-    ap.add_argument("--tweets", type=int, default=10_000, help="tweets merged into the replay")
+    ap = argument_parser(__doc__.split("\n\n")[0], name="cluster", tweets=10_000, edges=50_000)
     ap.add_argument("--celebrity-threshold", type=int, default=500)
     ap.add_argument("--max-records", type=int, default=20_000)
     ap.add_argument("--verify-sample", type=int, default=1000)
@@ -115,7 +113,6 @@ def main() -> int:
     ap.add_argument("--executor-cores", type=int, default=0,
                     help="cores per executor (1 with --cores 2: two executor JVMs); "
                          "0: one executor with all of the worker's cores")
-    ap.add_argument("--name", default="cluster")
     ap.add_argument("--source", default="", help="Kafka source, python or spark (default: "
                     "the job's default)")
     ap.add_argument("--master", help=argparse.SUPPRESS)  # internal: one measurement

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bench_parts import events
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pyspark.sql.streaming.stateful_processor import (
     MapState,
     StatefulProcessor,
@@ -352,9 +352,7 @@ def _print_batch(name: str, r: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=1_000_000)
-    ap.add_argument("--tweets", type=int, default=60_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="codec", tweets=60_000, edges=1_000_000)
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--state-users", type=int, nargs="+", default=None, metavar="N",
                     help="time micro-batches at these users' worth of state instead")
@@ -365,7 +363,6 @@ def main() -> None:
                     help="MODULE:CLASS of the processor to run (the job's by default)")
     ap.add_argument("--page-bytes", type=int, default=None,
                     help="the processor's page_bytes (default: its own)")
-    ap.add_argument("--name", default="codec")
     args = ap.parse_args()
     result: dict[str, Any]
     if args.state_users:

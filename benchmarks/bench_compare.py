@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, ROOT, save
+from harness import RESULTS, ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -139,7 +139,7 @@ def _plot(rows: list[dict[str, Any]], title: str, out: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__.split("\n\n")[0], name="compare-sweep")
     parser.add_argument("--rates", default="100,200,300,400", help="open loop: actions/s, each")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per mode")
     parser.add_argument("--warmup", type=float, default=10.0)
@@ -151,7 +151,6 @@ def main() -> int:
     parser.add_argument("--celebrity-threshold", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=1_200.0, help="per rate, seconds")
-    parser.add_argument("--name", default="compare-sweep")
     args = parser.parse_args()
     rates = sorted(float(r) for r in args.rates.split(","))
     work = Path(tempfile.mkdtemp(prefix="fanout-bench-compare-"))

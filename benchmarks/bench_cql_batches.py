@@ -24,7 +24,6 @@ node syncs its commit log before acknowledging a write. Results go to
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import resource
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -81,9 +80,8 @@ def _one(writer: CassandraStore, ops: list[cql.Op], mode: str, node_pid: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__.splitlines()[0], name="cql-batches", rounds=2)
     parser.add_argument("--rows", type=int, default=30000, help="rows per shape and way")
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--heap-mb", type=int, default=512)
     parser.add_argument("--modes", default="single,batched,columns",
                         help="ways to send the rows, in turn (default all three)")
@@ -91,7 +89,6 @@ def main() -> None:
     parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
                              f"{', '.join(COMMITLOG_SYNC)} (default batch, the stack's)")
-    parser.add_argument("--name", default="cql-batches")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
     for commitlog in args.commitlog.split(","):

@@ -13,7 +13,6 @@ Prints the best of ``--rounds`` in µs a record; results go to
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench_parts import events
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -43,11 +42,8 @@ def records(edges: int, tweets: int) -> list[tuple[str, int, int, bytes, bytes, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=300_000)
-    ap.add_argument("--tweets", type=int, default=50_000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--name", default="decode")
+    ap = argument_parser(__doc__.split("\n\n")[0], name="decode", tweets=50_000, edges=300_000,
+                         rounds=3)
     args = ap.parse_args()
     recs = records(args.edges, args.tweets)
     seconds = []

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -113,17 +113,15 @@ def _median(values: list[float]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__.splitlines()[0], name="feed-shards", users=1_000_000,
+                             rounds=3)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--homes", type=int, default=20_000, help="home pages a batch names")
-    parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--tweets", type=int, default=200, help="tweets (and authors) a batch")
     parser.add_argument("--writers", type=int, default=4, help="writers (tasks) of a batch")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=54)
     parser.add_argument("--hosts", default="", help="a running node (host:port) instead")
     parser.add_argument("--heap-mb", type=int, default=512)
-    parser.add_argument("--name", default="feed-shards")
     args = parser.parse_args()
     print("command: .venv/bin/python benchmarks/bench_feed_shards.py " + " ".join(sys.argv[1:]),
           flush=True)

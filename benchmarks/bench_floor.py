@@ -28,7 +28,6 @@ against the pure join's and the issue's 0.6× line to ``NAME.png``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 from bench_parts import events as parts_events
-from harness import save
+from harness import argument_parser, save
 from pipeline import pipeline, scratch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
@@ -138,13 +137,10 @@ def pure_join(evts: list, batch: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=300_000)
-    ap.add_argument("--tweets", type=int, default=50_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="floor", tweets=50_000, edges=300_000)
     ap.add_argument("--max-records", type=int, default=50_000)
     ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
     ap.add_argument("--layers", default="", help="only these layers (comma-separated names)")
-    ap.add_argument("--name", default="floor")
     ap.add_argument("--plot", type=Path, help="only redraw the plot of this saved result")
     args = ap.parse_args()
     if args.plot is not None:

@@ -13,14 +13,13 @@ writes benchmarks/results/freshness.json.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, pipeline
 
 sys.path.insert(0, str(ROOT))
@@ -86,15 +85,13 @@ def posts(rate: float, seconds: float, authors: list[int], first: int = 0) -> It
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="freshness", users=20_000,
+                         follows=200_000)
     ap.add_argument("--rate", type=float, default=200.0, help="tweets per second")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--follows", type=int, default=200_000)
     ap.add_argument("--trigger", type=float, default=0.0, help="processing-time trigger, s")
     ap.add_argument("--max-records", type=int, default=20_000)
     ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
-    ap.add_argument("--name", default="freshness")
     args = ap.parse_args()
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
                   trigger_seconds=args.trigger, key_buckets=args.buckets) as pipe:

@@ -49,7 +49,7 @@ from typing import Any
 
 import psutil
 from bench_api import HOST, _get_once, _read_response, _request, build
-from harness import ROOT, WRK_THREADS_LUA, save
+from harness import ROOT, WRK_THREADS_LUA, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -378,11 +378,8 @@ def _show(label: str, r: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", type=Path, default=Path("/tmp/fanout-api/v.sqlite"))
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--follows", type=int, default=200_000)
-    ap.add_argument("--tweets", type=int, default=200_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="http", users=20_000, follows=200_000,
+                         tweets=200_000, store=Path("/tmp/fanout-api/v.sqlite"))
     ap.add_argument("--celebrity-threshold", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=50_000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -404,7 +401,6 @@ def main() -> int:
     ap.add_argument("--before", default="", metavar="REV",
                     help="first measure the API of git revision REV (one process, "
                          "without httptools/uvloop, as it then ran) at --connections")
-    ap.add_argument("--name", default="http")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.store.exists():

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
@@ -67,10 +67,8 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--follows", type=int, default=300_000)
-    ap.add_argument("--tweets", type=int, default=60_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="inactive", users=20_000, follows=300_000,
+                         tweets=60_000)
     ap.add_argument("--readers", type=float, default=0.1,
                     help="share of users who keep reading (about daily)")
     ap.add_argument("--days", type=int, default=90, help="span of the history")
@@ -79,7 +77,6 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=20_000, help="events per micro-batch")
     ap.add_argument("--sample", type=int, default=300, help="users read and compared")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--name", default="inactive")
     args = ap.parse_args()
     with scratch("fanout-inactive-") as work:
         return _bench(args, work)

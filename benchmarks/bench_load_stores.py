@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -72,7 +72,7 @@ def _run(store: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__.split("\n\n")[0], name="load-stores")
     parser.add_argument("--rate", type=float, default=50.0, help="open loop: actions/s")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=15.0)
@@ -84,7 +84,6 @@ def main() -> int:
     parser.add_argument("--order", default="sqlite,cassandra")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0, help="per store, seconds")
-    parser.add_argument("--name", default="load-stores")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fanout-bench-load-"))
     result: dict[str, Any] = {"args": vars(args), "cores": os.cpu_count(), "work": str(work)}

@@ -61,7 +61,7 @@ from typing import Any
 
 import httpx
 import psutil
-from harness import ROOT, WRK_THREADS_LUA, save
+from harness import ROOT, WRK_THREADS_LUA, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -641,10 +641,8 @@ def _cell(value: float | None) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--users", type=int, default=2000)
-    ap.add_argument("--follows", type=int, default=30_000)
-    ap.add_argument("--posts", type=int, default=20_000, help="fanout generate --tweets")
+    ap = argument_parser(__doc__.split("\n\n")[0], name="nodes", users=2000, follows=30_000,
+                         posts=20_000)
     ap.add_argument("--rate", type=float, default=200.0, help="freshness: posts per second")
     ap.add_argument("--seconds", type=float, default=30.0, help="freshness: seconds of posts")
     ap.add_argument("--first-reads", type=int, default=200, help="first pages, one at a time")
@@ -658,7 +656,6 @@ def main() -> int:
     ap.add_argument("--one-spark", choices=("cluster", "local"), default="cluster",
                     help="the 1-node stack's Spark: a standalone master and worker, or local[2]")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--name", default="nodes")
     args = ap.parse_args()
     result: dict[str, Any] = {"args": vars(args), "cores": os.cpu_count()}
     with scratch("fanout-bench-nodes-") as work:

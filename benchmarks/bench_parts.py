@@ -20,7 +20,6 @@ Compare with bench_replay.py's figures for the whole pipeline.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import os
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
@@ -209,14 +208,10 @@ def _drain(frame, checkpoint: Path, expected: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=300_000)
-    ap.add_argument("--tweets", type=int, default=50_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="parts", tweets=50_000, edges=300_000,
+                         rounds=2)
     ap.add_argument("--batch", type=int, default=100_000, help="events per micro-batch")
     ap.add_argument("--no-spark", action="store_true")
-    ap.add_argument("--name", default="parts", help="results/NAME.json")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="times each Spark source variant runs, alternated")
     args = ap.parse_args()
     with scratch("fanout-parts-") as work:
         evts = events(args.edges, args.tweets, work)

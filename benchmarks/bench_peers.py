@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_parts import events as parts_events
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from peers import ensure_venv
 from peers_flink import ENGINES as FLINK_MODES
 from peers_flink import ensure_connector
@@ -301,9 +301,7 @@ def sizes(spec: str) -> list[tuple[int, int]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=300_000)
-    ap.add_argument("--tweets", type=int, default=50_000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="peers", tweets=50_000, edges=300_000)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
     ap.add_argument("--max-records", type=int, default=DEFAULT_MAX_RECORDS_PER_BATCH,
@@ -322,7 +320,6 @@ def main() -> int:
     ap.add_argument("--sizes", default=None, metavar="EDGES:TWEETS,...",
                     help="run at each size in turn, in place of --edges/--tweets")
     ap.add_argument("--verify-sample", type=int, default=2000, help="users checked; 0 = all")
-    ap.add_argument("--name", default="peers", help="results/NAME.json")
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(engines) - set(ENGINES)

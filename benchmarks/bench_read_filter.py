@@ -28,7 +28,6 @@ the same store. Results go to benchmarks/results/read_filter.json.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import random
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import built_store, percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
@@ -164,8 +163,7 @@ def _load(commit: str, name: str, work: Path) -> ModuleType:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2000)
+    ap = argument_parser(__doc__.split("\n\n")[0], name="read_filter", rounds=2000)
     ap.add_argument("--before", help="a commit whose read path to time too (e.g. 750cb06)")
     args = ap.parse_args()
     with scratch("fanout-filter-") as work:
@@ -188,7 +186,7 @@ def main() -> int:
                   f"p99 {row['now']['p99_ms']:.3f}ms"
                   f"  calls/page {sum(row['calls_per_page'].values()):.1f}{before}")
         store.close()
-    print(f"written to {save('read_filter', result)}")
+    print(f"written to {save(args.name, result)}")
     return 0
 
 

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, pipeline, replay_process
 
 sys.path.insert(0, str(ROOT))
@@ -93,15 +93,12 @@ def _phase(pipe, name: str, run) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", type=int, default=None, help="only the first N edges")
-    ap.add_argument("--tweets", type=int, default=100_000, help="tweets merged into phase 1")
+    ap = argument_parser(__doc__.split("\n\n")[0], name="replay", tweets=100_000, edges=None)
     ap.add_argument("--burst", type=int, default=30_000, help="tweets posted in phase 2")
     ap.add_argument("--celebrity-threshold", type=int, default=500)
     ap.add_argument("--max-records", type=int, default=100_000)
     ap.add_argument("--verify-sample", type=int, default=2000)
     ap.add_argument("--buckets", type=int, default=None, help="FANOUT_KEY_BUCKETS")
-    ap.add_argument("--name", default="replay")
     ap.add_argument("--sources", default="",
                     help="Kafka sources to run in turn, e.g. python,spark (default: the "
                          "job's default)")

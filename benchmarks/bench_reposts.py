@@ -19,7 +19,6 @@ Writes benchmarks/results/reposts.json.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -27,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from bench_freshness import lags, produce, record_commits
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, pipeline
 
 sys.path.insert(0, str(ROOT))
@@ -72,15 +71,12 @@ def _phase(pipe, name: str, rate: float, writes: Sequence[Event]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="reposts", users=20_000, follows=200_000)
     ap.add_argument("--rate", type=float, default=200.0, help="writes per second")
     ap.add_argument("--seconds", type=float, default=40.0, help="per phase")
     ap.add_argument("--repost-share", type=float, default=0.4,
                     help="share of the second phase's writes that are reposts")
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--follows", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--name", default="reposts")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     graph, followees = _graph(args.users, args.follows)

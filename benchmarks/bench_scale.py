@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 from bench_freshness import lags, posts, produce, record_commits
-from harness import RESULTS, ROOT, save
+from harness import RESULTS, ROOT, argument_parser, save
 from pipeline import percentile, pipeline, process_kind
 
 sys.path.insert(0, str(ROOT))
@@ -250,7 +250,7 @@ def plot(sizes: list[dict[str, Any]], path: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="scale")
     ap.add_argument("--users", type=int, nargs="+", default=[20_000, 200_000, 1_000_000])
     ap.add_argument("--degree", type=int, default=10, help="follows a user")
     ap.add_argument("--rate", type=float, default=500.0, help="tweets per second")
@@ -268,7 +268,6 @@ def main() -> int:
     ap.add_argument("--settle-timeout", type=float, default=600.0)
     ap.add_argument("--conf", type=spark_setting, action="append", default=[],
                     metavar="KEY=VALUE", help="a Spark setting over the job's (repeatable)")
-    ap.add_argument("--name", default="scale")
     args = ap.parse_args()
     sizes: list[dict[str, Any]] = []
     for users in sorted(args.users):

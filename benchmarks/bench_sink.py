@@ -30,7 +30,7 @@ import uuid
 from contextlib import ExitStack
 from typing import Any
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -92,10 +92,8 @@ def _drain(spark: Any, kafka: KafkaSettings, view: ViewSettings, args: argparse.
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--users", type=int, default=3000)
-    parser.add_argument("--follows", type=int, default=40_000)
-    parser.add_argument("--tweets", type=int, default=12_000)
+    parser = argument_parser(__doc__.split("\n\n")[0], name="sink", users=3000, follows=40_000,
+                             tweets=12_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-records", type=int, default=200_000,
                         help="records a micro-batch at most (the job's default)")
@@ -107,7 +105,6 @@ def main() -> int:
     parser.add_argument("--commitlog", default="batch",
                         help="the local node's commitlog_sync: batch (the stack's), group, "
                              "periodic")
-    parser.add_argument("--name", default="sink", help="results/NAME.json")
     parser.add_argument("--order", default="sqlite,cassandra")
     parser.add_argument("--verify-sample", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=1800)

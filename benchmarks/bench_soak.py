@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 from bench_nodes import FANOUT, BenchError, _env, fanout, say
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
@@ -87,16 +87,13 @@ def nines(verifier: str | None) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="soak", users=200, follows=2000,
+                         posts=4000)
     ap.add_argument("--faults", type=int, default=8, help="faults in the sequence")
     ap.add_argument("--hold", type=float, default=30.0, help="seconds each fault holds")
     ap.add_argument("--gap", type=float, default=20.0, help="seconds between two faults")
-    ap.add_argument("--users", type=int, default=200)
-    ap.add_argument("--follows", type=int, default=2000)
-    ap.add_argument("--posts", type=int, default=4000, help="the replayed history's posts")
     ap.add_argument("--streams", type=int, default=12, help="live home streams held")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--name", default="soak")
     args = ap.parse_args()
     require_netns()
     rng = random.Random(args.seed)

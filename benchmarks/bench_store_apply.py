@@ -18,7 +18,6 @@ their newest ``cap`` (or all they got). Results go to
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -59,12 +58,10 @@ def _batch(rng: random.Random, number: int, tweets: int, fan: int, users: int) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="store-apply", users=80_000)
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--tweets", type=int, default=27_000, help="tweets per batch")
     ap.add_argument("--fan", type=int, default=78, help="timelines each tweet reaches")
-    ap.add_argument("--users", type=int, default=80_000)
-    ap.add_argument("--name", default="store-apply")
     args = ap.parse_args()
     rng = random.Random(1)
     rows = []

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import psutil
 from bench_http import Server, checkout, open_loop, warm_up, wrk
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -204,11 +204,9 @@ def one_store(store: str, history: Path, before: Path | None, args: argparse.Nam
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="store_reads", users=2000, follows=30_000,
+                         tweets=20_000)
     ap.add_argument("--stores", default="sqlite,cassandra")
-    ap.add_argument("--users", type=int, default=2000)
-    ap.add_argument("--follows", type=int, default=30_000)
-    ap.add_argument("--tweets", type=int, default=20_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--wrk-threads", type=int, default=2)
@@ -225,7 +223,6 @@ def main() -> int:
     ap.add_argument("--before", default="", metavar="REV")
     ap.add_argument("--no-verify", action="store_true", help="skip the verify rates")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--name", default="store_reads")
     args = ap.parse_args()
     result: dict[str, Any] = {"args": vars(args), "cores": os.cpu_count()}
     with scratch("fanout-store-reads-") as work:

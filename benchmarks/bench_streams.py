@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from harness import ROOT, save
+from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
@@ -667,7 +667,8 @@ def bounds(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__.split("\n\n")[0], name="streams", users=10_000, follows=100_000,
+                         tweets=10_000)
     ap.add_argument("--streams", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=200.0, help="posts per second")
     ap.add_argument("--seconds", type=float, default=60.0, help="the push phase")
@@ -683,15 +684,11 @@ def main() -> int:
                          "10k-user history each post ~4x as often as an average user)")
     ap.add_argument("--open-timeout", type=float, default=300.0,
                     help="seconds to wait for every stream to open")
-    ap.add_argument("--users", type=int, default=10_000)
-    ap.add_argument("--follows", type=int, default=100_000)
-    ap.add_argument("--tweets", type=int, default=10_000)
     ap.add_argument("--celebrity-threshold", type=int, default=300)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--stack", type=Path, default=None, metavar="RUN_DIR",
                     help="load the stack running in RUN_DIR instead (not started, filled or "
                          "stopped here; for trying the client)")
-    ap.add_argument("--name", default="streams")
     args = ap.parse_args()
     limits = raise_nofile(2 * args.streams + 4_096)
     started = time.time()

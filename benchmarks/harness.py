@@ -5,12 +5,15 @@ A result is one JSON file a scenario, ``benchmarks/results/NAME.json``, written 
 uncommitted changes), the machine (host, cores, memory, load average over 1, 5 and 15
 minutes at the end of the run) and the date in UTC. The file keeps the latest result;
 earlier ones live in git, so a file name never says when or why it was run.
+:func:`argument_parser` is the argument set the scenarios share (the result's name, the
+sizes, the store file, the rounds): one meaning and one help text each, the script's defaults.
 :func:`compare` sets a result beside another — the same file at an earlier commit by
 default — figure by figure, with the ratio; ``benchmarks/run.py compare`` prints it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -36,6 +39,50 @@ def _memory_gb() -> float:
         if line.startswith("MemTotal:"):
             return round(int(line.split()[1]) / 1024 / 1024, 1)
     return 0.0
+
+
+#: An argument :func:`argument_parser` leaves out (``None`` is a default some scripts use).
+OMIT: Any = object()
+
+_SIZES = {
+    "users": "users in the history, ids 1..N (default: %(default)s)",
+    "follows": "follows in the history (default: %(default)s)",
+    "tweets": "tweets in the history (default: %(default)s)",
+    "posts": "posts in the history, written through the stack (default: %(default)s)",
+    "edges": "only the first N ego-twitter edges (default: %(default)s; None: all)",
+}
+
+
+def argument_parser(description: str, *, name: Any = OMIT, users: Any = OMIT,
+                    follows: Any = OMIT, tweets: Any = OMIT, posts: Any = OMIT, edges: Any = OMIT,
+                    store: Any = OMIT, rounds: Any = OMIT) -> argparse.ArgumentParser:
+    """An argument parser with the options the scenarios share, each at the default given.
+
+    An option left at :data:`OMIT` is not added (a script whose ``--users`` means Locust's
+    users, or whose ``--tweets`` counts a batch, adds its own). ``name`` is the result's
+    file, ``results/NAME.json``; ``store`` a SQLite view store file; ``rounds`` how often
+    each measurement runs.
+    """
+    ap = argparse.ArgumentParser(description=description)
+    if name is not OMIT:
+        ap.add_argument("--name", default=name,
+                        help="write the result to results/NAME.json (default: %(default)s)")
+    sizes = {"users": users, "follows": follows, "tweets": tweets, "posts": posts,
+             "edges": edges}
+    for option, help_text in _SIZES.items():
+        default = sizes[option]
+        if default is not OMIT:
+            ap.add_argument(f"--{option}", type=int, default=default, help=help_text)
+    if store is not OMIT:
+        ap.add_argument("--store", type=Path, default=store,
+                        help="a SQLite view store file, used if it exists; a script that "
+                             "builds its store builds it there, or in a temporary file when "
+                             "None (default: %(default)s)")
+    if rounds is not OMIT:
+        ap.add_argument("--rounds", type=int, default=rounds,
+                        help="rounds of each measurement; the script's docstring says which "
+                             "it reports (default: %(default)s)")
+    return ap
 
 
 def stamp() -> dict[str, Any]:

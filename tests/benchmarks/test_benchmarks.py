@@ -64,3 +64,12 @@ def test_each_micro_benchmark_checks_what_it_computes():
                          capture_output=True, text=True, check=False, timeout=290)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "4 passed" in out.stdout
+
+
+def test_the_shared_arguments_take_each_scripts_defaults_and_add_only_what_is_asked():
+    ap = harness.argument_parser("x", name="replay", tweets=100_000, edges=None, rounds=3)
+    args = ap.parse_args([])
+    assert vars(args) == {"name": "replay", "tweets": 100_000, "edges": None, "rounds": 3}
+    assert ap.parse_args(["--edges", "50", "--name", "r2"]).edges == 50
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--users", "5"])  # not asked for: the script may give --users its own meaning
