@@ -9,7 +9,7 @@ on the API (:class:`infra.checker.Workload`) and live home streams held by
 :class:`infra.checker.StreamHolder` clients that drop and resume, all running through
 ``--faults`` faults drawn at random (``--seed``) from the nemesis's: a host isolated,
 the majority cut from a minority of one, a one-way partition, a flapping host, a lossy
-host, a throttled link and the job and API cut off from the brokers. Each holds
+host, a throttled link, a slow link and the job and API cut off from the brokers. Each holds
 ``--hold`` seconds (:func:`infra.faults.hold`: a probe write a second meanwhile), then
 heals, with ``--gap`` seconds between two. Per fault: writes and their statuses in
 the window, the 503s and how fast they came, reads (errors, p99), the first 202 after
@@ -65,6 +65,7 @@ def faults(rng: random.Random) -> dict[str, Any]:
             f"flap {a}": flapping(a),
             f"lossy {a} 5%": lambda n: n.lossy(a, 5.0),
             f"throttle {a} 1mbit": lambda n: n.throttle(a, "1mbit"),
+            f"slow {a} 100±50ms": lambda n: n.slow(a, 100, 50),
             "cut-root": lambda n: n.cut_root()}
 
 
