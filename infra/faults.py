@@ -6,7 +6,7 @@ sends a probe write a second while it holds (each probe's status, time and, for 
 heals it, and waits for the first write answered 202 after the heal. What the
 workload (:class:`infra.checker.Workload`) recorded meanwhile is in its
 :class:`~infra.checker.History`; :class:`Window` says what happened in the fault's
-window. ``tests/stack/test_partitions.py`` holds one fault at a time in CI;
+window. ``tests/stack/nodes/test_partitions.py`` holds one fault at a time in CI;
 ``benchmarks/bench_soak.py`` holds several in sequence, at random.
 """
 

@@ -19,25 +19,17 @@ import pytest
 from infra.hosts import (
     HOSTS_FILE,
     HostNetwork,
-    HostsError,
     list_links,
     list_namespaces,
     refusal,
     remove,
-    require_netns,
 )
-from tests.support.hosts import leftovers
+from tests.support.hosts import HOSTS_REFUSED, leftovers
 from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.xdist_group("nodes")]  # its worker group: tests/plugins/workers.py
 
-try:
-    require_netns()
-    CANNOT = ""
-except HostsError as exc:
-    CANNOT = str(exc)
-
-needs_netns = pytest.mark.skipif(bool(CANNOT), reason=CANNOT)
+needs_netns = pytest.mark.skipif(bool(HOSTS_REFUSED), reason=HOSTS_REFUSED)
 LAYOUT = {"a": 11, "b": 12}
 
 

@@ -3,7 +3,7 @@
 What each node is told (its ``server.properties``, its ``cassandra.yaml``), how the
 stack names and lists its nodes, the topics' durability settings, and the history
 checker's arithmetic on hand-made histories. The clusters themselves run in
-``tests/stack/test_nodes.py``.
+``tests/stack/nodes/test_nodes.py``.
 """
 
 from __future__ import annotations

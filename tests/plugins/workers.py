@@ -4,8 +4,8 @@ With ``--dist loadgroup`` the tests of one ``xdist_group`` run one after another
 worker, and the tests of no group go to whichever worker is free. Each whole-stack test
 module names its group in its ``pytestmark``:
 
-- ``nodes``: the three-node stacks (``tests/stack/test_nodes.py``, on loopback;
-  ``test_partitions.py`` and ``tests/infra/test_hosts.py``, in network namespaces).
+- ``nodes``: the three-node stack that ``tests/stack/nodes/`` shares (its node kills,
+  then its partitions, on hosts of its own) and ``tests/infra/test_hosts.py``'s hosts.
 - ``recovery`` and ``stack``: the other whole-stack tests (``tests/stack/``, the load
   generator's stack test), in two groups of about the same length. Each test starts
   services of its own and some kill processes; one at a time per group keeps the CPU

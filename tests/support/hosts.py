@@ -12,8 +12,20 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from infra.hosts import HOSTS_FILE, LINK_PREFIX, NETNS_PREFIX
+from infra.hosts import HOSTS_FILE, LINK_PREFIX, NETNS_PREFIX, HostsError, require_netns
 from infra.nemesis import CHAIN
+
+
+def _hosts_refused() -> str:
+    try:
+        require_netns()
+    except HostsError as exc:
+        return str(exc)
+    return ""
+
+
+#: Why this machine cannot make hosts (root and ``ip netns``); "" when it can.
+HOSTS_REFUSED = _hosts_refused()
 
 
 def run_id(run_dir: Path) -> str:

@@ -1,6 +1,7 @@
 """Network faults on a stack whose nodes have hosts: a node's host cut off, the brokers cut off.
 
-One stack starts for the module with ``fanout up --nodes 3 --hosts``: three Kafka
+The package's three-node stack (tests/stack/nodes/conftest.py, ``fanout up --nodes 3
+--hosts``, shared with ``test_nodes.py``, which runs first): three Kafka
 brokers, three Cassandra nodes and the Spark daemons each in a network namespace of
 its own on a bridge (infra.hosts), the job, the API and this test in the root
 namespace. A small history is replayed (paced) while :class:`infra.checker.Workload`
@@ -42,9 +43,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -59,27 +59,20 @@ from infra.checker import (
     read_stats,
 )
 from infra.faults import Window, acked, flapping, hold, render_probes
-from infra.hosts import HostsError, require_netns
 from infra.nemesis import LOG_FILE, Nemesis
 from infra.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
 from serving.auth import mint
-from tests.support.hosts import leftovers, run_id
+from tests.support.hosts import HOSTS_REFUSED
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
 from tests.support.stack import Run
 from views.stores import store_from_url
 
-try:
-    require_netns()
-    CANNOT = ""
-except HostsError as exc:
-    CANNOT = str(exc)
-
 pytestmark = [pytest.mark.xdist_group("nodes"),
               pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e,
-              pytest.mark.skipif(bool(CANNOT), reason=CANNOT)]
+              pytest.mark.skipif(bool(HOSTS_REFUSED), reason=HOSTS_REFUSED)]
 
 USERS, FOLLOWS, TWEETS_PER_HISTORY = 200, 2000, 1000
 #: The history spans 0.01 days and replays 20x faster: ~43 s, through the whole fault.
@@ -89,31 +82,9 @@ FAULT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def hosts_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    root = tmp_path_factory.mktemp("partitions")
-    run = Run(root, root / "history")
-    began = time.monotonic()
-    made = ""
-    try:
-        run.fanout("up", "--nodes", "3", "--hosts", "--timeout", "600", timeout=900)
-        made = run_id(run.run_dir)
-        stack = Stack.load(run.run_dir)
-        assert stack is not None and stack.hosts
-        print(f"\n3-node stack on hosts up in {time.monotonic() - began:.0f}s: "
-              f"{stack.bootstrap}; {stack.store_url}; {stack.spark_master}")
-        yield run
-    finally:
-        run.down_leaving_nothing()
-        made = made or _recorded_id(run.run_dir)
-        if made:
-            assert leftovers(made) == [], "`fanout down` left hosts behind"
-
-
-def _recorded_id(run_dir: Path) -> str:
-    try:
-        return run_id(run_dir)
-    except (OSError, ValueError, KeyError):
-        return ""
+def hosts_run(three_nodes: Run) -> Run:
+    """The package's three-node stack on hosts (tests/stack/nodes/conftest.py)."""
+    return three_nodes
 
 
 @dataclass

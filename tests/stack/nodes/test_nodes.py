@@ -1,8 +1,8 @@
 """Three Kafka brokers, three Cassandra nodes, two Spark workers: each killed mid-replay.
 
-One multi-node stack starts for the module with ``fanout up --nodes 3`` in a
-temporary run directory, and the scenarios run against it in sequence, in the
-order below. In each, a small generated history is replayed (paced, so that it lasts
+The scenarios run in sequence, in the order below, against the package's three-node
+stack (``conftest.py``: ``fanout up --nodes 3``, on hosts of its own where the machine
+allows), and each leaves it whole again; ``test_partitions.py`` takes it over after. In each, a small generated history is replayed (paced, so that it lasts
 through the fault) while :class:`infra.checker.Workload` posts tweets and reads home
 timelines through the API; a node is SIGKILLed (``kill -9`` of the pid that
 ``stack.json`` records) mid-replay and later started again with ``fanout up``. Then
@@ -49,6 +49,7 @@ from ingest.settings import KafkaSettings
 from serving.auth import mint
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
+from tests.support.stack import Run
 from views.stores import store_from_url
 
 pytestmark = [pytest.mark.xdist_group("nodes"),
@@ -79,39 +80,18 @@ def fanout(run_dir: Path, *args: str, timeout: float = 600,
     return result
 
 
-def _ours(run_dir: Path) -> list[int]:
-    """Live processes whose command line names the run directory (JVMs, the job, the API)."""
-    needle = str(run_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "cmdline").read_bytes():
-                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                    if state != "Z":
-                        found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+@pytest.fixture(scope="module")
+def run(three_nodes: Run) -> Run:
+    """The package's three-node stack (tests/stack/nodes/conftest.py), shared with
+    ``test_partitions.py``: each scenario here leaves it whole again (``fanout up``)."""
+    return three_nodes
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    run_dir = tmp_path_factory.mktemp("nodes") / "run"
-    began = time.monotonic()
-    try:
-        fanout(run_dir, "up", "--nodes", "3", "--timeout", "600", timeout=900)
-        loaded = Stack.load(run_dir)
-        assert loaded is not None
-        print(f"\n3-node stack up in {time.monotonic() - began:.0f}s: {loaded.bootstrap}; "
-              f"{loaded.store_url}; {loaded.spark_master}")
-        yield loaded
-    finally:
-        fanout(run_dir, "down", timeout=300)
-        left = _ours(run_dir)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        assert not left, f"processes {left} outlived `fanout down`"
+def stack(run: Run) -> Stack:
+    loaded = Stack.load(run.run_dir)
+    assert loaded is not None
+    return loaded
 
 
 def _current(stack: Stack) -> Stack:
@@ -141,6 +121,7 @@ class Scenario:
     """One fault's history, replay and figures."""
 
     name: str
+    run: Run
     stack: Stack
     seed: int
     history: History
@@ -161,11 +142,11 @@ def begun() -> Iterator[list[Scenario]]:
             s.replay.communicate(timeout=60)
 
 
-def _begin(stack: Stack, name: str, seed: int, tmp_path: Path,
+def _begin(run: Run, stack: Stack, name: str, seed: int, tmp_path: Path,
            begun: list[Scenario]) -> Scenario:
     """Generate a history, start the workload, then the paced replay of the history."""
     out = tmp_path / f"history-{seed}"
-    fanout(Path(stack.run_dir), "generate", "--out", str(out), "--users", str(USERS),
+    run.fanout("generate", "--out", str(out), "--users", str(USERS),
            "--follows", str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", str(seed),
            "--start", str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS),
            "--mix", "posts")
@@ -179,8 +160,8 @@ def _begin(stack: Stack, name: str, seed: int, tmp_path: Path,
     replay = subprocess.Popen(
         [sys.executable, "-m", "infra.cli", "--run-dir", stack.run_dir, "replay", str(out),
          "--speedup", str(SPEEDUP), "--no-progress", "--max-failures", "-1"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    begun.append(scenario := Scenario(name, stack, seed, history, workload, replay))
+        cwd=ROOT, env=run.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    begun.append(scenario := Scenario(name, run, stack, seed, history, workload, replay))
     return scenario
 
 
@@ -192,7 +173,7 @@ def _finish(s: Scenario) -> Report:
     stack = _current(s.stack)
     kafka = _kafka(stack)
     began = time.monotonic()
-    verified = fanout(Path(stack.run_dir), "verify", "--wait", "420", timeout=600)
+    verified = s.run.fanout("verify", "--wait", "420", timeout=600)
     caught_up = time.monotonic() - began
     with store_from_url(stack.store_url, cap=800) as store:
         report = check(s.history, kafka.bootstrap, kafka.topic(TWEETS), store)
@@ -255,8 +236,8 @@ def test_every_cassandra_node_knows_the_ring_and_the_keyspace(stack):
 
 
 @pytest.mark.timeout(900)
-def test_a_kafka_leader_killed(stack, tmp_path, begun):
-    s = _begin(stack, "kafka leader", 1, tmp_path, begun)
+def test_a_kafka_leader_killed(run, stack, tmp_path, begun):
+    s = _begin(run, stack, "kafka leader", 1, tmp_path, begun)
     job_pid = stack.pids["job"]
     wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
     leaders = _leaders(stack)
@@ -268,7 +249,7 @@ def test_a_kafka_leader_killed(stack, tmp_path, begun):
     after = _leaders(stack)
     assert node not in after, f"broker {node} still leads partitions: {after}"
     time.sleep(5)
-    fanout(Path(stack.run_dir), "up", timeout=600)
+    run.fanout("up", timeout=600)
     s.fault = (killed_at, time.time())
     report = _finish(s)
     held = max((op.took for op in s.history.writes
@@ -307,6 +288,13 @@ def _one_read(stack: Stack, host: str, level: str, tweet_ids: list[int]) -> dict
         cluster.shutdown()
 
 
+def _cassandra_hosts(stack: Stack) -> list[str]:
+    """The Cassandra nodes' addresses, node 1 first (loopback aliases, or the hosts')."""
+    from views.stores.cassandra.config import parse_url
+
+    return list(parse_url(stack.store_url).hosts)
+
+
 def _hint_lines(stack: Stack, target: str) -> int:
     """Lines of the other nodes' logs saying hints went to ``target``."""
     count = 0
@@ -318,26 +306,27 @@ def _hint_lines(stack: Stack, target: str) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_b_one_cassandra_node_killed(stack, tmp_path, begun):
+def test_b_one_cassandra_node_killed(run, stack, tmp_path, begun):
     stack = _current(stack)
-    s = _begin(stack, "one cassandra node", 2, tmp_path, begun)
+    s = _begin(run, stack, "one cassandra node", 2, tmp_path, begun)
     job_pid = stack.pids["job"]
     wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
     killed_at = time.time()
     _kill(stack, "cassandra-3")
     time.sleep(25)  # the job and the readers on two nodes of three
     during = read_stats(s.history.reads, killed_at)
-    fanout(Path(stack.run_dir), "up", timeout=600)
+    run.fanout("up", timeout=600)
     s.fault = (killed_at, time.time())
     report = _finish(s)
     acked = [op.tweet_id for op in s.history.writes if op.status == 202]
-    quorum = _one_read(stack, "127.0.0.1", "LOCAL_QUORUM", acked)
+    first, _, third = _cassandra_hosts(stack)
+    quorum = _one_read(stack, first, "LOCAL_QUORUM", acked)
     began = time.monotonic()
-    wait_for(lambda: _one_read(stack, "127.0.0.3", "ONE", acked) == quorum, 180,
+    wait_for(lambda: _one_read(stack, third, "ONE", acked) == quorum, 180,
              "node 3 read at ONE to agree with the quorum")
     print(f"[one cassandra node] reads while it was down: {during.render()}; node 3 agreed at "
           f"ONE after {time.monotonic() - began:.1f}s more; hint deliveries logged: "
-          f"{_hint_lines(stack, '127.0.0.3')}")
+          f"{_hint_lines(stack, third)}")
     assert len(quorum) == len(acked), "acknowledged tweets are missing at quorum"
     assert during.errors == 0, f"readers saw errors with one node down: {during.render()}"
     assert _current(stack).pids["job"] == job_pid, "the job must survive one node's death"
@@ -345,7 +334,7 @@ def test_b_one_cassandra_node_killed(stack, tmp_path, begun):
 
 
 @pytest.mark.timeout(900)
-def test_c_spark_worker_killed(stack, tmp_path, begun):
+def test_c_spark_worker_killed(run, stack, tmp_path, begun):
     from infra.multinode import SparkWorkers
 
     stack = _current(stack)
@@ -356,7 +345,7 @@ def test_c_spark_worker_killed(stack, tmp_path, begun):
     wait_for(lambda: cluster.executors_of("worker-1") and cluster.executors_of("worker-2"), 60,
              "an executor on each worker")
     survivor = cluster.executors_of("worker-2")
-    s = _begin(stack, "spark worker", 3, tmp_path, begun)
+    s = _begin(run, stack, "spark worker", 3, tmp_path, begun)
     wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
     executors = cluster.executors_of("worker-1")
     killed_at = time.time()
@@ -365,7 +354,7 @@ def test_c_spark_worker_killed(stack, tmp_path, begun):
              f"the executors {executors} of the killed worker to exit")
     time.sleep(20)
     assert cluster.executors_of("worker-2") == survivor, "the other worker's executor changed"
-    fanout(Path(stack.run_dir), "up", timeout=600)
+    run.fanout("up", timeout=600)
     s.fault = (killed_at, time.time())
     _finish(s)
     log = Path(stack.run_dir, "logs", "job.log").read_text(errors="replace")
@@ -387,9 +376,9 @@ def _retry_lines(stack: Stack) -> int:
 
 
 @pytest.mark.timeout(1500)  # includes starting the module's stack when run alone
-def test_d_two_cassandra_nodes_killed(stack, tmp_path, begun):
+def test_d_two_cassandra_nodes_killed(run, stack, tmp_path, begun):
     stack = _current(stack)
-    s = _begin(stack, "two cassandra nodes", 4, tmp_path, begun)
+    s = _begin(run, stack, "two cassandra nodes", 4, tmp_path, begun)
     job_pid = stack.pids["job"]
     retries_before = _retry_lines(stack)
     wait_for(lambda: _acked_since(s.history, 0) >= 20, 60, "writes before the fault")
@@ -416,7 +405,7 @@ def test_d_two_cassandra_nodes_killed(stack, tmp_path, begun):
     time.sleep(10)
     retries = _retry_lines(stack) - retries_before
     assert _current(stack).running("job"), "the job must wait for a quorum, not exit"
-    fanout(Path(stack.run_dir), "up", timeout=600)
+    run.fanout("up", timeout=600)
     s.fault = (killed_at, time.time())
     _finish(s)
     print(f"[two cassandra nodes] /healthz said {body.get('status')}: {body.get('message')}; "
