@@ -544,9 +544,12 @@ def stop_all(run_dir: Path, host: str = "*") -> list[int]:
     stopped = []
     for path in sorted(run_dir.glob(pid_file(run_dir, host).name)):
         record = _pid_record(path)
+        child = _CHILDREN.pop(record[1], None) if record else None
         if record and _is_delayer(record[1]):
-            _stop(record[1], _CHILDREN.pop(record[1], None))
+            _stop(record[1], child)
             stopped.append(record[1])
+        elif child is not None:
+            child.poll()  # it exited by itself (its host removed): reap it, leave no zombie
         path.unlink(missing_ok=True)
     return stopped
 

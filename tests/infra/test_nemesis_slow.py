@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infra import delay
@@ -199,6 +200,8 @@ def test_a_delayer_whose_host_is_removed_stops_by_itself(tmp_path):
     assert "stopped because eth0 is gone" in log_text
     assert not Path(f"/proc/{pid}/cmdline").exists() or b"infra.delay" not in Path(
         f"/proc/{pid}/cmdline").read_bytes()
+    # Reaped, not left a zombie child of this process (an os.wait() elsewhere would get it).
+    assert pid not in {child.pid for child in psutil.Process().children()}
 
 
 # -- the delayer's pure parts ----------------------------------------------------------------
