@@ -7,10 +7,10 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist). 0, the default, runs the suite in one process, one
-# stack at a time; TEST_WORKERS=2 runs two workers, one a core, with the whole-stack
-# tests in the groups tests/plugins/workers.py names (docs/style.md §8).
-TEST_WORKERS ?= 0
+# Test workers (pytest-xdist), one a core: one runs every whole-stack test, one stack at
+# a time, while the other runs the rest (tests/plugins/workers.py). TEST_WORKERS=0 runs
+# the suite in one process, in its files' order.
+TEST_WORKERS ?= 2
 XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: demo test lint install jars class-archive java clean

@@ -27,7 +27,7 @@ from infra.hosts import (
 from tests.support.hosts import HOSTS_REFUSED, leftovers
 from tests.support.paths import ROOT
 
-pytestmark = [pytest.mark.xdist_group("nodes")]  # its worker group: tests/plugins/workers.py
+pytestmark = [pytest.mark.xdist_group("stack")]  # its worker group: tests/plugins/workers.py
 
 needs_netns = pytest.mark.skipif(bool(HOSTS_REFUSED), reason=HOSTS_REFUSED)
 LAYOUT = {"a": 11, "b": 12}

@@ -32,7 +32,7 @@ from tests.infra.test_hosts import LAYOUT, needs_netns
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
 
-pytestmark = [pytest.mark.xdist_group("nodes")]  # its worker group: tests/plugins/workers.py
+pytestmark = [pytest.mark.xdist_group("stack")]  # its worker group: tests/plugins/workers.py
 
 ECHO_PORT = 7007
 DELAY_MS, JITTER_MS = 100, 20

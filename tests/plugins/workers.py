@@ -1,25 +1,22 @@
-"""How the suite spreads over pytest-xdist workers (``make test TEST_WORKERS=2``, one a core).
+"""How the suite spreads over its two pytest-xdist workers (``make test``, one a core).
 
-With ``--dist loadgroup`` the tests of one ``xdist_group`` run one after another on one
-worker, and the tests of no group go to whichever worker is free. Each whole-stack test
-module names its group in its ``pytestmark``:
+Every test that starts a whole stack, makes hosts or holds a slow link names the one
+``xdist_group`` ``stack`` in its module's ``pytestmark``. With ``--dist loadgroup`` that
+group is one unit of work: one worker runs all of it, one test after another, and the
+other worker runs everything else (the unit tests, each with its own Kafka node,
+Cassandra node and SparkSession, on random ports) in the meantime. So no two stacks
+ever share the two cores: their timing windows assume the stack has the machine, bar
+the unit tests beside it.
 
-- ``nodes``: the three-node stack that ``tests/stack/nodes/`` shares (its node kills,
-  then its partitions, on hosts of its own) and ``tests/infra/test_hosts.py``'s hosts.
-- ``recovery`` and ``stack``: the other whole-stack tests (``tests/stack/``, the load
-  generator's stack test), in two groups of about the same length. Each test starts
-  services of its own and some kill processes; one at a time per group keeps the CPU
-  each one's timing windows were set for within a factor of two.
+Under xdist the group is put first (xdist hands it out before any other test, and
+``make test`` keeps that order with ``--no-loadscope-reorder``), and within it the
+three-node stack of ``tests/stack/nodes/`` comes last: by then the unit tests on the
+other worker are done, and the heaviest stack (three brokers, three Cassandra nodes,
+the Spark daemons) has both cores to itself. Within the group the tests otherwise keep
+their files' order, which some scenarios rely on.
 
-Under xdist the groups are put first, in :data:`ORDER`, the longest first, and ``make
-test`` keeps that order (``--no-loadscope-reorder``): a group is one unit of work, and one
-handed out last would run on after the rest of the suite. Within a group the tests
-keep their files' order, which some scenarios rely on.
-
-A worker has its own session fixtures: a worker that runs a test needing the Kafka
-node, the Cassandra node or Spark starts its own, on random ports, so the two never
-share topics or keyspaces they did not make. Without xdist (``pytest`` on a file), the
-groups are plain markers and change nothing.
+Without xdist (``pytest`` on a file, or ``make test TEST_WORKERS=0``), the group is a
+plain marker and changes nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +25,10 @@ import os
 
 import pytest
 
-#: The order groups are handed out in (the longest first); tests of no group last.
-ORDER = ("nodes", "recovery", "stack")
+#: The one group of whole-stack tests, handed out first.
+STACK = "stack"
+#: Within it, the tests under this directory run last (the three-node stack).
+HEAVIEST = os.path.join("tests", "stack", "nodes") + os.sep
 
 
 def group_of(item: pytest.Item) -> str | None:
@@ -38,8 +37,13 @@ def group_of(item: pytest.Item) -> str | None:
     return str(mark.args[0]) if mark is not None and mark.args else None
 
 
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    if group_of(item) != STACK:
+        return (1, 0)
+    return (0, 1 if HEAVIEST in item.nodeid.replace("/", os.sep) else 0)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files' order
-    rank = {group: i for i, group in enumerate(ORDER)}
-    items.sort(key=lambda item: rank.get(group_of(item) or "", len(ORDER)))  # stable
+    items.sort(key=_rank)  # stable: the files' order within each rank

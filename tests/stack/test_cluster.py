@@ -35,7 +35,7 @@ from tests.support.process import Service, tagged, wait_for
 from views.changelog import read_changelog
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.xdist_group("recovery"),
+pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
 
 CAP, CELEBRITY = 40, 30

@@ -42,7 +42,7 @@ from views.changelog import read_changelog
 from views.stores import store_from_url
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.xdist_group("recovery"),
+pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.e2e, pytest.mark.spark]
 
 

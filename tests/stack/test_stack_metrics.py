@@ -23,7 +23,7 @@ from tests.support.process import wait_for
 from tests.support.stack import Run, job_status
 from views.kafka_offsets import EndOffsets
 
-pytestmark = [pytest.mark.xdist_group("recovery"),
+pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(900)]
 READS = 20
 

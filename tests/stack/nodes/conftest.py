@@ -1,10 +1,11 @@
 """The package's three-node stack: ``fanout up --nodes 3``, on hosts of its own where it can.
 
-The two modules here drive it one after the other, on one worker (the ``nodes`` group
-of :mod:`tests.plugins.workers`): ``test_nodes.py`` kills a node of each kind mid-replay
-and brings it back with ``fanout up``, then ``test_partitions.py`` partitions its hosts.
-The stack lives as long as the package's tests (a package-scoped fixture): it is down
-before the next test outside this directory starts. Three brokers, three Cassandra nodes and the Spark daemons take
+The two modules here drive it one after the other, last on the worker that runs every
+stack (the ``stack`` group of :mod:`tests.plugins.workers`): ``test_nodes.py`` kills a
+node of each kind mid-replay and brings it back with ``fanout up``, then
+``test_partitions.py`` partitions its hosts. The stack lives as long as the package's
+tests (a package-scoped fixture): it is down before the next test outside this
+directory starts. Three brokers, three Cassandra nodes and the Spark daemons take
 about three minutes to start on two cores, so they start once. With root and ``ip
 netns`` each node has a network namespace of its own (``--hosts``), which the
 partitions need; without, the stack runs on loopback and those tests are skipped

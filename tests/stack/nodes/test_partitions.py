@@ -70,7 +70,7 @@ from tests.support.process import wait_for
 from tests.support.stack import Run
 from views.stores import store_from_url
 
-pytestmark = [pytest.mark.xdist_group("nodes"),
+pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e,
               pytest.mark.skipif(bool(HOSTS_REFUSED), reason=HOSTS_REFUSED)]
 
