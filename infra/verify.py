@@ -20,9 +20,11 @@ parallel, beside the recomputation (:func:`_reads`).
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import functools
 import gc
+import heapq
 import itertools
 import logging
 import multiprocessing
@@ -42,13 +44,16 @@ from serving.errors import NotFound
 from serving.pageversions import PageVersions, page_versions
 from serving.timeline import home_top
 from views.changelog import Changelog, read_changelog
-from views.delta import Key
+from views.delta import TOP, Key
 from views.join import DEFAULT_LATENESS_MS
 from views.kafka_offsets import EndOffsets
 from views.reference import HomeRow, Reference
 from views.stores.base import (
+    Entry,
+    HomeStart,
     Hydrated,
     ReaderProxy,
+    Relations,
     Store,
     TimelineReader,
     TweetRow,
@@ -356,15 +361,21 @@ _Row = TypeVar("_Row", TweetRow, UserRow)
 
 
 class RowCache(ReaderProxy):
-    """A store read in process, with the rows read by id (tweets, profiles) kept across pages.
+    """A store read in process, with the rows many timelines share kept across users.
 
-    Verify reads every user's timeline, and the same tweets and authors appear in many
-    of them: on the demo's history, reading each row once cut the CPU of the reads by
-    about 30 %. A row is the store's at one position of its page versions
-    (:class:`~serving.pageversions.PageVersions`): :meth:`current`, called before each
-    user, drops every kept row when the store has committed a page-visible change
-    since, so a user's page is assembled from rows the store holds, as the API's is.
-    Everything else (the cached entries, reposts, relations) is read from the store.
+    Verify reads every user's timeline, and the same tweets, authors, reposts and
+    celebrities' lists appear in many of them. Kept at one position of the store's page
+    versions (:class:`~serving.pageversions.PageVersions`): the rows read by id (tweets,
+    profiles; on the demo's history reading each once cut the CPU of the reads by about
+    30 %), each original's shown reposts (read once for every reader, then filtered
+    here by the reader's bound and followees, as the store's query filters them), and
+    each author's newest entries, read from the top down as deep as asked. One user's
+    own rows (horizon, celebrities followed, blocks and mutes, followees, and the cached
+    entries, read from the top down as deep as asked) are kept while that user's pages
+    are read, since a timeline of ``N`` entries is several pages, each starting with the
+    same reads. :meth:`current`, called before each user, drops everything kept when
+    the store has committed a page-visible change since, so a user's page is assembled
+    from rows the store holds, as the API's is.
     """
 
     def __init__(self, inner: TimelineReader, versions: PageVersions) -> None:
@@ -373,6 +384,9 @@ class RowCache(ReaderProxy):
         self._position: object = object()  # no position yet: the first call reads one
         self._tweets: dict[int, TweetRow | None] = {}
         self._users: dict[int, UserRow | None] = {}
+        self._reposts: dict[int, list[Entry]] = {}
+        self._authors: dict[int, _Newest] = {}
+        self._own: _Own | None = None
 
     def current(self) -> RowCache:
         """Self, with its rows dropped if the store moved since they were read."""
@@ -380,6 +394,9 @@ class RowCache(ReaderProxy):
         if position != self._position:
             self._tweets.clear()
             self._users.clear()
+            self._reposts.clear()
+            self._authors.clear()
+            self._own = None
             self._position = position
         return self
 
@@ -389,10 +406,157 @@ class RowCache(ReaderProxy):
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
         return _kept(self._users, ids, self.inner.users)
 
+    def reposts_of(self, originals: Sequence[int], above: Mapping[int, Key] | None = None,
+                   reader: int | None = None) -> dict[int, list[Entry]]:
+        """The store's answer, from each original's shown reposts read once.
+
+        The contract's filters applied here: reposts above the original's bound in
+        ``above`` (all of them without one), and by the reader's followees.
+        """
+        asked = list(dict.fromkeys(originals))
+        missing = [o for o in asked if o not in self._reposts]
+        if missing:
+            found = self.inner.reposts_of(missing)
+            for o in missing:
+                self._reposts[o] = found.get(o, [])
+        by = None if reader is None else self._user(reader).followee_set()
+        out: dict[int, list[Entry]] = {}
+        for o in asked:
+            if not (reposts := self._reposts[o]):
+                continue
+            c, t = above.get(o, _NO_BOUND) if above else _NO_BOUND
+            # (created_at, tweet_id, author) < (c, t, _PAST) is (created_at, tweet_id) ≤ (c, t).
+            bound = (c, t, _PAST)
+            shown = []
+            for r in reposts:  # newest first: stop at the bound
+                if r < bound:
+                    break
+                if by is None or r[2] in by:
+                    shown.append(r)
+            if shown:
+                out[o] = shown
+        return out
+
+    def author_tweets(self, authors: Sequence[int], below: Key | None,
+                      limit: int) -> list[Entry]:
+        below = below if below is not None else TOP
+        lists = [self._author(a).below(below, limit) for a in authors]
+        if len(lists) == 1:
+            return lists[0]
+        return list(itertools.islice(heapq.merge(*lists, reverse=True), limit))
+
+    def _author(self, author: int) -> _Newest:
+        newest = self._authors.get(author)
+        if newest is None:
+            newest = self._authors[author] = _Newest(
+                functools.partial(_one_author, self.inner, author))
+        return newest
+
+    def _user(self, user: int) -> _Own:
+        if self._own is None or self._own.user != user:
+            self._own = _Own(self.inner, user)
+        return self._own
+
+    def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
+        # The contract's own composition, so that it reads through the kept rows.
+        return TimelineReader.home_start(self, user, below, limit)
+
+    def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        return self._user(user).cached.below(below if below is not None else TOP, limit)
+
+    def horizon(self, user: int) -> Key | None:
+        return self._user(user).horizon()
+
+    def celebrities_followed(self, user: int) -> list[int]:
+        return list(self._user(user).celebrities())
+
+    def relations(self, user: int) -> Relations:
+        return self._user(user).relations()
+
+    def followees(self, user: int) -> list[int]:
+        return list(self._user(user).followees())
+
     def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
                 reader: int | None = None, followees: bool = False) -> Hydrated:
         # The contract's own composition, so that it reads through the kept rows above.
         return TimelineReader.hydrate(self, tweets, users, reposts, reader, followees)
+
+
+#: Below every key: all of an original's reposts (the contract's bound when none is given).
+_NO_BOUND: Key = (-1, -1)
+#: Above every author id.
+_PAST = 2**63
+
+
+def _one_author(store: TimelineReader, author: int, below: Key, limit: int) -> list[Entry]:
+    return store.author_tweets([author], below, limit)
+
+
+class _Newest:
+    """A list of entries newest first (a cache, an author's), read from the top down.
+
+    ``read(below, limit)`` is the store's read of the list; what it returned is kept,
+    so a read below a position kept answers from memory and reads only what is deeper.
+    The same rows as the store's read: the newest ``limit`` strictly below ``below``.
+    """
+
+    #: Fewest rows read at a time (a page's first batch is more).
+    STEP = 64
+
+    def __init__(self, read: Callable[[Key, int], list[Entry]]) -> None:
+        self.read = read
+        self.entries: list[Entry] = []
+        self._keys: list[tuple[int, int]] = []  # the entries' keys negated: ascending
+        self._complete = False
+
+    def below(self, below: Key, limit: int) -> list[Entry]:
+        i = bisect.bisect_right(self._keys, (-below[0], -below[1]))
+        while not self._complete and len(self.entries) - i < limit:
+            want = max(limit - (len(self.entries) - i), len(self.entries), self.STEP)
+            more = self.read(self.entries[-1].key if self.entries else TOP, want)
+            self.entries += more
+            self._keys += [(-e.created_at, -e.tweet_id) for e in more]
+            self._complete = len(more) < want
+            i = bisect.bisect_right(self._keys, (-below[0], -below[1]))
+        return self.entries[i:i + limit]
+
+
+class _Own:
+    """One user's own rows, each read on first use."""
+
+    def __init__(self, store: TimelineReader, user: int) -> None:
+        self.store, self.user = store, user
+        self.cached = _Newest(functools.partial(store.cached, user))
+        self._horizon: list[Key | None] = []
+        self._celebrities: list[int] | None = None
+        self._relations: Relations | None = None
+        self._followees: list[int] | None = None
+        self._followee_set: frozenset[int] | None = None
+
+    def horizon(self) -> Key | None:
+        if not self._horizon:
+            self._horizon.append(self.store.horizon(self.user))
+        return self._horizon[0]
+
+    def celebrities(self) -> list[int]:
+        if self._celebrities is None:
+            self._celebrities = self.store.celebrities_followed(self.user)
+        return self._celebrities
+
+    def relations(self) -> Relations:
+        if self._relations is None:
+            self._relations = self.store.relations(self.user)
+        return self._relations
+
+    def followees(self) -> list[int]:
+        if self._followees is None:
+            self._followees = self.store.followees(self.user)
+        return self._followees
+
+    def followee_set(self) -> frozenset[int]:
+        if self._followee_set is None:
+            self._followee_set = frozenset(self.followees())
+        return self._followee_set
 
 
 def _kept(kept: dict[int, _Row | None], ids: Sequence[int],
