@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -38,6 +40,7 @@ from loadgen.workload import (
     parse_mix,
     parse_user_range,
 )
+from tests.support.paths import ROOT
 
 
 class FakeClock:
@@ -562,3 +565,28 @@ def test_plots_of_a_run_with_nothing_to_plot_are_drawn_empty(tmp_path: Path):
         assert plot.fanout_lag(samples, [], 0.0, 30.0, tmp_path / "lag.png", "t").exists()
     assert plot.percentiles({}, tmp_path / "p.png", "t").exists()
     assert plot.over_time([], 0.0, 0.0, tmp_path / "o.png", "t").exists()
+
+
+
+_TIMER_AFTER_IMPORTS = """
+import time
+import gevent
+from loadgen.locustfile import fresh_loop_time  # imports Locust: the hub is made, not run
+gevent.get_hub()
+began = time.monotonic()
+while time.monotonic() - began < 2.0:  # imports that take a while on a busy machine
+    pass
+fresh_loop_time()
+began = time.monotonic()
+gevent.spawn_later(1.0, lambda: None).join()
+print(round(time.monotonic() - began, 3))
+"""
+
+
+def test_a_run_time_timer_started_after_slow_imports_counts_from_when_it_starts():
+    # Locust's `-t` is a gevent timer started before the loop first runs: without the
+    # locustfile bringing the loop's clock up to date, it fires as early as the imports
+    # took (here at once, 2 s early), and `fanout load` on a busy machine ran 3 s of 10.
+    done = subprocess.run([sys.executable, "-c", _TIMER_AFTER_IMPORTS], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert float(done.stdout.split()[-1]) >= 0.95, done.stdout
