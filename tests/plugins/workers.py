@@ -1,12 +1,14 @@
-"""How the suite spreads over its two pytest-xdist workers (``make test``, one a core).
+"""How the suite spreads over two pytest-xdist workers (``make test TEST_WORKERS=2``).
 
 Every test that starts a whole stack, makes hosts or holds a slow link names the one
 ``xdist_group`` ``stack`` in its module's ``pytestmark``. With ``--dist loadgroup`` that
 group is one unit of work: one worker runs all of it, one test after another, and the
 other worker runs everything else (the unit tests, each with its own Kafka node,
 Cassandra node and SparkSession, on random ports) in the meantime. So no two stacks
-ever share the two cores: their timing windows assume the stack has the machine, bar
-the unit tests beside it.
+ever run at once. On a 2-core machine that is not enough to make it the default: with
+the unit tests' own nodes beside a stack (and other work on the box), the rebuild
+beside under load and a Cassandra node's SIGKILL test have failed, where one process
+passes them.
 
 Under xdist the group is put first (xdist hands it out before any other test, and
 ``make test`` keeps that order with ``--no-loadscope-reorder``), and within it the
@@ -15,8 +17,8 @@ other worker are done, and the heaviest stack (three brokers, three Cassandra no
 the Spark daemons) has both cores to itself. Within the group the tests otherwise keep
 their files' order, which some scenarios rely on.
 
-Without xdist (``pytest`` on a file, or ``make test TEST_WORKERS=0``), the group is a
-plain marker and changes nothing.
+Without xdist (``pytest`` on a file, or ``make test``), the group is a plain marker and
+changes nothing.
 """
 
 from __future__ import annotations
