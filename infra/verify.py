@@ -419,7 +419,7 @@ class RowCache(ReaderProxy):
             found = self.inner.reposts_of(missing)
             for o in missing:
                 self._reposts[o] = found.get(o, [])
-        by = None if reader is None else self._user(reader).followee_set()
+        by = None if reader is None else self._user(reader).followee_set
         out: dict[int, list[Entry]] = {}
         for o in asked:
             if not (reposts := self._reposts[o]):
@@ -465,16 +465,16 @@ class RowCache(ReaderProxy):
         return self._user(user).cached.below(below if below is not None else TOP, limit)
 
     def horizon(self, user: int) -> Key | None:
-        return self._user(user).horizon()
+        return self._user(user).horizon
 
     def celebrities_followed(self, user: int) -> list[int]:
-        return list(self._user(user).celebrities())
+        return list(self._user(user).celebrities)
 
     def relations(self, user: int) -> Relations:
-        return self._user(user).relations()
+        return self._user(user).relations
 
     def followees(self, user: int) -> list[int]:
-        return list(self._user(user).followees())
+        return list(self._user(user).followees)
 
     def hydrate(self, tweets: Sequence[int], users: Sequence[int], reposts: Mapping[int, Key],
                 reader: int | None = None, followees: bool = False) -> Hydrated:
@@ -527,36 +527,26 @@ class _Own:
     def __init__(self, store: TimelineReader, user: int) -> None:
         self.store, self.user = store, user
         self.cached = _Newest(functools.partial(store.cached, user))
-        self._horizon: list[Key | None] = []
-        self._celebrities: list[int] | None = None
-        self._relations: Relations | None = None
-        self._followees: list[int] | None = None
-        self._followee_set: frozenset[int] | None = None
 
+    @functools.cached_property
     def horizon(self) -> Key | None:
-        if not self._horizon:
-            self._horizon.append(self.store.horizon(self.user))
-        return self._horizon[0]
+        return self.store.horizon(self.user)
 
+    @functools.cached_property
     def celebrities(self) -> list[int]:
-        if self._celebrities is None:
-            self._celebrities = self.store.celebrities_followed(self.user)
-        return self._celebrities
+        return self.store.celebrities_followed(self.user)
 
+    @functools.cached_property
     def relations(self) -> Relations:
-        if self._relations is None:
-            self._relations = self.store.relations(self.user)
-        return self._relations
+        return self.store.relations(self.user)
 
+    @functools.cached_property
     def followees(self) -> list[int]:
-        if self._followees is None:
-            self._followees = self.store.followees(self.user)
-        return self._followees
+        return self.store.followees(self.user)
 
+    @functools.cached_property
     def followee_set(self) -> frozenset[int]:
-        if self._followee_set is None:
-            self._followee_set = frozenset(self.followees())
-        return self._followee_set
+        return frozenset(self.followees)
 
 
 def _kept(kept: dict[int, _Row | None], ids: Sequence[int],
