@@ -549,7 +549,10 @@ def stop_all(run_dir: Path, host: str = "*") -> list[int]:
             _stop(record[1], child)
             stopped.append(record[1])
         elif child is not None:
-            child.poll()  # it exited by itself (its host removed): reap it, leave no zombie
+            # It is exiting by itself (its host removed). Its command line empties before
+            # it can be waited for, so wait for it: no zombie left, and the pid stays ours
+            # until then, so the signals of _stop cannot reach another process.
+            _stop(child.pid, child)
         path.unlink(missing_ok=True)
     return stopped
 
