@@ -197,7 +197,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BesideRun]:
 
 @pytest.fixture(scope="module")
 def cassandra_run(run: BesideRun) -> Iterator[BesideRun]:
-    """A second stack, ``fanout up --store cassandra``, with the same history."""
+    """A second stack, ``fanout up --store cassandra``, with the same history; the SQLite
+    stack is down first (checked: nothing of it left), so the two never share the cores."""
+    run.down_leaving_nothing()
     state = BesideRun(run.root / "cassandra", run.history)
     try:
         yield state
@@ -208,6 +210,29 @@ def cassandra_run(run: BesideRun) -> Iterator[BesideRun]:
 def test_a_view_built_beside_a_live_stack_under_load_switches_with_no_seam(
         run: BesideRun) -> None:
     _built_beside_under_load(run)
+
+
+def test_a_version_that_cannot_resume_the_checkpoint_leaves_the_api_serving(
+        run: BesideRun) -> None:
+    """``fanout up`` with a checkpoint of another layout: the job is not started, the
+    API serves the view as it is, and the message offers the rebuild beside."""
+    stack = run.stack()
+    if "job" not in stack["pids"]:
+        pytest.skip("needs the stack the first test built")
+    run.fanout("down", timeout=240)
+    kept = run.run_dir / "checkpoints" / "view-settings.json"
+    recorded = kept.read_text()
+    kept.write_text(json.dumps({**json.loads(recorded), "layout": 1}))
+    try:
+        up = run.fanout("up", check=False, timeout=300)
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "the view job was not started" in up.stderr, up.stderr[-3000:]
+        assert "layout 1 -> " in up.stderr and "fanout rebuild --beside" in up.stderr
+        state = run.stack()
+        assert "job" not in state["pids"] and "api" in state["pids"]
+        assert _full_users(state["api_url"], 1), "the API serves no full page"
+    finally:
+        kept.write_text(recorded)
 
 
 def test_on_cassandra_a_view_built_beside_in_its_own_keyspace_switches_with_no_seam(
@@ -296,29 +321,6 @@ def _built_beside_under_load(run: BesideRun, *up: str) -> None:
     assert "deleted" in dropped and not (run.run_dir / "views" / "v1").exists(), dropped
     if new_url.startswith("cassandra"):
         assert f"dropped keyspace {urlsplit(new_url).path.strip('/')}" in dropped, dropped
-
-
-def test_a_version_that_cannot_resume_the_checkpoint_leaves_the_api_serving(
-        run: BesideRun) -> None:
-    """``fanout up`` with a checkpoint of another layout: the job is not started, the
-    API serves the view as it is, and the message offers the rebuild beside."""
-    stack = run.stack()
-    if "job" not in stack["pids"]:
-        pytest.skip("needs the stack the first test built")
-    run.fanout("down", timeout=240)
-    kept = run.run_dir / "checkpoints" / "view-settings.json"
-    recorded = kept.read_text()
-    kept.write_text(json.dumps({**json.loads(recorded), "layout": 1}))
-    try:
-        up = run.fanout("up", check=False, timeout=300)
-        assert up.returncode == 1, up.stdout + up.stderr
-        assert "the view job was not started" in up.stderr, up.stderr[-3000:]
-        assert "layout 1 -> " in up.stderr and "fanout rebuild --beside" in up.stderr
-        state = run.stack()
-        assert "job" not in state["pids"] and "api" in state["pids"]
-        assert _full_users(state["api_url"], 1), "the API serves no full page"
-    finally:
-        kept.write_text(recorded)
 
 
 def _full_users(base: str, n: int) -> list[int]:
