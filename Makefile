@@ -7,14 +7,14 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist). 0, the default, runs the suite in one process, one stack
-# at a time. TEST_WORKERS=2 runs two, one a core: one runs every whole-stack test, one
-# stack at a time, while the other runs the rest (tests/plugins/workers.py); on this
-# 2-core machine stacks and the unit tests' own nodes then share the cores, and tests
-# with timing windows (a beside rebuild under load, a Cassandra node's restart) have
-# failed that way, so it is not the default.
-TEST_WORKERS ?= 0
-XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+# Test workers (pytest-xdist) for the tests that start no whole stack. With 2, the
+# default, `make test` runs those on two workers (each with its own Kafka node,
+# Cassandra node and SparkSession; they wait on their nodes more than they compute, so
+# two halve their time), then every whole-stack test in one process, one stack at a
+# time, with both cores to itself (tests/plugins/workers.py). 0 runs everything in one
+# process. Both steps always run; `make test` fails if either failed. A step whose
+# PYTEST_ARGS select none of its tests passes (pytest's exit status 5).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint install jars class-archive java clean
 
@@ -27,7 +27,17 @@ demo: jars
 # The tests use the class archive (tests/infra/test_class_archive.py checks that the
 # driver maps it), so the test target builds it.
 test: install
-	$(VENV)/bin/pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+ifeq ($(TEST_WORKERS),0)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+else
+	@status=0; \
+	echo "== the tests without a whole stack, on $(TEST_WORKERS) workers"; \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --stacks without $(PYTEST_ARGS) \
+	  || [ $$? -eq 5 ] || status=1; \
+	echo "== the whole-stack tests, one stack at a time"; \
+	$(VENV)/bin/pytest --stacks only $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
+	exit $$status
+endif
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.
 lint: $(STAMP)

@@ -1,24 +1,22 @@
-"""How the suite spreads over two pytest-xdist workers (``make test TEST_WORKERS=2``).
+"""How the suite is split: the tests that start no whole stack, then the stacks.
 
 Every test that starts a whole stack, makes hosts or holds a slow link names the one
-``xdist_group`` ``stack`` in its module's ``pytestmark``. With ``--dist loadgroup`` that
-group is one unit of work: one worker runs all of it, one test after another, and the
-other worker runs everything else (the unit tests, each with its own Kafka node,
-Cassandra node and SparkSession, on random ports) in the meantime. So no two stacks
-ever run at once. On a 2-core machine that is not enough to make it the default: with
-the unit tests' own nodes beside a stack (and other work on the box), the rebuild
-beside under load and a Cassandra node's SIGKILL test have failed, where one process
-passes them.
+``xdist_group`` ``stack`` in its module's ``pytestmark``. ``make test`` runs the suite
+in two steps (``--stacks``, below):
 
-Under xdist the group is put first (xdist hands it out before any other test, and
-``make test`` keeps that order with ``--no-loadscope-reorder``), and within it the
-three-node stack of ``tests/stack/nodes/`` comes last: by then the unit tests on the
-other worker are done, and the heaviest stack (three brokers, three Cassandra nodes,
-the Spark daemons) has both cores to itself. Within the group the tests otherwise keep
-their files' order, which some scenarios rely on.
+1. ``--stacks without`` on two pytest-xdist workers (``--dist loadfile``): the unit
+   tests, each worker with its own Kafka node, Cassandra node and SparkSession on
+   random ports. They wait on their nodes more than they compute, so two workers on two
+   cores take about half the time of one.
+2. ``--stacks only`` in one process: every whole-stack test, one stack at a time, the
+   files' order, with both cores to itself. Stacks hold timing windows (a rebuild beside
+   under load, a Cassandra node's restart) that assume nothing else runs: beside the
+   unit tests' nodes they have failed.
 
-Without xdist (``pytest`` on a file, or ``make test``), the group is a plain marker and
-changes nothing.
+``--stacks all`` (the default) runs both kinds; under xdist (``-n 2 --dist loadgroup
+--no-loadscope-reorder``) the group is then one unit of work handed out first, with
+the three-node stack of ``tests/stack/nodes/`` last within it. Without xdist the
+group is a plain marker and changes nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +43,23 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
     return (0, 1 if HEAVIEST in item.nodeid.replace("/", os.sep) else 0)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stacks", choices=("all", "without", "only"), default="all",
+        help="run the whole-stack tests (the `stack` group) too (all), not at all "
+             "(without) or alone (only); `make test` runs the rest on two workers, then "
+             "these in one process")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stacks = config.getoption("--stacks")
+    if stacks != "all":
+        chosen = {item: (group_of(item) == STACK) == (stacks == "only") for item in items}
+        keep = [item for item in items if chosen[item]]
+        dropped = [item for item in items if not chosen[item]]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files' order
     items.sort(key=_rank)  # stable: the files' order within each rank
