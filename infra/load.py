@@ -43,6 +43,7 @@ import psutil
 import loadgen
 from infra import loadprep
 from infra.errors import LoadRunError
+from infra.process import interrupted_by_signals
 from ingest.progress import progress as progress_bar
 from loadgen.errors import LoadgenError
 from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings, Target
@@ -173,10 +174,15 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe request
     try:
         plan = make_plan(args)
-        summary = execute(plan, args)
+        with interrupted_by_signals():  # Locust and a read-mode API are stopped on the way out
+            summary = execute(plan, args)
     except (LoadRunError, LoadgenError, OSError) as exc:
         log.error("load run failed: %s", exc)
         return 1
+    except KeyboardInterrupt as exc:
+        log.error("load run stopped by %s before its report; Locust is stopped",
+                  exc.args[0] if exc.args else "Ctrl-C")
+        return 130
     print(render_text(summary))
     print(f"\nreport: {plan.out / 'report.html'}")
     bad = [p for figures in summary["modes"].values() for p in figures["problems"]]

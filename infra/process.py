@@ -145,6 +145,26 @@ def stop_on_signals() -> threading.Event:
 
 
 @contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise :class:`KeyboardInterrupt`.
+
+    That is how a command that started children of its own (Locust, an API) unwinds
+    through its ``finally`` blocks and stops them: on Ctrl-C, on ``kill``, and where
+    SIGINT came ignored (a job started with ``&`` from a script inherits it ignored).
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
 def timer_slack(ns: int) -> Iterator[None]:
     """Processes started inside (by this thread) run with a timer slack of ``ns``.
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 
 from infra.process import Heartbeat, run_saying
+from tests.support.paths import ROOT
 
 
 def test_a_slow_command_is_said_to_go_on_and_gives_its_output_and_status(caplog):
@@ -49,3 +53,31 @@ def test_a_heartbeat_speaks_at_most_once_per_interval(caplog):
         time.sleep(0.01)
     said = [r for r in caplog.records if r.getMessage().startswith("waiting: ")]
     assert 2 <= len(said) <= 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_unwinds_through_finally_even_with_sigint_inherited_ignored(tmp_path, sig):
+    # A command's `finally` stops what it started (fanout load: its Locust). The child is
+    # started with SIGINT ignored, as `cmd &` in a script starts it.
+    done = tmp_path / "unwound"
+    script = textwrap.dedent(f"""
+        import time
+        from infra.process import interrupted_by_signals
+        try:
+            with interrupted_by_signals():
+                print("ready", flush=True)
+                time.sleep(60)
+        except KeyboardInterrupt as exc:
+            open({str(done)!r}, "w").write(exc.args[0])
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                         signal.SIG_IGN))
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(sig)
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert done.read_text() == sig.name
