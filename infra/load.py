@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("load run failed: %s", exc)
         return 1
     except KeyboardInterrupt as exc:
-        log.error("load run stopped by %s before its report; Locust is stopped",
+        log.error("load run stopped by %s before its report; what it started is stopped",
                   exc.args[0] if exc.args else "Ctrl-C")
         return 130
     print(render_text(summary))

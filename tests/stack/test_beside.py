@@ -33,6 +33,7 @@ import httpx
 import pytest
 from cassandra import InvalidRequest
 
+from infra.procs import cmdline
 from infra.stack import session_members
 from infra.verify import end_offsets, wait_caught_up
 from ingest.settings import KafkaSettings
@@ -140,13 +141,13 @@ def _write(base: str, stop: threading.Event, tweets: list[int]) -> None:
             time.sleep(0.2)
 
 
-def _stop_load(run: BesideRun, process: subprocess.Popen[str], timeout: float = 30) -> str:
+def _stop_load(run: BesideRun, process: subprocess.Popen[str],
+               timeout: float = 30) -> tuple[str, list[int]]:
     """Ctrl-C ``fanout load`` (it stops its Locust, which runs in a session of its own),
-    then SIGKILL what is left of it; its output, with any Locust that outlived it named.
+    then SIGKILL what is left of it; its output, and any Locust that outlived it.
 
     Locust carries the run's tag but is in no session of the command's, so it is found
-    by the tag: one left running would go on writing, and ``fanout verify`` would race
-    those writes.
+    by the tag, and killed: one left running would go on writing while the test verifies.
     """
     process.send_signal(signal.SIGINT)
     try:
@@ -154,19 +155,9 @@ def _stop_load(run: BesideRun, process: subprocess.Popen[str], timeout: float = 
     except subprocess.TimeoutExpired:
         _kill_session(process.pid)
         out = process.communicate()[0]
-    left = [pid for pid in tagged(run.tag) if b"locust" in _cmdline(pid)]
+    left = [pid for pid in tagged(run.tag) if "locust" in cmdline(pid)]
     kill(left)
-    if left:
-        print(f"\nLocust outlived `fanout load`'s Ctrl-C: killed {left}")
-    return out + (f"\n(Locust processes left after `fanout load` stopped: {left})" if left
-                  else "")
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    return out, left
 
 
 def _finish(process: subprocess.Popen[str], what: str, timeout: float = 480) -> str:
@@ -305,10 +296,11 @@ def _built_beside_under_load(run: BesideRun, *up: str) -> None:
         for thread in threads:
             thread.join()
         load_ran = load.poll() is None  # still running: it loaded the whole rebuild
-        load_out = _stop_load(run, load)
+        load_out, locust_left = _stop_load(run, load)
     assert reads.checked > 100, f"only {reads.checked} reads were checked"
     assert not reads.bad, f"{len(reads.bad)} of {reads.checked} reads were wrong: {reads.bad[:10]}"
     assert load_ran, f"`fanout load` stopped before the switch:\n{load_out[-3000:]}"
+    assert not locust_left, f"Locust outlived `fanout load`'s Ctrl-C: {locust_left}"
 
     now = run.stack()
     assert now["store_url"] == new_url
