@@ -13,34 +13,24 @@ in two steps (``--stacks``, below):
    under load, a Cassandra node's restart) that assume nothing else runs: beside the
    unit tests' nodes they have failed.
 
-``--stacks all`` (the default) runs both kinds; under xdist (``-n 2 --dist loadgroup
---no-loadscope-reorder``) the group is then one unit of work handed out first, with
-the three-node stack of ``tests/stack/nodes/`` last within it. Without xdist the
-group is a plain marker and changes nothing.
+``--stacks all`` (the default) runs both kinds in the files' order. Under ``-n 2
+--dist loadgroup`` the group is one unit of work, so one worker runs every stack while
+the other runs the rest: the arrangement whose stacks failed on two cores, which is why
+``make test`` runs two steps instead. Without xdist the group is a plain marker.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-#: The one group of whole-stack tests, handed out first.
+#: The one group of whole-stack tests.
 STACK = "stack"
-#: Within it, the tests under this directory run last (the three-node stack).
-HEAVIEST = os.path.join("tests", "stack", "nodes") + os.sep
 
 
 def group_of(item: pytest.Item) -> str | None:
     """The ``xdist_group`` a test's module (or the test) names, if any."""
     mark = item.get_closest_marker("xdist_group")
     return str(mark.args[0]) if mark is not None and mark.args else None
-
-
-def _rank(item: pytest.Item) -> tuple[int, int]:
-    if group_of(item) != STACK:
-        return (1, 0)
-    return (0, 1 if HEAVIEST in item.nodeid.replace("/", os.sep) else 0)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,6 +50,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # one process: the files' order
-    items.sort(key=_rank)  # stable: the files' order within each rank

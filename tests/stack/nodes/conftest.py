@@ -1,7 +1,8 @@
 """The package's three-node stack: ``fanout up --nodes 3``, on hosts of its own where it can.
 
-The two modules here drive it one after the other, last on the worker that runs every
-stack (the ``stack`` group of :mod:`tests.plugins.workers`): ``test_nodes.py`` kills a
+The two modules here drive it one after the other, in the step of ``make test`` that
+runs the stacks one at a time (the ``stack`` group of :mod:`tests.plugins.workers`):
+``test_nodes.py`` kills a
 node of each kind mid-replay and brings it back with ``fanout up``, then
 ``test_partitions.py`` partitions its hosts. The stack lives as long as the package's
 tests (a package-scoped fixture): it is down before the next test outside this
