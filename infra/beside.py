@@ -362,8 +362,10 @@ _STILL_READS: Final = 50
 
 def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult,
              lateness: int | None = DEFAULT_LATENESS_MS) -> None:
-    """Replace ``result``'s divergence by the users who differ in each of :data:`_ROUNDS`
-    reads, each at a position of the view (:func:`_recheck_once`)."""
+    """Replace ``result``'s divergence by the users who differ in every one of its reads.
+
+    :data:`_ROUNDS` reads, each at a position of the view (:func:`_recheck_once`).
+    """
     for round_ in range(1, _ROUNDS + 1):
         _recheck_once(kafka, store, cap, result, lateness)
         if not result.divergent:
