@@ -308,8 +308,8 @@ async def _load(port: int, server_pid: int, users: list[int], args: argparse.Nam
 
 def in_process(path: Path, users: list[int], n: int, seed: int) -> dict:
     """CPU per first page without HTTP: assembly alone, and with hydration (one thread)."""
-    from serving.app import hydrate
     from serving.celebrities import CelebrityCache
+    from serving.render import hydrated
     from serving.timeline import home_page, read_time_page
 
     store = SQLiteStore(path, cap=CAP).open()
@@ -332,7 +332,7 @@ def in_process(path: Path, users: list[int], n: int, seed: int) -> dict:
             assembly = time.process_time() - start
             start = time.process_time()
             for user in sample:
-                hydrate(store, page(user).entries)
+                hydrated(store, page(user).entries)
             out[mode] = {"assembly_ms": round(assembly * 1000 / n, 3),
                          "with_hydration_ms": round((time.process_time() - start) * 1000 / n, 3)}
         return out

@@ -15,7 +15,7 @@ then runs three phases, each with ``--clients`` client *processes* (this script 
 - ``adds``: timeline adds alone, as the sink writes them (``cql.add_rows`` through the
   writer's bounded ``execute_concurrent``) — pure single-row writes;
 - ``reads``: the API's home read: :func:`serving.timeline.home_page` (limit 20) and
-  :func:`serving.app.hydrate` on a :class:`~views.stores.cassandra.CassandraStore`,
+  :func:`serving.render.hydrated` on a :class:`~views.stores.cassandra.CassandraStore`,
   from ``--threads`` threads per client as the API's threadpool runs them.
 
 Each client counts the statements it ran, by name, and its own CPU time in its
@@ -197,7 +197,7 @@ def _writes(writer: TaskWriter, rng: random.Random, args: argparse.Namespace) ->
 
 
 def _reads(store: _Reader, rng: random.Random, args: argparse.Namespace) -> Any:
-    from serving.app import hydrate
+    from serving.render import hydrated
     from serving.timeline import home_page
 
     latencies: list[float] = []
@@ -207,7 +207,7 @@ def _reads(store: _Reader, rng: random.Random, args: argparse.Namespace) -> Any:
         user = rng.randint(1, args.users)
         began = time.perf_counter()
         page = home_page(store, user, None, 20)
-        hydrate(store, page.entries)
+        hydrated(store, page.entries)
         with lock:
             latencies.append(time.perf_counter() - began)
         return 1

@@ -27,7 +27,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path as FilePath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
@@ -52,12 +52,12 @@ from serving.pagecache import PageCache
 from serving.pageversions import PageVersions
 from serving.protocol import ReadsProtocol
 from serving.query import only_query
-from serving.reads import MONITOR_HEADER, NEW_COUNT_CAP, FastPath, FastReads, Pages, Read
-from serving.render import hydrated, iso_millis
+from serving.reads import MONITOR_HEADER, FastPath, FastReads, Pages, Read
+from serving.render import iso_millis
 from serving.settings import STREAM_MAX_LIMIT, ServingSettings
+from serving.shapes import NEW_COUNT_CAP, NewCount, TimelinePage
 from serving.stream import StreamHub
 from serving.switch import Served, ViewFollower, served
-from serving.visibility import HomeEntry
 from serving.workers import run as run_workers
 from serving.writes import write_router
 from views import pointer
@@ -66,93 +66,12 @@ from views.settings import TIMELINE_CAP_ENV
 from views.stores import store_from_url
 from views.stores.contract import Store, TimelineReader
 
-__all__ = ("create_app", "hydrate", "iso_millis", "serve")
+__all__ = ("create_app", "iso_millis", "serve")
 
 log = logging.getLogger(__name__)
 
 
-# -- response bodies (also the OpenAPI schema) ---------------------------------------
-class Author(BaseModel):
-    """A user (an entry's actor, a tweet's author); handle and name null without a profile."""
-
-    id: str = Field(description="User id as a decimal string. " + ID_NOTE,
-                    examples=["9223372036854775807"])
-    handle: str | None
-    name: str | None
-
-
-class Tweet(BaseModel):
-    """The tweet an entry shows, hydrated with its author."""
-
-    id: str = Field(description="Tweet id as a decimal string. " + ID_NOTE,
-                    examples=["9223372036854775806"])
-    created_at: int = Field(description="When the tweet was posted, epoch milliseconds.")
-    created_at_iso: str = Field(description="created_at as ISO 8601 UTC.")
-    text: str
-    author: Author
-    in_reply_to_user_id: str | None = Field(
-        description="For a reply, the user it answers (decimal string); else null.")
-
-
-class TimelineEntry(BaseModel):
-    """One entry: a post, a reply, or a repost of someone's tweet (DESIGN §4b)."""
-
-    tweet_id: str = Field(description="The entry's own id: the post's, or the repost's "
-                                      "(not the original's). " + ID_NOTE,
-                          examples=["9223372036854775806"])
-    kind: Literal["post", "reply", "repost"] = Field(
-        description="post: the actor's tweet; reply: the actor's tweet answering "
-                    "in_reply_to_user_id; repost: the actor shares tweet (another's).")
-    created_at: int = Field(description="When the entry was made (posted or reposted), "
-                                        "epoch milliseconds; the timeline's order.")
-    created_at_iso: str = Field(description="created_at as ISO 8601 UTC, e.g. "
-                                            "2024-05-01T12:00:00.000Z.")
-    actor: Author = Field(description="Who made the entry: the author, or the reposter.")
-    tweet: Tweet = Field(description="The tweet shown: for a post or reply the entry "
-                                     "itself, for a repost the original.")
-
-
-class TimelinePage(BaseModel):
-    """A page of a timeline, newest first."""
-
-    user_id: str = Field(description="The user (or author) whose timeline this is. " + ID_NOTE)
-    entries: list[TimelineEntry]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) "
-                                                "page; null when there is none (always "
-                                                "on a page read with ?since=).")
-    top_cursor: Annotated[str | None, Field(
-        description="The first entry's position: pass it as ?since= to read what is "
-                    "newer. Absent from an empty page.")] = None
-    gap: Annotated[bool | None, Field(
-        description="Only with ?since=: true if more entries are new than the page "
-                    "holds; gap_cursor then names the ones left out.")] = None
-    gap_cursor: Annotated[str | None, Field(
-        description="Only with ?since=: pass as ?since= to read the new entries the page "
-                    "left out, from the bottom up (the oldest first, just above the "
-                    "position the since read started from); null when gap is false.")] = None
-    gap_above: Annotated[bool | None, Field(
-        description="Only with ?since=: true if the entries left out are newer than this "
-                    "page's (a gap filled from the bottom up), false if older (the first "
-                    "page of what is new, or a gap too large to fill from the bottom, "
-                    "answered from its top) or if none are.")] = None
-    consistent: Annotated[bool | None, Field(
-        description="Only with ?after=TOKEN: true if the view had applied that write "
-                    "when the page was read, false if the wait timed out.")] = None
-
-
-class NewCount(BaseModel):
-    """How many home entries are newer than a position: what a "12 new posts" pill shows."""
-
-    user_id: str = Field(description="The user whose home timeline this is. " + ID_NOTE)
-    count: int = Field(description=f"How many entries ?since= would read, at most "
-                                   f"{NEW_COUNT_CAP}.")
-    capped: bool = Field(description=f"true: more than {NEW_COUNT_CAP} are new (count is "
-                                     f"the cap).")
-    consistent: Annotated[bool | None, Field(
-        description="Only with ?after=TOKEN: true if the view had applied that write "
-                    "when the count was read, false if the wait timed out.")] = None
-
-
+# -- response bodies (also the OpenAPI schema; the timelines' are serving.shapes) ---
 class Health(BaseModel):
     """Liveness plus what the view has applied (cheap: no table scans)."""
 
@@ -536,15 +455,6 @@ def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> R
     response = Response(body, status_code=status)
     response.raw_headers = [h for h in response.raw_headers if h[0] != b"content-type"] + headers
     return response
-
-
-def hydrate(store: TimelineReader, entries: list[HomeEntry]) -> list[TimelineEntry]:
-    """Entries with their tweets and users, in two bulk reads; tweets gone meanwhile are dropped.
-
-    The models of the schema, for callers outside the hot path (the routes serialize
-    :func:`serving.render.hydrated` directly, from the rows their page carries).
-    """
-    return [TimelineEntry.model_validate(d) for d in hydrated(store, entries)]
 
 
 # -- health and metrics ----------------------------------------------------------------

@@ -47,6 +47,7 @@ from serving.ids import parse_id
 from serving.pagecache import Cached, PageCache, etag_of, matches
 from serving.pageversions import PageVersions
 from serving.render import count_body, hydrated, page_body
+from serving.shapes import NEW_COUNT_CAP
 from serving.timeline import (
     Page,
     PageFn,
@@ -79,10 +80,6 @@ class _Route(NamedTuple):
 
 _ROUTES: Final = {kind: _Route(f"/v1/users/{{user_id}}/{kind}", ("timelines",))
                   for kind in ("home", "tweets")}
-
-
-#: The most new entries a count says (:attr:`Read.count`): past it, "at least".
-NEW_COUNT_CAP: Final = 100
 
 
 def home_fn(fan_out: bool, cache: CelebrityCache | None, after: str | None) -> PageFn:

@@ -1,9 +1,10 @@
 """Timeline pages as JSON bytes: entries hydrated from their page's rows, serialized by orjson.
 
 This is the read path's hot loop, so it builds plain dicts and serializes them with
-orjson: no per-entry pydantic model is built or validated. The bytes are what
-:class:`serving.app.TimelinePage` describes (the OpenAPI schema stays that model);
-``tests/serving/test_api.py`` checks a page against the model and the SQL.
+orjson: no per-entry model is built or validated. The dicts are typed by the shapes
+of :mod:`serving.shapes`, which the routes' OpenAPI schema is built from too, so mypy
+holds them to the one declaration; ``tests/serving/test_api.py`` reads pages back
+against it and checks them against the SQL.
 
 Each entry says what it is: ``kind`` (post, reply or repost), the ``actor`` (the
 author, or the reposter) and the ``tweet`` shown, hydrated with its author. A page
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import orjson
 
 from serving.cursor import Since, encode_cursor, encode_gap
+from serving.shapes import Author, NewCount, TimelineEntry, TimelinePage
 from serving.visibility import HomeEntry
 from views.delta import Key
 from views.stores.contract import TimelineReader
@@ -36,8 +37,8 @@ def iso_millis(ms: int) -> str:
 
 def hydrated(store: TimelineReader, entries: Sequence[HomeEntry],
              tweets: Mapping[int, TweetRow] | None = None,
-             users: Mapping[int, UserRow] | None = None) -> list[dict[str, Any]]:
-    """Entries in the shape of :class:`serving.app.TimelineEntry`, page order.
+             users: Mapping[int, UserRow] | None = None) -> list[TimelineEntry]:
+    """Entries as :class:`~serving.shapes.TimelineEntry`, page order.
 
     ``tweets``/``users``: the rows the page was decided on (a user without a profile
     is simply not there); without them, they are read (one bulk read each). An entry
@@ -62,14 +63,14 @@ class _Render:
 
     def __init__(self, users: Mapping[int, UserRow]) -> None:
         self.users = users
-        self.people: dict[int, dict[str, Any]] = {}
+        self.people: dict[int, Author] = {}
         self.times: dict[int, str] = {}
 
-    def entry(self, entry: HomeEntry, tweet: TweetRow) -> dict[str, Any]:
+    def entry(self, entry: HomeEntry, tweet: TweetRow) -> TimelineEntry:
         return entry_dict(entry, tweet, self.person(entry.author_id),
                           self.person(tweet.author_id), self.iso)
 
-    def person(self, user: int) -> dict[str, Any]:
+    def person(self, user: int) -> Author:
         found = self.people.get(user)
         if found is None:
             row = self.users.get(user)
@@ -86,10 +87,9 @@ class _Render:
         return found
 
 
-def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
-               author: dict[str, Any], iso: Callable[[int], str] = iso_millis,
-               ) -> dict[str, Any]:
-    """One entry in the shape of :class:`serving.app.TimelineEntry`."""
+def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: Author, author: Author,
+               iso: Callable[[int], str] = iso_millis) -> TimelineEntry:
+    """One :class:`~serving.shapes.TimelineEntry`."""
     return {"tweet_id": str(entry.tweet_id), "kind": entry.kind,
             "created_at": entry.created_at, "created_at_iso": iso(entry.created_at),
             "actor": actor,
@@ -99,16 +99,16 @@ def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: dict[str, Any],
                       "in_reply_to_user_id": str(tweet.reply_to) if tweet.reply_to else None}}
 
 
-def page_body(user: int, entries: list[dict[str, Any]], next_key: Key | None,
+def page_body(user: int, entries: list[TimelineEntry], next_key: Key | None,
               consistent: bool | None = None, *, since: bool = False,
               gap: Since | None = None, gap_above: bool = False) -> bytes:
-    """A :class:`serving.app.TimelinePage` as JSON; ``consistent`` only when given.
+    """A :class:`~serving.shapes.TimelinePage` as JSON; ``consistent`` only when given.
 
     ``top_cursor`` is the position of the first entry (absent from an empty page).
     ``since``: a page of what is new, with ``gap``, ``gap_cursor`` (``gap``'s span,
     when there is one) and ``gap_above`` (whether that span is above the entries).
     """
-    body: dict[str, Any] = {
+    body: TimelinePage = {
         "user_id": str(user), "entries": entries,
         "next_cursor": encode_cursor(next_key) if next_key is not None else None}
     if entries:
@@ -130,8 +130,8 @@ def _gap_cursor(gap: Since) -> str:
 
 
 def count_body(user: int, count: int, capped: bool, consistent: bool | None = None) -> bytes:
-    """A :class:`serving.app.NewCount` as JSON; ``consistent`` only when given."""
-    body: dict[str, Any] = {"user_id": str(user), "count": count, "capped": capped}
+    """A :class:`~serving.shapes.NewCount` as JSON; ``consistent`` only when given."""
+    body: NewCount = {"user_id": str(user), "count": count, "capped": capped}
     if consistent is not None:
         body["consistent"] = consistent
     return orjson.dumps(body)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Container, Iterable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from views.delta import Key
 from views.stores.contract import TimelineReader
@@ -62,7 +62,7 @@ class HomeEntry(NamedTuple):
         return (self.created_at, self.tweet_id)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["post", "reply", "repost"]:
         """``repost``, ``reply`` or ``post``."""
         if self.tweet_id != self.original_id:
             return "repost"

@@ -34,9 +34,11 @@ from ingest.events import (
     Unrepost,
     UserUpsert,
 )
-from serving.app import TimelinePage, create_app, hydrate, iso_millis
+from serving.app import create_app, iso_millis
 from serving.cursor import encode_cursor
+from serving.render import hydrated
 from serving.settings import ServingSettings
+from serving.shapes import parse_page
 from serving.timeline import home_page
 from tests.support.api import running
 from tests.support.cassandra import fresh_keyspace
@@ -295,7 +297,7 @@ def _since(client: httpx.Client, path: str, since: str, limit: int) -> list[dict
 
 def test_pages_validate_against_the_openapi_model(client: httpx.Client, filled: Filled):
     for user in filled.readers()[:4]:
-        TimelinePage.model_validate_json(client.get(f"/v1/users/{user}/home").content)
+        parse_page(client.get(f"/v1/users/{user}/home").content)
 
 
 @pytest.mark.parametrize("route", ["home", "tweets"])
@@ -377,7 +379,7 @@ def test_hydration_drops_raced_deletes_in_two_bulk_reads(sqlite_filled: Filled):
     assert any(e.kind == "repost" for e in page.entries)
     store = _RacyStore(sqlite_filled.path, deleted=originals[1], missing=originals[4]).open()
     try:
-        got = [int(e.tweet_id) for e in hydrate(store, page.entries)]
+        got = [int(e["tweet_id"]) for e in hydrated(store, page.entries)]
     finally:
         store.close()
     assert got == [t for t in ids if t not in (ids[1], ids[4])]
@@ -387,7 +389,7 @@ def test_hydration_drops_raced_deletes_in_two_bulk_reads(sqlite_filled: Filled):
 def test_hydrating_nothing_reads_nothing(sqlite_filled: Filled):
     assert sqlite_filled.path is not None
     store = _RacyStore(sqlite_filled.path, 0, 0)
-    assert hydrate(store, []) == []
+    assert hydrated(store, []) == []
     assert store.calls == []
 
 

@@ -38,7 +38,7 @@ from ingest.events import (
     Follow,
     Post,
 )
-from serving.app import TimelineEntry, create_app
+from serving.app import create_app
 from serving.cursor import decode_cursor
 from serving.freshness import Freshness
 from serving.metrics import StreamMetrics
@@ -46,6 +46,7 @@ from serving.pagecache import PageCache
 from serving.pageversions import FeedVersions
 from serving.reads import Pages
 from serving.settings import ServingSettings
+from serving.shapes import parse_entry
 from serving.stream import StreamHub
 from serving.streamids import Window, decode, encode
 from serving.switch import served
@@ -143,7 +144,7 @@ class Client:
             self.held.pop(key, None)
         else:
             entry = event.data["entry"]
-            TimelineEntry.model_validate(entry)  # the /home entry's shape
+            parse_entry(entry)  # the /home entry's shape
             key = _key(entry)
             self.duplicated += key in self.held
             self.held[key] = entry
