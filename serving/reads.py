@@ -278,6 +278,17 @@ def in_process(store: TimelineReader) -> bool:
     return store.reads_in_process
 
 
+def sent_headers(status: int, headers: list[tuple[bytes, bytes]], body: bytes
+                 ) -> list[tuple[bytes, bytes]]:
+    """A page answer's headers as every door sends them: ``headers``, then the length.
+
+    A 304 has none: it may only repeat the 200's, which it does not know here.
+    """
+    if status == 304:
+        return headers
+    return [*headers, (b"content-length", str(len(body)).encode())]
+
+
 class Answer(NamedTuple):
     """A fast answer: status, headers (with Content-Length) and body, and its route."""
 
@@ -343,8 +354,7 @@ class FastPath:
     def _answer(read: tuple[Read, str, str | None],
                 answered: tuple[int, list[tuple[bytes, bytes]], bytes]) -> Answer:
         status, headers, body = answered
-        headers.append((b"content-length", str(len(body)).encode()))
-        return Answer(status, headers, body, _ROUTES[read[1]])
+        return Answer(status, sent_headers(status, headers, body), body, _ROUTES[read[1]])
 
     def parse(self, path: str, query: bytes,
               headers: list[tuple[bytes, bytes]]) -> tuple[Read, str, str | None] | None:

@@ -22,7 +22,7 @@ from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, T
 from views.stores.versions import FEED_SHARDS, Shards
 
 __all__ = ("ACCESS_LOG_ENV", "API_HOST_ENV", "API_PORT_ENV", "API_WORKERS_ENV", "AUTH_ENV", "AUTH_SECRET_ENV",
-           "FEED_SHARDS_ENV", "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings",
+           "FAST_READS_ENV", "FEED_SHARDS_ENV", "MIN_SECRET", "READ_MODE_ENV", "WORKER_ID_ENV", "ServingSettings",
            "parse_shards")
 
 API_HOST_ENV: Final = "FANOUT_API_HOST"
@@ -34,6 +34,7 @@ AUTH_SECRET_ENV: Final = "FANOUT_AUTH_SECRET"  # noqa: S105 - the variable's nam
 WORKER_ID_ENV: Final = "FANOUT_WORKER_ID"
 API_WORKERS_ENV: Final = "FANOUT_API_WORKERS"
 FEED_SHARDS_ENV: Final = "FANOUT_FEED_SHARDS"
+FAST_READS_ENV: Final = "FANOUT_API_FAST_READS"
 
 #: Shortest accepted auth secret: HMAC keys shorter than this are guessable.
 MIN_SECRET = 16
@@ -82,6 +83,14 @@ class ServingSettings(FanoutSettings):
         description="fanout: the materialized view (cache + celebrity merge); read: "
                     "evaluate the home query at read time from author_tweets and the "
                     "follow graph (the fan-out-on-read baseline for load tests).")
+    fast_reads: Literal["protocol", "middleware", "off"] = Field(
+        default="protocol", validation_alias=_env(FAST_READS_ENV, "fast_reads"),
+        description="Where a plainly valid page read is answered without FastAPI's "
+                    "per-request work, with the bytes the route would send: protocol: "
+                    "inside the HTTP protocol once its headers are parsed (serving.protocol), "
+                    "else in an ASGI middleware; middleware: only there, under uvicorn's own "
+                    "protocol; off: only the routes. For benchmarks and for ruling a fast "
+                    "path out.")
     access_log: bool = Field(
         default=True, validation_alias=_env(ACCESS_LOG_ENV, "access_log"),
         description="Log every request (uvicorn's access log); turn off for load tests, "

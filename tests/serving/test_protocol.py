@@ -10,7 +10,6 @@ rest; what it declines reaches the app unchanged.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,14 @@ import pytest
 from ingest.events import Follow, Post, UserUpsert
 from serving.app import create_app
 from serving.settings import ServingSettings
-from tests.support.api import CountingFastPath, counting_fast_path, running
+from tests.support.api import (
+    CountingFastPath,
+    counting_fast_path,
+    exchange,
+    raw_get,
+    running,
+    without_date,
+)
 from tests.support.join import Harness
 from views.join import JoinConfig
 from views.stores.sqlite import SQLiteStore
@@ -61,44 +67,6 @@ def served(store) -> Iterator[tuple[Harness, CountingFastPath, httpx.Client]]:
         yield harness, fast, client
 
 
-def _exchange(base: str, raw: bytes, responses: int) -> tuple[list[bytes], bool]:
-    """Send ``raw`` at once; the first ``responses`` answers, and whether the server closed."""
-    host, port = base.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(raw)
-        buffer, out = b"", []
-        while len(out) < responses:
-            head_end = buffer.find(b"\r\n\r\n")
-            if head_end >= 0:
-                head = buffer[:head_end].decode("latin-1")
-                length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
-                               if line.lower().startswith("content-length:")), 0)
-                end = head_end + 4 + length
-                if len(buffer) >= end:
-                    out.append(buffer[:end])
-                    buffer = buffer[end:]
-                    continue
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {len(out)} of {responses} answers"
-            buffer += chunk
-        assert buffer == b""
-        sock.settimeout(2)
-        try:
-            closed = sock.recv(1) == b""
-        except TimeoutError:
-            closed = False
-    return out, closed
-
-
-def _get(path: str, *lines: str, version: str = "1.1") -> bytes:
-    return "\r\n".join([f"GET {path} HTTP/{version}", "Host: t", *lines, "", ""]).encode()
-
-
-def _without_date(response: bytes) -> bytes:
-    return b"\r\n".join(line for line in response.split(b"\r\n")
-                        if not line.lower().startswith(b"date:"))
-
-
 def test_plain_reads_are_answered_in_the_protocol_and_the_rest_by_the_app(served):
     _, fast, client = served
     page = client.get(HOME)
@@ -125,12 +93,12 @@ def test_answers_are_uvicorns_byte_for_byte(store, request_lines, version):
     _, path = store
     ours, theirs = _app(path), _app(path)
     fast = _counting(ours)
-    raw = _get(f"{HOME}?limit=3", *request_lines, version=version)
+    raw = raw_get(f"{HOME}?limit=3", *request_lines, version=version)
     with running(ours) as mine, running(theirs, http="httptools") as uvicorns:
-        (got,), closed = _exchange(mine, raw, 1)
-        (want,), closed_too = _exchange(uvicorns, raw, 1)
+        (got,), closed = exchange(mine, raw, 1)
+        (want,), closed_too = exchange(uvicorns, raw, 1)
     assert fast.in_protocol == 1
-    assert _without_date(got) == _without_date(want)
+    assert without_date(got) == without_date(want)
     assert closed == closed_too == ("close" in str(request_lines) or version == "1.0")
 
 
@@ -139,9 +107,9 @@ def test_pipelined_answers_keep_request_order(store):
     _, path = store
     app = _app(path)
     fast = _counting(app)
-    raw = _get(HOME) + _get("/healthz") + _get(f"{HOME}?limit=2") + _get(f"{HOME}?limit=1")
+    raw = raw_get(HOME) + raw_get("/healthz") + raw_get(f"{HOME}?limit=2") + raw_get(f"{HOME}?limit=1")
     with running(app) as base:
-        answers, closed = _exchange(base, raw, 4)
+        answers, closed = exchange(base, raw, 4)
     bodies = [a.split(b"\r\n\r\n", 1)[1] for a in answers]
     assert all(a.startswith(b"HTTP/1.1 200 OK\r\n") for a in answers) and not closed
     assert bodies[0].count(b'"tweet_id"') == 5 and b'"status"' in bodies[1]

@@ -191,3 +191,45 @@ def counting_fast_path(app: FastAPI) -> CountingFastPath:
     fast = app.state.fast_path
     fast.__class__ = CountingFastPath
     return fast
+
+
+def exchange(base: str, raw: bytes, responses: int, settle: float = 2.0
+             ) -> tuple[list[bytes], bool]:
+    """Send ``raw`` on one connection: its first ``responses`` answers; whether it closed
+    within ``settle`` seconds of the last."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        buffer, out = b"", []
+        while len(out) < responses:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                head = buffer[:head_end].decode("latin-1")
+                length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                               if line.lower().startswith("content-length:")), 0)
+                end = head_end + 4 + length
+                if len(buffer) >= end:
+                    out.append(buffer[:end])
+                    buffer = buffer[end:]
+                    continue
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(out)} of {responses} answers"
+            buffer += chunk
+        assert buffer == b""
+        sock.settimeout(settle)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+    return out, closed
+
+
+def raw_get(path: str, *lines: str, version: str = "1.1") -> bytes:
+    """A GET request as the bytes a client sends, with ``lines`` as its headers."""
+    return "\r\n".join([f"GET {path} HTTP/{version}", "Host: t", *lines, "", ""]).encode()
+
+
+def without_date(response: bytes) -> bytes:
+    """A raw answer without its ``date`` header, the one line two servers may differ in."""
+    return b"\r\n".join(line for line in response.split(b"\r\n")
+                        if not line.lower().startswith(b"date:"))
