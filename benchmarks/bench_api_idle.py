@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bench_http import _tree_cpu, api, checkout
-from harness import argument_parser, save
+from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
 
@@ -30,7 +30,7 @@ def main() -> int:
     out: dict = {"store": str(args.store), "seconds": args.seconds}
     with scratch("fanout-idle-") as work:
         for label, root in (("before", checkout(args.before, work)), ("after", None)):
-            with api(args.store, 1, 64, work, **({} if root is None else {"root": root})) as s:
+            with api(args.store, 1, 64, work, ROOT if root is None else root) as s:
                 assert s.process is not None
                 time.sleep(2)  # past the first (full) refresh
                 cpu, start = _tree_cpu(s.process.pid), time.perf_counter()

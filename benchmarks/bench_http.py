@@ -2,6 +2,7 @@
 
     apt-get install -y nginx wrk        # Debian packages this benchmark drives
     .venv/bin/python benchmarks/bench_http.py --store /tmp/fanout-api/v.sqlite [--before REV]
+    .venv/bin/python benchmarks/bench_http.py --doors protocol,middleware,off --name http-doors
 
 The store is ``bench_api.py``'s (20,000 users, 200,000 follows and tweets, built in
 process without Spark; built here if ``--store`` does not exist yet). The API runs as
@@ -27,6 +28,12 @@ half the measured saturation rate (cache on, the highest connection count), then
 intended send time, so queueing is not hidden (coordinated omission); the client's
 CPU is reported too. Results go to
 ``benchmarks/results/http.json`` (``--name``).
+
+``--doors`` measures only where a cached page read is answered
+(``FANOUT_API_FAST_READS``): inside the HTTP protocol, in the ASGI middleware, or by
+the FastAPI route alone; each door's API is warmed up and read at the highest
+connection count, the doors in turns ``--rounds`` times, and each door's best reads
+per API CPU-second are compared with the route's.
 """
 
 from __future__ import annotations
@@ -134,12 +141,14 @@ class Server:
             self.process = None
 
 
-def api(store: Path, workers: int, cache_mb: int, work: Path, root: Path = ROOT) -> Server:
+def api(store: Path, workers: int, cache_mb: int, work: Path, root: Path = ROOT,
+        doors: str = "protocol") -> Server:
     port = free_port(HOST)
     env = {**os.environ, "FANOUT_STORE": f"sqlite:///{store}", "FANOUT_AUTH": "off",
            "FANOUT_API_HOST": HOST, "FANOUT_API_PORT": str(port),
            "FANOUT_API_ACCESS_LOG": "false", "FANOUT_API_WORKERS": str(workers),
-           "FANOUT_API_PAGE_CACHE_MB": str(cache_mb), "PYTHONPATH": str(root)}
+           "FANOUT_API_PAGE_CACHE_MB": str(cache_mb), "FANOUT_API_FAST_READS": doors,
+           "PYTHONPATH": str(root)}
     if root != ROOT:  # the before: without the C HTTP parser and uvloop it did not install
         shadow = work / "shadow"
         shadow.mkdir(exist_ok=True)
@@ -379,7 +388,7 @@ def _show(label: str, r: dict) -> None:
 
 def main() -> int:
     ap = argument_parser(__doc__.split("\n\n")[0], name="http", users=20_000, follows=200_000,
-                         tweets=200_000, store=Path("/tmp/fanout-api/v.sqlite"))
+                         tweets=200_000, store=Path("/tmp/fanout-api/v.sqlite"), rounds=2)
     ap.add_argument("--celebrity-threshold", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=50_000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -398,6 +407,10 @@ def main() -> int:
                     help="open-loop rates (req/s) measured besides half the saturation: "
                          "the Python client's own CPU grows with the rate")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--doors", default="", metavar="DOORS",
+                    help="only compare where a page read is answered (FANOUT_API_FAST_READS, "
+                         "comma-separated: protocol,middleware,off), each warmed up, then "
+                         "--seconds at the highest connection count, in turns, --rounds times")
     ap.add_argument("--before", default="", metavar="REV",
                     help="first measure the API of git revision REV (one process, "
                          "without httptools/uvloop, as it then ran) at --connections")
@@ -410,6 +423,8 @@ def main() -> int:
     conns = [int(c) for c in args.connections.split(",")]
     out: dict = {"settings": {k: str(v) for k, v in vars(args).items()},
                  "machine": {"cpus": os.cpu_count()}, "closed": {}}
+    if args.doors:
+        return _doors(args, conns[-1], out)
     with scratch("fanout-http-") as work:
         if args.before:
             with api(args.store, 1, 0, work, checkout(args.before, work)) as server:
@@ -453,6 +468,31 @@ def main() -> int:
     out["body_bytes"], out["body_status"] = len(body), status
     print(f"API at {conns[-1]} connections = {out['fraction_of_nginx']:.1%} of nginx "
           f"serving the same {len(body)}-byte body")
+    print(f"written to {save(args.name, out)}")
+    return 0
+
+
+def _doors(args: argparse.Namespace, connections: int, out: dict) -> int:
+    """Cached reads per API CPU-second through each door, in turns (``--doors``)."""
+    doors = [d for d in args.doors.split(",") if d]
+    out["doors"] = {d: [] for d in doors}
+    with scratch("fanout-http-") as work:
+        for turn in range(args.rounds):
+            for door in doors:
+                with api(args.store, args.workers, args.cache_mb, work, doors=door) as server:
+                    print(f"turn {turn + 1}, door {door}: warming up", flush=True)
+                    warm_up(server, connections, args, work, least=4)
+                    out["doors"][door].append(r := wrk(server, connections, args.seconds,
+                                                       args, work))
+                    _show(f"door {door}, {connections}c", r)
+    best = {d: max(r["requests_per_cpu_s"] for r in runs) for d, runs in out["doors"].items()}
+    base = best.get("off")
+    for door, value in best.items():
+        out.setdefault("per_api_cpu_s", {})[door] = value
+        if base:
+            out.setdefault("against_the_route", {})[door] = round(value / base, 2)
+        print(f"{door}: {value} reads per API CPU-second"
+              + (f", {value / base:.2f}x the route's" if base else ""))
     print(f"written to {save(args.name, out)}")
     return 0
 
