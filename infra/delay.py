@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, Generic, TypeVar
 
+from infra import procs
 from infra.errors import InfraError
 from infra.hosts import Host
 
@@ -574,22 +575,12 @@ def _stop(pid: int, child: subprocess.Popen[bytes] | None) -> None:
 
 
 def _alive(pid: int, child: subprocess.Popen[bytes] | None) -> bool:
-    if child is not None:
-        return child.poll() is None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return child.poll() is None if child is not None else procs.running(pid)
 
 
 def _is_delayer(pid: int) -> bool:
     """Whether ``pid`` is a live delayer (not a process that reused its pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"infra.delay" in cmdline and _alive(pid, _CHILDREN.get(pid))
+    return procs.running(pid, "infra.delay")
 
 
 def _pid_record(path: Path) -> tuple[str, int] | None:

@@ -27,6 +27,8 @@ import os
 import sys
 from typing import Final
 
+import psutil
+
 #: What a worker of the job imports: PySpark's worker, the Arrow and pandas it
 #: converts with, the decode (``views.connector``) and the join (``views.processor``).
 PRELOAD: Final = ("pyspark.worker", "pyarrow", "pandas", "views.connector",
@@ -39,10 +41,10 @@ PYSPARK_DAEMON: Final = "pyspark.daemon"
 
 
 def threads() -> int | None:
-    """The threads of the calling process (Linux's ``/proc``); None where unknown."""
+    """The threads of the calling process; None where unknown."""
     try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
+        return psutil.Process().num_threads()
+    except psutil.Error:
         return None
 
 

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import psutil
+
 #: The pointer's name in a run directory, and the directory of the views built beside.
 POINTER_FILE: Final = "view.json"
 VIEWS_DIR: Final = "views"
@@ -102,7 +104,7 @@ def serving_workers(pointer_path: Path) -> dict[int, dict[str, Any]]:
     where = served_dir(pointer_path)
     for ack in where.glob("*.json") if where.is_dir() else ():
         pid = int(ack.stem)
-        if not Path(f"/proc/{pid}").exists():
+        if not psutil.pid_exists(pid):
             ack.unlink(missing_ok=True)
             continue
         try:
