@@ -2,7 +2,7 @@
 
     apt-get install -y nginx wrk        # Debian packages this benchmark drives
     .venv/bin/python benchmarks/bench_http.py --store /tmp/fanout-api/v.sqlite [--before REV]
-    .venv/bin/python benchmarks/bench_http.py --doors protocol,middleware,off --name http-doors
+    .venv/bin/python benchmarks/bench_http.py --doors middleware,off --name http-doors
 
 The store is ``bench_api.py``'s (20,000 users, 200,000 follows and tweets, built in
 process without Spark; built here if ``--store`` does not exist yet). The API runs as
@@ -30,8 +30,7 @@ CPU is reported too. Results go to
 ``benchmarks/results/http.json`` (``--name``).
 
 ``--doors`` measures only where a cached page read is answered
-(``FANOUT_API_FAST_READS``): inside the HTTP protocol, in the ASGI middleware, or by
-the FastAPI route alone; each door's API is warmed up and read at the highest
+(``FANOUT_API_FAST_READS``): in the ASGI middleware or by the FastAPI route alone; each door's API is warmed up and read at the highest
 connection count, the doors in turns ``--rounds`` times, and each door's best reads
 per API CPU-second are compared with the route's.
 """
@@ -142,7 +141,7 @@ class Server:
 
 
 def api(store: Path, workers: int, cache_mb: int, work: Path, root: Path = ROOT,
-        doors: str = "protocol") -> Server:
+        doors: str = "middleware") -> Server:
     port = free_port(HOST)
     env = {**os.environ, "FANOUT_STORE": f"sqlite:///{store}", "FANOUT_AUTH": "off",
            "FANOUT_API_HOST": HOST, "FANOUT_API_PORT": str(port),
@@ -409,7 +408,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--doors", default="", metavar="DOORS",
                     help="only compare where a page read is answered (FANOUT_API_FAST_READS, "
-                         "comma-separated: protocol,middleware,off), each warmed up, then "
+                         "comma-separated: middleware,off), each warmed up, then "
                          "--seconds at the highest connection count, in turns, --rounds times")
     ap.add_argument("--before", default="", metavar="REV",
                     help="first measure the API of git revision REV (one process, "

@@ -50,7 +50,6 @@ from serving.metrics import CONTENT_TYPE, Metrics, RequestMetrics, shared_dir, w
 from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
 from serving.pageversions import PageVersions
-from serving.protocol import ReadsProtocol
 from serving.query import only_query
 from serving.reads import MONITOR_HEADER, FastPath, FastReads, Pages, Read, sent_headers
 from serving.render import iso_millis
@@ -140,10 +139,8 @@ def create_app(settings: ServingSettings, store: Store | None = None, *,
     app.add_middleware(ContainErrors, answer=on_unexpected)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if settings.fast_reads != "off":
-        # One FastPath: the middleware and the HTTP protocol (serving.protocol) answer alike.
         app.state.fast_path = fast = FastPath(pages, app.state, settings.max_page,
-                                              settings.default_page, auth.bearer,
-                                              metrics.observe)
+                                              settings.default_page, auth.bearer)
         app.add_middleware(FastReads, fast=fast)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
@@ -170,11 +167,6 @@ def write_producer(settings: ServingSettings, kafka: KafkaSettings) -> SharedPro
                           max_in_flight_requests_per_connection=1, linger_ms=1)
 
 
-def http_protocol(settings: ServingSettings) -> type[ReadsProtocol] | str:
-    """The ``http`` uvicorn runs: ours where page reads are answered in it, else its own."""
-    return ReadsProtocol if settings.fast_reads == "protocol" else "httptools"
-
-
 def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None:
     """Run the API under uvicorn on ``settings.host:settings.port`` until stopped.
 
@@ -192,7 +184,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
     workers = settings.workers or os.cpu_count() or 1
     if workers == 1:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                    access_log=settings.access_log, http=http_protocol(settings))
+                    access_log=settings.access_log, http="httptools")
         return
     first_id = settings.worker_id if settings.worker_id is not None else secrets.randbelow(1024)
 
@@ -204,7 +196,7 @@ def serve(settings: ServingSettings, kafka: KafkaSettings | None = None) -> None
             app = create_app(own, kafka=kafka, freeze_heap=True, metrics_dir=metrics_dir,
                              metrics_leader=index == 0)
             return uvicorn.Config(app, log_level="info", access_log=settings.access_log,
-                                  http=http_protocol(settings))
+                                  http="httptools")
 
         status = run_workers(config, settings.host, settings.port, workers,
                              on_exit=functools.partial(worker_exited, metrics_dir))
@@ -459,7 +451,7 @@ def _timeline_routes(settings: ServingSettings, auth: Auth, pages: Pages,
 
 
 def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
-    """A page answer with the headers the fast doors send, in their order."""
+    """A page answer with the headers the fast path sends, in their order."""
     response = Response(body, status_code=status)
     response.raw_headers = sent_headers(status, headers, body)
     return response

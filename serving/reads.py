@@ -17,9 +17,9 @@ reading — goes on to the FastAPI route unchanged, which answers it (or its err
 exactly as the OpenAPI schema says. The fast path only ever answers requests the
 route would answer 200 (or 304) with the same body, so the contract has one owner.
 :class:`FastPath` holds that recognition and answer once; :class:`FastReads` gives it
-in the ASGI stack, and :class:`serving.protocol.ReadsProtocol` gives it inside
-uvicorn's HTTP protocol, before any ASGI request exists, for stores read in process
-and for a network store's pages that are cached and known valid without waiting.
+in the ASGI stack. (Answering inside uvicorn's HTTP protocol, before any ASGI request
+exists, bought 1.38× the middleware's reads per API CPU-second, through uvicorn's private
+classes: less than the 1.5× a third door had to earn, ``bench_http.py --doors``.)
 
 A store whose reads are answered in process (in microseconds, as its
 :attr:`~views.stores.contract.TimelineReader.reads_in_process` declares) is read on the
@@ -301,19 +301,13 @@ class Answer(NamedTuple):
 class FastPath:
     """Recognizes plainly valid page reads and answers them (see the module doc).
 
-    Shared by :class:`FastReads` (the ASGI middleware) and
-    :class:`serving.protocol.ReadsProtocol` (the same answers given inside uvicorn's
-    protocol, with no ASGI request at all); ``observe`` records an answer the
-    protocol gave in the API's request metrics, as :class:`serving.metrics.RequestMetrics`
-    does for the rest.
+    What :class:`FastReads`, the ASGI middleware, answers with.
     """
 
     def __init__(self, pages: Pages, state: Any, max_page: int, default_page: int,
-                 caller: Callable[[str | None], int | None],
-                 observe: Callable[[dict[str, Any], int, float], None] | None = None) -> None:
+                 caller: Callable[[str | None], int | None]) -> None:
         self.pages, self.state = pages, state
         self.max_page, self.default_page, self.caller = max_page, default_page, caller
-        self._observe = observe
 
     async def answer(self, path: str, query: bytes,
                      headers: list[tuple[bytes, bytes]]) -> Answer | None:
@@ -326,29 +320,6 @@ class FastPath:
         except Exception:  # the route reads again and answers the error in its shape
             log.debug("fast read fell back to the route", exc_info=True)
             return None
-
-    def answer_now(self, path: str, query: bytes,
-                   headers: list[tuple[bytes, bytes]]) -> Answer | None:
-        """:meth:`answer` without waiting, or None.
-
-        None unless the store is read in process, or the page is cached and known
-        valid without asking the store (:meth:`Pages.answer_cached`).
-        """
-        read = self.parse(path, query, headers)
-        if read is None:
-            return None
-        try:
-            if not in_process(read[0].store):
-                cached = self.pages.answer_cached(read[0].view, *read)
-                return self._answer(read, cached) if cached is not None else None
-            return self._answer(read, self.pages.answer_now(read[0].view, *read))
-        except Exception:  # the route reads again and answers the error in its shape
-            log.debug("fast read fell back to the route", exc_info=True)
-            return None
-
-    def observe(self, route: _Route, status: int, seconds: float) -> None:
-        if self._observe is not None:
-            self._observe({"route": route, "method": "GET"}, status, seconds)
 
     @staticmethod
     def _answer(read: tuple[Read, str, str | None],

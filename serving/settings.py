@@ -83,14 +83,12 @@ class ServingSettings(FanoutSettings):
         description="fanout: the materialized view (cache + celebrity merge); read: "
                     "evaluate the home query at read time from author_tweets and the "
                     "follow graph (the fan-out-on-read baseline for load tests).")
-    fast_reads: Literal["protocol", "middleware", "off"] = Field(
-        default="protocol", validation_alias=_env(FAST_READS_ENV, "fast_reads"),
-        description="Where a plainly valid page read is answered without FastAPI's "
-                    "per-request work, with the bytes the route would send: protocol: "
-                    "inside the HTTP protocol once its headers are parsed (serving.protocol), "
-                    "else in an ASGI middleware; middleware: only there, under uvicorn's own "
-                    "protocol; off: only the routes. For benchmarks and for ruling a fast "
-                    "path out.")
+    fast_reads: Literal["middleware", "off"] = Field(
+        default="middleware", validation_alias=_env(FAST_READS_ENV, "fast_reads"),
+        description="Where a plainly valid page read is answered: middleware: by an ASGI "
+                    "middleware without FastAPI's per-request work, with the bytes the route "
+                    "would send (serving.reads.FastReads); off: by the routes only. For "
+                    "benchmarks and for ruling the fast path out.")
     access_log: bool = Field(
         default=True, validation_alias=_env(ACCESS_LOG_ENV, "access_log"),
         description="Log every request (uvicorn's access log); turn off for load tests, "

@@ -1,12 +1,11 @@
-"""The three doors of a page read answer byte for byte alike (``FANOUT_API_FAST_READS``).
+"""The two doors of a page read answer byte for byte alike (``FANOUT_API_FAST_READS``).
 
-A page read may be answered inside the HTTP protocol (``protocol``, serving.protocol),
-by the ASGI middleware under uvicorn's own protocol (``middleware``), or by the FastAPI
-route alone (``off``). Three servers on one store, one per door, are sent the same raw
-requests — every status a page read answers (200, 304, 400, 401, 403, 404), both
-timelines, cursors, a since read, HTTP/1.0 and ``Connection: close`` — and must send
-the same status line, headers and body, all but the ``date``; each door must really
-have answered what it can.
+A page read is answered by the fast path, an ASGI middleware (``middleware``,
+serving.reads.FastReads), or by the FastAPI route alone (``off``). Two servers on one
+store, one per door, are sent the same raw requests — every status a page read
+answers (200, 304, 400, 401, 403, 404), both timelines, cursors, a since read,
+HTTP/1.0 and ``Connection: close`` — and must send the same status line, headers and
+body, all but the ``date``; the fast path must really have answered what it can.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 from ingest.events import AccountDelete, Follow, Post, Repost, UserUpsert
-from serving.app import create_app, http_protocol
+from serving.app import create_app
 from serving.auth import mint
 from serving.settings import ServingSettings
 from tests.support.api import (
@@ -36,7 +35,7 @@ from views.stores.sqlite import SQLiteStore
 T0 = 1_700_000_000_000
 SECRET = "d" * 32
 READER, AUTHOR, OTHER, GONE = 2, 3, 4, 5
-DOORS = ("protocol", "middleware", "off")
+DOORS = ("middleware", "off")
 
 
 def _token(user: int) -> str:
@@ -65,7 +64,7 @@ def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
             app = create_app(settings)
             fast = counting_fast_path(app) if door != "off" else None
             assert (fast is None) == (getattr(app.state, "fast_path", None) is None)
-            base = stack.enter_context(running(app, http=http_protocol(settings)))
+            base = stack.enter_context(running(app))
             servers[door] = (base, fast)
         yield servers
 
@@ -125,18 +124,15 @@ def test_every_door_answers_every_page_read_byte_for_byte_alike(doors):
     statuses = set()
     for name, raw in requests:
         got = _answers(doors, raw)
-        assert got["protocol"] == got["off"], f"{name}: the protocol's answer differs"
         assert got["middleware"] == got["off"], f"{name}: the middleware's answer differs"
         statuses.add(got["off"][0].split(b" ", 2)[1])
     assert statuses == {b"200", b"304", b"400", b"401", b"403", b"404"}
 
 
-def test_each_fast_door_answered_what_it_can(doors):
+def test_the_fast_door_answered_what_it_can(doors):
     for name, raw in _requests(doors):
         if name in ("home", "tweets 304"):
             _answers(doors, raw)
-    protocol, middleware = doors["protocol"][1], doors["middleware"][1]
-    assert protocol is not None and middleware is not None
-    assert protocol.in_protocol >= 2 and protocol.in_stack == 0
-    assert middleware.in_stack >= 2 and middleware.in_protocol == 0
+    middleware = doors["middleware"][1]
+    assert middleware is not None and middleware.in_stack >= 2
     assert doors["off"][1] is None

@@ -12,8 +12,7 @@ histories through :class:`serving.reads.Pages` (the code every door of the API a
 with) on each way a home page is assembled: the fan-out cache, with the in-process
 celebrity cache, and fan-out on read.
 
-Over real HTTP: the protocol's fast path, the ASGI fast path and the FastAPI route
-give the same bytes; bad input is a 400 in the JSON shape, counted in ``/metrics``;
+Over real HTTP: the fast path and the FastAPI route give the same bytes; bad input is a 400 in the JSON shape, counted in ``/metrics``;
 the owner's token, 404 for a deleted account, ETag/304 and ``?after=`` hold as for
 ``/home``. With nothing new above the horizon, a since read costs what an empty page
 does.
@@ -259,14 +258,14 @@ CONFIG = JoinConfig(cap=4, promote_at=2, demote_below=1)  # CELEB has two follow
 
 
 class World:
-    """A SQLite store the API serves through uvicorn's HTTP protocol with the fast path
-    in it (as ``fanout serve`` runs it) and through uvicorn's own protocol (the ASGI
-    fast path's door), the join that fills it, and the reader's clients of each."""
+    """A SQLite store the API serves with its fast path (as ``fanout serve`` runs it) and
+    with its routes alone (``fast_reads="off"``), the join that fills it, and the
+    reader's clients of each."""
 
-    def __init__(self, harness: Harness, fast: tuple[CountingFastPath, CountingFastPath],
+    def __init__(self, harness: Harness, fast: CountingFastPath,
                  clients: tuple[httpx.Client, httpx.Client], anon: httpx.Client) -> None:
         self.harness, self.fast, self.anon = harness, fast, anon
-        self.client, self.asgi = clients
+        self.client, self.routes = clients
 
     def run(self, *events: Any) -> None:
         self.harness.run(list(events))
@@ -287,14 +286,14 @@ def world(tmp_path: Path) -> Iterator[World]:
                 + [Post(100 + i, AUTHOR, T0 + 10 * i, f"a{i}") for i in range(3)]
                 + [Post(200 + i, CELEB, T0 + 10 * i + 5, f"c{i}") for i in range(3)])
     assert CELEB in harness.store.celebrities()
-    protocol_app, asgi_app = create_app(_settings(path)), create_app(_settings(path))
-    fast = (counting_fast_path(protocol_app), counting_fast_path(asgi_app))
+    app, routes_app = create_app(_settings(path)), create_app(_settings(path, fast_reads="off"))
+    fast = counting_fast_path(app)
     auth = bearer(READER)
-    with running(protocol_app) as base, running(asgi_app, http="httptools") as asgi_base, \
+    with running(app) as base, running(routes_app) as routes_base, \
             httpx.Client(base_url=base, timeout=10, headers=auth) as client, \
-            httpx.Client(base_url=asgi_base, timeout=10, headers=auth) as asgi, \
+            httpx.Client(base_url=routes_base, timeout=10, headers=auth) as routes, \
             httpx.Client(base_url=base, timeout=10) as anon:
-        yield World(harness, fast, (client, asgi), anon)
+        yield World(harness, fast, (client, routes), anon)
     harness.store.close()
 
 
@@ -369,28 +368,25 @@ def _door_requests(top: str, gap: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_every_door_gives_the_routes_answer(world: World):
-    """The protocol's fast path, the ASGI fast path and the route: the same bytes."""
+    """The fast path, the route, and the route alone: the same bytes."""
     top = world.client.get(HOME_PATH, params={"limit": 1}).json()["top_cursor"]
     _arrive(world)
     gap = world.client.get(HOME_PATH, params={"since": top, "limit": 2}).json()["gap_cursor"]
-    in_protocol, in_stack = world.fast[0], world.fast[1]
-    answered = in_protocol.in_protocol
+    answered = world.fast.in_stack
     for path, params in _door_requests(top, gap):
-        protocol = world.client.get(path, params=params)
-        counted = (in_protocol.in_protocol, in_stack.in_stack)
-        asgi = world.asgi.get(path, params=params)
-        fast = path == HOME_PATH  # the count has one door: its route
-        assert (in_protocol.in_protocol, in_stack.in_stack) \
-            == (counted[0], counted[1] + fast), path
-        # A body on a GET (even an empty one) takes both fast paths out of the way.
+        counted = world.fast.in_stack
+        fast = world.client.get(path, params=params)
+        home = path == HOME_PATH  # the count has one door: its route
+        assert world.fast.in_stack == counted + home, path
+        # A body on a GET (even an empty one) takes the fast path out of the way.
         routed = world.client.get(path, params=params, headers={"Content-Length": "0"})
-        assert (in_protocol.in_protocol, in_stack.in_stack) \
-            == (counted[0], counted[1] + fast), path
-        assert protocol.status_code == asgi.status_code == routed.status_code == 200
-        assert protocol.content == asgi.content == routed.content, (path, params)
-        assert protocol.headers["etag"] == asgi.headers["etag"] == routed.headers["etag"]
-    # The protocol answered its three home reads itself; the count went to the route.
-    assert in_protocol.in_protocol - answered == 3 and in_protocol.in_stack == 0
+        assert world.fast.in_stack == counted + home, path
+        alone = world.routes.get(path, params=params)
+        assert fast.status_code == routed.status_code == alone.status_code == 200
+        assert fast.content == routed.content == alone.content, (path, params)
+        assert fast.headers["etag"] == routed.headers["etag"] == alone.headers["etag"]
+    # The fast path answered the three home reads; the count went to the route.
+    assert world.fast.in_stack - answered == 3
 
 
 def test_etag_and_304_until_something_new_arrives(world: World):
