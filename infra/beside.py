@@ -364,10 +364,13 @@ def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult,
              lateness: int | None = DEFAULT_LATENESS_MS) -> None:
     """Replace ``result``'s divergence by the users who differ in every one of its reads.
 
-    :data:`_ROUNDS` reads, each at a position of the view (:func:`_recheck_once`).
+    :data:`_ROUNDS` reads, each at a position of the view (:func:`_recheck_once`). The
+    view's positions only move on, so one reference of the log serves every round, the
+    records past the last position added to it each time.
     """
+    ref, since = Reference(lateness), None
     for round_ in range(1, _ROUNDS + 1):
-        _recheck_once(kafka, store, cap, result, lateness)
+        since = _recheck_once(kafka, store, cap, result, ref, since)
         if not result.divergent:
             return
         if round_ < _ROUNDS:
@@ -376,14 +379,16 @@ def _recheck(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult,
 
 
 def _recheck_once(kafka: KafkaSettings, store: Store, cap: int, result: VerifyResult,
-                  lateness: int | None) -> None:
+                  ref: Reference, since: Offsets | None) -> Offsets | None:
     """Replace ``result``'s divergence by the users who differ at a position of the view.
+
+    ``ref`` holds the log up to ``since`` (None: nothing yet); returns where it holds
+    it up to after.
 
     The users are read a few at a time: a group's reads take a fraction of a batch
     interval, so a moment with no commit during them comes soon, where the reads of
     every user at once might straddle a commit each time. Each group is compared with
-    the log up to its own position; positions only move on, so one reference is
-    carried forward, the records after the last position added to it each time.
+    the log up to its own position, ``ref`` carried forward from one to the next.
     """
     users = result.divergent_users
     read: list[tuple[Offsets, Offsets | None, dict[int, Served]]] = []
@@ -406,7 +411,6 @@ def _recheck_once(kafka: KafkaSettings, store: Store, cap: int, result: VerifyRe
             read[-1][2].update(rows)
         else:
             read.append((applied, after, rows))
-    ref, since = Reference(lateness), None
     result.divergent, result.divergent_users, result.samples = 0, [], []
     for applied, after, rows in read:
         since = _advance(ref, kafka, since, applied)
@@ -422,6 +426,7 @@ def _recheck_once(kafka: KafkaSettings, store: Store, cap: int, result: VerifyRe
                 shown = len(got) if isinstance(got, list) else got
                 result.samples.append(f"user {user}: expected {len(want)} entries, "
                                       f"served {shown}{_first_difference(got, want)}")
+    return since
 
 
 Offsets = dict[tuple[str, int], int]
