@@ -17,9 +17,10 @@ reading — goes on to the FastAPI route unchanged, which answers it (or its err
 exactly as the OpenAPI schema says. The fast path only ever answers requests the
 route would answer 200 (or 304) with the same body, so the contract has one owner.
 :class:`FastPath` holds that recognition and answer once; :class:`FastReads` gives it
-in the ASGI stack. (Answering inside uvicorn's HTTP protocol, before any ASGI request
-exists, bought 1.38× the middleware's reads per API CPU-second, through uvicorn's private
-classes: less than the 1.5× a third door had to earn, ``bench_http.py --doors``.)
+in the ASGI stack. It is not also given inside uvicorn's HTTP protocol, before any ASGI
+request exists: that gives 1.38× the middleware's reads per API CPU-second, less than the
+1.5× a further door must earn, and needs uvicorn's private classes
+(``bench_http.py --doors``, ``benchmarks/RESULTS.md``).
 
 A store whose reads are answered in process (in microseconds, as its
 :attr:`~views.stores.contract.TimelineReader.reads_in_process` declares) is read on the

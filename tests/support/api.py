@@ -9,7 +9,6 @@ path's, auth's, the metrics' and the schema fuzz's tests.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -38,13 +37,12 @@ SECRET = "test-secret-0123456789abcdef"
 
 
 @contextmanager
-def running(app: FastAPI, deadline_s: float = 15.0,
-            http: type[asyncio.Protocol] | str = "httptools") -> Iterator[str]:
+def running(app: FastAPI, deadline_s: float = 15.0) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a thread on a free loopback port; yield its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", http=http))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
