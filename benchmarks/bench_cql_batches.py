@@ -18,7 +18,8 @@ adds (``columns``: the same batches built from int64 columns,
 :func:`~views.stores.cassandra.executor.column_requests`). Reported per way: rows/s, rows
 per client CPU-second (this process) and per Cassandra CPU-second (``utime + stime``
 of the node's JVM). ``--commitlog`` repeats it all on a fresh node for each way the
-node syncs its commit log before acknowledging a write. Results go to
+node syncs its commit log before acknowledging a write, and ``--memtable`` for each
+memtable the node's tables default to (``skiplist``, ``trie``). Results go to
 ``benchmarks/results/cql-batches.json`` (``--name``).
 """
 
@@ -38,7 +39,7 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import COMMITLOG_SYNC, LocalCassandra  # noqa: E402
+from infra.cassandra import COMMITLOG_SYNC, MEMTABLE, MEMTABLES, LocalCassandra  # noqa: E402
 from views.stores.cassandra import parse_url  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
@@ -89,12 +90,17 @@ def main() -> None:
     parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
                              f"{', '.join(COMMITLOG_SYNC)} (default batch, the stack's)")
+    parser.add_argument("--memtable", default=MEMTABLE,
+                        help="the node's memtables to compare, a node each: "
+                             f"{', '.join(MEMTABLES)} (default {MEMTABLE}, the stack's)")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
-    for commitlog in args.commitlog.split(","):
+    nodes = [(c, m) for c in args.commitlog.split(",") for m in args.memtable.split(",")]
+    for commitlog, memtable in nodes:
         with tempfile.TemporaryDirectory(prefix="fanout-cql-") as tmp, \
                 LocalCassandra(Path(tmp) / "node", Path(tmp) / "node.log",
-                               heap_mb=args.heap_mb, commitlog=commitlog) as node:
+                               heap_mb=args.heap_mb, commitlog=commitlog,
+                               memtable=memtable) as node:
             url = node.url("bench_batches")
             apply_at(url)
             writer = CassandraStore.for_tasks(parse_url(url)).open()
@@ -103,7 +109,8 @@ def main() -> None:
                     for _ in range(args.rounds):
                         for mode in args.modes.split(","):
                             run = _one(writer, _adds(args.rows, per_user), mode, node.pid)
-                            run.update(rows_per_user=per_user, commitlog=commitlog)
+                            run.update(rows_per_user=per_user, commitlog=commitlog,
+                                       memtable=memtable)
                             print(run, flush=True)
                             runs.append(run)
             finally:

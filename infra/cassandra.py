@@ -104,6 +104,13 @@ class Ports:
     jmx: int
 
 
+#: The memtable implementations a node can default its tables to (Cassandra 5.0 ships
+#: both): ``skiplist``, the concurrent skip list of every earlier version, and ``trie``
+#: (CEP-19). ``benchmarks/bench_cql_batches.py --memtable`` weighs them.
+MEMTABLES: Final = {"skiplist": "SkipListMemtable", "trie": "TrieMemtable"}
+MEMTABLE: Final = "skiplist"
+
+
 class LocalCassandra:
     """One Cassandra 5.0 node on loopback, its files under ``data_dir``.
 
@@ -118,11 +125,16 @@ class LocalCassandra:
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,
                  heap_mb: int = 768, start_timeout: float = 180.0, stop_timeout: float = 60.0,
                  java: str = "java", jar_root: Path | None = None,
-                 timer_slack_ns: int = TIMER_SLACK_NS, commitlog: str = "batch") -> None:
+                 timer_slack_ns: int = TIMER_SLACK_NS, commitlog: str = "batch",
+                 memtable: str = MEMTABLE) -> None:
         if commitlog not in COMMITLOG_SYNC:
             msg = f"commitlog must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog!r}"
             raise CassandraError(msg)
+        if memtable not in MEMTABLES:
+            msg = f"memtable must be one of {', '.join(MEMTABLES)}, not {memtable!r}"
+            raise CassandraError(msg)
         self.commitlog = commitlog  # how writes wait for the log's fsync (node_yaml)
+        self.memtable = memtable  # the tables' default memtable (node_yaml)
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path) if log_path else self.data_dir / "logs" / "system.log"
         self.heap_mb = heap_mb
@@ -257,8 +269,8 @@ class LocalCassandra:
     def _spawn(self, java: str, jars: list[Path], deadline: float) -> bool:
         """Start one JVM; True once it answers CQL, False if it lost a port at start."""
         assert self._ports is not None and self._log_file is not None
-        (self.data_dir / "cassandra.yaml").write_text(node_yaml(self.data_dir, self._ports,
-                                                                     self.commitlog))
+        (self.data_dir / "cassandra.yaml").write_text(
+            node_yaml(self.data_dir, self._ports, self.commitlog, self.memtable))
         offset = self._log_file.seek(0, os.SEEK_END)
         self._process = self._popen([java, *self._jvm_options(jars), MAIN_CLASS])
         (self.data_dir / PID_FILE).write_text(str(self._process.pid))
@@ -324,7 +336,8 @@ COMMITLOG_SYNC: Final = {
 }
 
 
-def node_yaml(data_dir: Path, ports: Ports, commitlog: str = "batch") -> str:
+def node_yaml(data_dir: Path, ports: Ports, commitlog: str = "batch",
+              memtable: str = MEMTABLE) -> str:
     """The node's ``cassandra.yaml``: loopback, one token, small pools and caches.
 
     Only keys Cassandra 5.0's ``Config`` knows (its loader rejects others); the rest
@@ -335,6 +348,9 @@ def node_yaml(data_dir: Path, ports: Ports, commitlog: str = "batch") -> str:
 
     def path(sub: str) -> str:
         return json.dumps(str(data / sub))  # a JSON string is a YAML scalar
+
+    configurations = "\n".join(f"    {name}:\n      class_name: {cls}"
+                               for name, cls in MEMTABLES.items())
 
     return f"""\
 cluster_name: fanout-local
@@ -364,6 +380,11 @@ cdc_raw_directory: {path("cdc_raw")}
 # against 54k rows/s; benchmarks/RESULTS.md, "The Cassandra store").
 {COMMITLOG_SYNC[commitlog]}
 commitlog_segment_size: 8MiB
+memtable:
+  configurations:
+{configurations}
+    default:
+      inherits: {memtable}
 commitlog_total_space: 256MiB
 concurrent_reads: 4
 concurrent_writes: 32

@@ -59,6 +59,11 @@ def test_the_yaml_names_only_loopback_and_the_given_ports(tmp_path: Path) -> Non
     assert "commitlog_sync: periodic" in node_yaml(tmp_path, Ports(1, 2, 3), "periodic")
     with pytest.raises(CassandraError, match="commitlog must be one of"):
         LocalCassandra(tmp_path, commitlog="sometimes")
+    # Tables default to the skip-list memtable; a benchmark may ask for the trie.
+    assert "default:\n      inherits: skiplist" in text
+    assert "inherits: trie" in node_yaml(tmp_path, Ports(1, 2, 3), memtable="trie")
+    with pytest.raises(CassandraError, match="memtable must be one of"):
+        LocalCassandra(tmp_path, memtable="btree")
 
 
 def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
