@@ -380,12 +380,12 @@ cdc_raw_directory: {path("cdc_raw")}
 # against 54k rows/s; benchmarks/RESULTS.md, "The Cassandra store").
 {COMMITLOG_SYNC[commitlog]}
 commitlog_segment_size: 8MiB
+commitlog_total_space: 256MiB
 memtable:
   configurations:
 {configurations}
     default:
       inherits: {memtable}
-commitlog_total_space: 256MiB
 concurrent_reads: 4
 concurrent_writes: 32
 concurrent_counter_writes: 2
