@@ -18,8 +18,10 @@ adds (``columns``: the same batches built from int64 columns,
 :func:`~views.stores.cassandra.executor.column_requests`). Reported per way: rows/s, rows
 per client CPU-second (this process) and per Cassandra CPU-second (``utime + stime``
 of the node's JVM). ``--commitlog`` repeats it all on a fresh node for each way the
-node syncs its commit log before acknowledging a write, and ``--memtable`` for each
-memtable the node's tables default to (``skiplist``, ``trie``). Results go to
+node syncs its commit log before acknowledging a write, ``--memtable`` for each
+memtable the node's tables default to (``skiplist``, ``trie``), and ``--jit`` for how
+far the node's JVM compiles (``c1``, ``c2``); each node's start (seconds to its first
+answer, and its CPU-seconds by then) is recorded too. Results go to
 ``benchmarks/results/cql-batches.json`` (``--name``).
 """
 
@@ -39,7 +41,14 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import COMMITLOG_SYNC, MEMTABLE, MEMTABLES, LocalCassandra  # noqa: E402
+from infra.cassandra import (  # noqa: E402
+    COMMITLOG_SYNC,
+    JIT,
+    JITS,
+    MEMTABLE,
+    MEMTABLES,
+    LocalCassandra,
+)
 from views.stores.cassandra import parse_url  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
@@ -93,14 +102,24 @@ def main() -> None:
     parser.add_argument("--memtable", default=MEMTABLE,
                         help="the node's memtables to compare, a node each: "
                              f"{', '.join(MEMTABLES)} (default {MEMTABLE}, the stack's)")
+    parser.add_argument("--jit", default=JIT,
+                        help="how far the node's JVM compiles, a node each: "
+                             f"{', '.join(JITS)} (default {JIT}, the stack's)")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
-    nodes = [(c, m) for c in args.commitlog.split(",") for m in args.memtable.split(",")]
-    for commitlog, memtable in nodes:
+    starts: list[dict[str, Any]] = []
+    nodes = [(c, m, j) for c in args.commitlog.split(",") for m in args.memtable.split(",")
+             for j in args.jit.split(",")]
+    for commitlog, memtable, jit in nodes:
         with tempfile.TemporaryDirectory(prefix="fanout-cql-") as tmp, \
                 LocalCassandra(Path(tmp) / "node", Path(tmp) / "node.log",
                                heap_mb=args.heap_mb, commitlog=commitlog,
-                               memtable=memtable) as node:
+                               memtable=memtable, jit=jit) as node:
+            start = {"commitlog": commitlog, "memtable": memtable, "jit": jit,
+                     "started_s": round(node.started_in or 0.0, 1),
+                     "node_cpu_s_at_start": round(_cpu(node.pid), 1)}
+            print(start, flush=True)
+            starts.append(start)
             url = node.url("bench_batches")
             apply_at(url)
             writer = CassandraStore.for_tasks(parse_url(url)).open()
@@ -110,12 +129,12 @@ def main() -> None:
                         for mode in args.modes.split(","):
                             run = _one(writer, _adds(args.rows, per_user), mode, node.pid)
                             run.update(rows_per_user=per_user, commitlog=commitlog,
-                                       memtable=memtable)
+                                       memtable=memtable, jit=jit)
                             print(run, flush=True)
                             runs.append(run)
             finally:
                 writer.close()
-    print(save(args.name, {"args": vars(args), "runs": runs}))
+    print(save(args.name, {"args": vars(args), "starts": starts, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,15 @@ from typing import IO, Final
 from infra import procs
 from infra.errors import InfraError
 from infra.jars import CASSANDRA, classpath
-from infra.process import LOOPBACK, free_port, log_tail, port_free, terminate, timer_slack
+from infra.process import (
+    JIT_OPTIONS,
+    LOOPBACK,
+    free_port,
+    log_tail,
+    port_free,
+    terminate,
+    timer_slack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,12 @@ class Ports:
 MEMTABLES: Final = {"skiplist": "SkipListMemtable", "trie": "TrieMemtable"}
 MEMTABLE: Final = "skiplist"
 
+#: How far a node's JVM compiles its hot code: ``c1`` stops at C1, as Spark's and the
+#: Kafka node's JVMs do (:data:`infra.process.JIT_OPTIONS`); ``c2`` is the JVM's
+#: default, C2 after C1. ``benchmarks/bench_cql_batches.py --jit`` weighs them.
+JITS: Final = {"c1": tuple(JIT_OPTIONS.split()), "c2": ()}
+JIT: Final = "c1"
+
 
 class LocalCassandra:
     """One Cassandra 5.0 node on loopback, its files under ``data_dir``.
@@ -126,13 +140,17 @@ class LocalCassandra:
                  heap_mb: int = 768, start_timeout: float = 180.0, stop_timeout: float = 60.0,
                  java: str = "java", jar_root: Path | None = None,
                  timer_slack_ns: int = TIMER_SLACK_NS, commitlog: str = "batch",
-                 memtable: str = MEMTABLE) -> None:
+                 memtable: str = MEMTABLE, jit: str = JIT) -> None:
         if commitlog not in COMMITLOG_SYNC:
             msg = f"commitlog must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog!r}"
             raise CassandraError(msg)
         if memtable not in MEMTABLES:
             msg = f"memtable must be one of {', '.join(MEMTABLES)}, not {memtable!r}"
             raise CassandraError(msg)
+        if jit not in JITS:
+            msg = f"jit must be one of {', '.join(JITS)}, not {jit!r}"
+            raise CassandraError(msg)
+        self.jit = jit  # how far the JVM compiles (JITS)
         self.commitlog = commitlog  # how writes wait for the log's fsync (node_yaml)
         self.memtable = memtable  # the tables' default memtable (node_yaml)
         self.data_dir = Path(data_dir)
@@ -299,7 +317,7 @@ class LocalCassandra:
         agent = [f"-javaagent:{jamm}"] if jamm else []  # measures memtable sizes
         data = self.data_dir.resolve()
         return [
-            f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", "-Xss256k", *_GC,
+            f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", "-Xss256k", *_GC, *JITS[self.jit],
             "-XX:+PerfDisableSharedMem", "-XX:+ExitOnOutOfMemoryError", "-Djava.net.preferIPv4Stack=true",
             "-Djdk.attach.allowAttachSelf=true", *_JPMS, *agent,
             "-Dio.netty.tryReflectionSetAccessible=true",

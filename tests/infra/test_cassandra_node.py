@@ -22,6 +22,7 @@ from infra.cassandra import (
     node_yaml,
 )
 from infra.jars import CASSANDRA, JarError, classpath
+from infra.procs import cmdline
 from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.schema import connect
 
@@ -64,6 +65,8 @@ def test_the_yaml_names_only_loopback_and_the_given_ports(tmp_path: Path) -> Non
     assert "inherits: trie" in node_yaml(tmp_path, Ports(1, 2, 3), memtable="trie")
     with pytest.raises(CassandraError, match="memtable must be one of"):
         LocalCassandra(tmp_path, memtable="btree")
+    with pytest.raises(CassandraError, match="jit must be one of"):
+        LocalCassandra(tmp_path, jit="c3")
 
 
 def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
@@ -80,6 +83,8 @@ def test_a_node_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
     with LocalCassandra(data, heap_mb=512) as node:
         first_port = node.port
         assert node.started_in is not None and node.rss_bytes() > 100 * 2**20
+        # The JVM stops at C1 (infra.cassandra.JIT), as Spark's and Kafka's do.
+        assert "-XX:TieredStopAtLevel=1" in cmdline(node.pid)
         cluster, session = connect(parse_url(node.url("kv_ks")), wait=30)
         try:
             session.execute("CREATE KEYSPACE kv_ks WITH replication = "
