@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-from infra.broker import _LOG4J2, _SERVER_PROPERTIES, BrokerError, wait_until_serving
+from infra.broker import _LOG4J2, _SERVER_PROPERTIES, JIT, BrokerError, wait_until_serving
 from infra.hosts import Host
 from infra.jars import KAFKA, classpath
 from infra.process import LOOPBACK, free_port, port_free
@@ -257,7 +257,7 @@ class KafkaCluster:
         memory = [heap] if heap else [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m"]
         return ["java", *memory, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                 "-XX:+ExitOnOutOfMemoryError", "-XX:ParallelGCThreads=1",
-                "-XX:ConcGCThreads=1", "-XX:CICompilerCount=2", "-Djava.awt.headless=true",
+                "-XX:ConcGCThreads=1", *JIT, "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile=file:{home / 'log4j2.properties'}",
                 "-cp", os.pathsep.join(map(str, jars)), main]
 

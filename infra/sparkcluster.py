@@ -31,7 +31,7 @@ from typing import IO, Any, Final
 from infra import procs
 from infra.errors import InfraError
 from infra.hosts import Host
-from infra.process import free_port
+from infra.process import JIT_OPTIONS, free_port
 from infra.spark_home import lean_home
 
 log = logging.getLogger(__name__)
@@ -320,8 +320,10 @@ class LocalSparkCluster:
         # pip's PySpark, without the source zips its Python workers would compile at every
         # start (infra.spark_home), whatever $SPARK_HOME says: the daemons must run the
         # Spark of the pyspark that drives them.
+        # The daemons' JIT stops at C1 as the job's JVMs' does (infra.process.JIT_OPTIONS).
+        daemon_options = f"{JIT_OPTIONS} {env.get('SPARK_DAEMON_JAVA_OPTS', '')}".strip()
         env.update(SPARK_HOME=str(lean_home()), SPARK_LOCAL_IP=self.address(name),
-                   SPARK_DAEMON_MEMORY=self.daemon_memory,
+                   SPARK_DAEMON_MEMORY=self.daemon_memory, SPARK_DAEMON_JAVA_OPTS=daemon_options,
                    SPARK_WORKER_DIR=str(self.work_dir / "work"))
         # The daemons must not pick up a Spark configuration meant for something else.
         env.pop("SPARK_CONF_DIR", None)

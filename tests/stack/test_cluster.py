@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.process import JIT_OPTIONS
+from infra.procs import cmdline
 from infra.sparkcluster import LocalSparkCluster
 from infra.verify import lagging, verify
 from ingest.generator import generate
@@ -49,6 +51,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkClus
                            memory="2g") as cluster:
         print(f"\nstandalone cluster up in {time.monotonic() - started:.1f}s at "
               f"{cluster.master_url}")
+        for name, pid in cluster.pids.items():  # the daemons' JIT stops at C1, as the job's
+            assert JIT_OPTIONS in cmdline(pid), (name, cmdline(pid))
         yield cluster
         pids = cluster.pids
     for name, pid in pids.items():
