@@ -19,7 +19,7 @@ page; if they differ, a micro-batch committed meanwhile and the read is *skipped
 (``moved``). The API's celebrity cache (:mod:`serving.celebrities`) trails the store
 by design: a celebrity's new entries show within two refreshes
 (``FANOUT_CELEBRITY_REFRESH_S``), a late one within its full reload
-(:data:`~serving.celebrities.FULL_RELOAD_S`). So records count as *recent* from when
+(``FANOUT_CELEBRITY_FULL_RELOAD_S``, 60 s by default). So records count as *recent* from when
 the verifier first sees the view apply them: for two refreshes and a margin, or, when
 they name a possible celebrity (anyone with more distinct followers, ever, than the
 demotion bound), for the full reload and that; a user whom a recent record concerns
@@ -206,7 +206,7 @@ class Settle:
     def of(cls, serving: ServingSettings, view: ViewSettings) -> Settle:
         """The bounds of an API and a view job run with these settings."""
         refresh = 2 * serving.celebrity_refresh_s + SETTLE_MARGIN_S
-        return cls(refresh, FULL_RELOAD_S + refresh,
+        return cls(refresh, serving.celebrity_full_reload_s + refresh,
                    view.celebrity_threshold * view.demote_ratio)
 
 

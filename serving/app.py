@@ -285,7 +285,8 @@ def _celebrity_cache(settings: ServingSettings, store: TimelineReader,
     if settings.read_mode != "fanout" or settings.celebrity_refresh_s <= 0:
         return None
     return CelebrityCache(store, depth=settings.timeline_cap, version=versions.position,
-                          refresh_s=settings.celebrity_refresh_s).start()
+                          refresh_s=settings.celebrity_refresh_s,
+                          full_every_s=settings.celebrity_full_reload_s).start()
 
 
 def _store(request: Request) -> TimelineReader:

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from ingest.settings import FanoutSettings
 from ingest.settings import env_alias as _env
+from serving.celebrities import FULL_RELOAD_S
 from serving.errors import ConfigError
 from views.pointer import VIEW_FILE_ENV
 from views.settings import DEFAULT_STORE_URL, DEFAULT_TIMELINE_CAP, STORE_ENV, TIMELINE_CAP_ENV
@@ -70,6 +71,11 @@ class ServingSettings(FanoutSettings):
                                                  "celebrity_refresh_s"),
         description="How often the in-process cache of celebrities' recent tweets is "
                     "reloaded (its staleness bound); 0 reads them from the store.")
+    celebrity_full_reload_s: float = Field(
+        default=FULL_RELOAD_S, gt=0, validation_alias=_env("FANOUT_CELEBRITY_FULL_RELOAD_S",
+                                                           "celebrity_full_reload_s"),
+        description="How often that cache reloads every celebrity whole: the longest a "
+                    "late entry or an older delete can stay unseen in it.")
     workers: int = Field(
         default=1, ge=0, le=256, validation_alias=_env(API_WORKERS_ENV, "workers"),
         description="API processes sharing the port (SO_REUSEPORT); 0: one per core "

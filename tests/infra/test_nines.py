@@ -18,10 +18,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from infra.apireader import ApiReader
 from infra.logtail import LogTail
 from infra.nines import Counts, Nines, NinesGauges
-from infra.verifier import LiveVerifier, VerifierMetrics, VerifierSettings, summary
+from infra.verifier import (
+    SETTLE_MARGIN_S,
+    LiveVerifier,
+    Settle,
+    VerifierMetrics,
+    VerifierSettings,
+    summary,
+)
 from ingest.events import TWEETS, Follow, Post
 from ingest.settings import KafkaSettings
+from serving.settings import ServingSettings
 from views.reference import HomeRow
+from views.settings import ViewSettings
 
 
 class Clock:
@@ -195,3 +204,15 @@ def test_the_two_samplers_draw_users_independently():
     a, b = verifier.samplers
     draws = [[s.random.randrange(1000) for _ in range(20)] for s in (a, b)]
     assert draws[0] != draws[1] and a.primary and not b.primary
+
+
+def test_records_naming_a_celebrity_stay_recent_for_the_api_s_full_reload(monkeypatch):
+    """How long the verifier waits is the API's own bounds, read from its settings."""
+    monkeypatch.setenv("FANOUT_CELEBRITY_REFRESH_S", "0.25")
+    monkeypatch.setenv("FANOUT_CELEBRITY_FULL_RELOAD_S", "12")
+    settle = Settle.of(ServingSettings(), ViewSettings())
+    assert settle.seconds == pytest.approx(0.5 + SETTLE_MARGIN_S)
+    assert settle.celebrity_seconds == pytest.approx(12 + 0.5 + SETTLE_MARGIN_S)
+    monkeypatch.delenv("FANOUT_CELEBRITY_FULL_RELOAD_S")
+    assert Settle.of(ServingSettings(), ViewSettings()).celebrity_seconds == pytest.approx(
+        60 + 0.5 + SETTLE_MARGIN_S)

@@ -54,8 +54,10 @@ class _Run(Run):
     def env(self) -> dict[str, str]:
         # Batches of at most 1,500 records: the kill lands with the view part way through
         # the history (~7,600 records) however slowly the job starts.
+        # A celebrity's records stay recent (not compared) for the API's full reload of
+        # its celebrity cache; 10 s here, so that the test waits it out in seconds.
         env = {**super().env(), "FANOUT_VERIFIER_RATE": "10",
-               "FANOUT_MAX_RECORDS_PER_BATCH": "1500"}
+               "FANOUT_MAX_RECORDS_PER_BATCH": "1500", "FANOUT_CELEBRITY_FULL_RELOAD_S": "10"}
         del env["FANOUT_AUTH"]  # auth on: the verifier reads with tokens it mints
         return env
 
@@ -110,7 +112,7 @@ def test_no_false_divergence_across_a_job_sigkill(run: _Run) -> None:
     assert "job: started" in up.stdout and "verifier: was running" in up.stdout, up.stdout
     wait_for(lambda: job_status(run), 300, "the job to catch up with the log", every=1.0)
     caught_up = _verifier(run)
-    # Users the last batches touched wait out the API's celebrity cache (about a minute).
+    # Users the last batches touched wait out the API's celebrity cache (its full reload).
     wait_for(lambda: _verifier(run)["checked"] >= caught_up["checked"] + 30, 180,
              "the verifier to compare 30 more users after the catch-up", every=1.0)
     seen = _verifier(run)
