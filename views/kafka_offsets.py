@@ -66,9 +66,13 @@ def consumer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
 class EndOffsets:
     """Per-partition earliest and end offsets (ListOffsets), and partition discovery.
 
-    The constructor does no I/O; the admin client is made on first use, dropped after
-    a failed request (a client of a dead broker keeps reconnecting) and when pickled
-    (a Spark stream reader carries one of these to its workers).
+    The constructor does no I/O; the admin client is made on first use and kept for the
+    object's life, through failed requests (librdkafka reconnects by itself), but not
+    when pickled (a Spark stream reader carries one of these to its workers). A client
+    is never dropped after a request that timed out: librdkafka still has that request
+    in flight, and the one job that crashed (SIGSEGV in a ``rdk:broker`` thread) did so
+    two seconds after its metrics thread dropped such a client, with the job cut off
+    from the brokers.
     """
 
     def __init__(self, bootstrap: str, *, timeout: float = 10.0) -> None:
@@ -97,7 +101,6 @@ class EndOffsets:
         try:
             metadata = self._admin_client().list_topics(timeout=self.timeout).topics
         except KafkaException as exc:
-            self._admin = None
             msg = f"metadata request to {self.bootstrap} failed: {exc}"
             raise KafkaReadError(msg) from exc
         missing = [t for t in topics if t not in metadata]
@@ -133,7 +136,6 @@ class EndOffsets:
                 for tp, f in futures.items()}
 
     def _failed(self, tps: list[TP], exc: Exception) -> KafkaReadError:
-        self._admin = None
         detail = str(exc) or f"no answer within {self.timeout:g}s"
         topics = ", ".join(sorted({t for t, _ in tps}))
         return KafkaReadError(f"ListOffsets on {self.bootstrap} failed for {topics}: {detail}")
