@@ -317,11 +317,11 @@ class LocalSparkCluster:
 
     def _env(self, name: str) -> dict[str, str]:
         env = dict(os.environ)
+        # The daemons' JIT stops at C1 as the job's JVMs' does (infra.process.JIT_OPTIONS).
+        daemon_options = f"{JIT_OPTIONS} {env.get('SPARK_DAEMON_JAVA_OPTS', '')}".strip()
         # pip's PySpark, without the source zips its Python workers would compile at every
         # start (infra.spark_home), whatever $SPARK_HOME says: the daemons must run the
         # Spark of the pyspark that drives them.
-        # The daemons' JIT stops at C1 as the job's JVMs' does (infra.process.JIT_OPTIONS).
-        daemon_options = f"{JIT_OPTIONS} {env.get('SPARK_DAEMON_JAVA_OPTS', '')}".strip()
         env.update(SPARK_HOME=str(lean_home()), SPARK_LOCAL_IP=self.address(name),
                    SPARK_DAEMON_MEMORY=self.daemon_memory, SPARK_DAEMON_JAVA_OPTS=daemon_options,
                    SPARK_WORKER_DIR=str(self.work_dir / "work"))
