@@ -68,10 +68,10 @@ class EndOffsets:
 
     The constructor does no I/O; the admin client is made on first use and kept for the
     object's life, through failed requests (librdkafka reconnects by itself), but not
-    when pickled (a Spark stream reader carries one of these to its workers). A client
-    is never dropped after a request that timed out: librdkafka still has that request
-    in flight, and the one job that crashed (SIGSEGV in a ``rdk:broker`` thread) did so
-    two seconds after its metrics thread dropped such a client, with the job cut off
+    when pickled (a Spark stream reader carries one of these to its workers). A failed
+    request does not drop the client: one that timed out is still in flight inside
+    librdkafka, and destroying the client under it is the path a job's SIGSEGV in a
+    ``rdk:broker`` thread followed, two seconds after such a drop, with the job cut off
     from the brokers.
     """
 
