@@ -24,7 +24,7 @@ TEST_WORKERS ?= 2
 demo: jars
 	$(VENV)/bin/fanout demo
 
-# The tests use the class archive (tests/infra/test_class_archive.py checks that the
+# The tests use the class archive (tests/infra/services/test_class_archive.py checks that the
 # driver maps it), so the test target builds it.
 test: install
 ifeq ($(TEST_WORKERS),0)
@@ -51,7 +51,7 @@ install: jars class-archive
 jars: $(STAMP) java
 	$(VENV)/bin/fanout jars
 
-# The Spark driver's class archive (infra/archive_builder.py), trained once on a small
+# The Spark driver's class archive (infra/services/archive_builder.py), trained once on a small
 # run of the job, ~1 minute: a no-op while the JVM and the jars stay the same. Every
 # job started after it starts faster.
 class-archive: jars

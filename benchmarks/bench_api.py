@@ -48,7 +48,7 @@ from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import free_port  # noqa: E402
+from infra.services.broker import free_port  # noqa: E402
 from ingest.generator import generate  # noqa: E402
 from serving.settings import ServingSettings  # noqa: E402
 from views.join import JoinConfig  # noqa: E402

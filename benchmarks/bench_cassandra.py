@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_cassandra.py                 # 3 phases x 60 s
     .venv/bin/python benchmarks/bench_cassandra.py --seconds 30 --clients 1
 
-Starts a local Cassandra 5.0 node (:class:`infra.cassandra.LocalCassandra`) unless
+Starts a local Cassandra 5.0 node (:class:`infra.services.cassandra.LocalCassandra`) unless
 ``FANOUT_CASSANDRA_HOSTS`` names one, makes a fresh keyspace with the schema (RF 1),
 then runs three phases, each with ``--clients`` client *processes* (this script with
 ``--client``), so that the node and the load generator are separate processes:
@@ -362,12 +362,12 @@ def main() -> int:
         if hosts:
             msg = "set no FANOUT_CASSANDRA_HOSTS: the node's JVM must be local to read its CPU"
             raise SystemExit(msg)
-        from infra.cassandra import LocalCassandra
+        from infra.services.cassandra import LocalCassandra
 
         work = stack.enter_context(scratch("fanout-bench-cassandra-"))  # removed after the node
         node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=args.heap_mb))
         result["node"] = {"started_in_s": round(node.started_in or 0, 1),
-                          "heap_mb": args.heap_mb, "version": "5.0 (infra.jars pin)"}
+                          "heap_mb": args.heap_mb, "version": "5.0 (infra.services.jars pin)"}
         url = _keyspace(node.hosts)
         result["node"]["idle_cpu_cores"] = _idle(node.pid, args.idle_seconds)
         for phase in args.phases.split(","):

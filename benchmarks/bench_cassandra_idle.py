@@ -6,8 +6,8 @@ After each burst of requests, the idle workers of Cassandra's shared request poo
 poll for more work in ~10 µs sleeps for ~10 ms before they park. Each wake-up costs
 CPU, so a read that arrives alone costs the node several times what the same read
 costs in a steady stream; how often a sleeping thread wakes is bounded by its *timer
-slack* (:func:`infra.process.timer_slack`). This starts one local node
-(:class:`infra.cassandra.LocalCassandra`) at each slack in ``--slacks-us`` (0: the
+slack* (:func:`infra.services.process.timer_slack`). This starts one local node
+(:class:`infra.services.cassandra.LocalCassandra`) at each slack in ``--slacks-us`` (0: the
 system's own, Linux's 50 µs), one after the other, and reads one small row
 ``--requests`` times at each gap in ``--gaps-ms`` (sleeping between reads; first the
 node settles for ``--settle-s``), reporting
@@ -30,7 +30,7 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import TIMER_SLACK_NS, LocalCassandra  # noqa: E402
+from infra.services.cassandra import TIMER_SLACK_NS, LocalCassandra  # noqa: E402
 
 
 def _cpu(pid: int) -> float:

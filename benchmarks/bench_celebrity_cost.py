@@ -38,7 +38,7 @@ from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import free_port  # noqa: E402
+from infra.services.broker import free_port  # noqa: E402
 from serving.celebrities import CelebrityCache  # noqa: E402
 from serving.pageversions import page_versions  # noqa: E402
 from views.delta import Delta  # noqa: E402

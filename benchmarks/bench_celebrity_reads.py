@@ -30,7 +30,7 @@ from pipeline import built_store, percentile, scratch, timed_ms
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import free_port  # noqa: E402
+from infra.services.broker import free_port  # noqa: E402
 from ingest.events import Follow, Post  # noqa: E402
 from serving.celebrities import CelebrityCache  # noqa: E402
 from serving.timeline import home_page  # noqa: E402

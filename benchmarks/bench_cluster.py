@@ -9,7 +9,7 @@ tweets merged in, replayed by ``fanout replay`` as fast as possible while the jo
 is run twice, each time in a process of its own (one SparkContext per JVM: a second
 one in the same driver JVM failed to start its Python source runner) on a fresh
 broker, store and SparkSession: first in local mode (``local[2]``), then on a master
-and worker started here from pyspark's launcher (``infra.sparkcluster``), executors in
+and worker started here from pyspark's launcher (``infra.services.sparkcluster``), executors in
 their own JVMs. It prints
 events/s of each, the cluster's start time and the peak RSS of the master, worker,
 executor JVM and the executor's Python workers, verifies a sample of users against the
@@ -32,8 +32,8 @@ from pipeline import pipeline, replay_process, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.sparkcluster import LocalSparkCluster  # noqa: E402
-from infra.verify import compare  # noqa: E402
+from infra.checks.verify import compare  # noqa: E402
+from infra.services.sparkcluster import LocalSparkCluster  # noqa: E402
 from views.changelog import read_changelog  # noqa: E402
 
 MB = 2**20

@@ -34,7 +34,7 @@ from harness import RESULTS, ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.loadprep import STARTED  # noqa: E402
+from infra.load.prep import STARTED  # noqa: E402
 
 MODES = ("fanout", "read")
 

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/bench_cql_batches.py --modes columns --per-user 100 \
         --rows 100000 --rounds 4 --commitlog group,batch,periodic --name commitlog
 
-Starts one local Cassandra node (:class:`infra.cassandra.LocalCassandra`), makes a
+Starts one local Cassandra node (:class:`infra.services.cassandra.LocalCassandra`), makes a
 keyspace with the schema, and writes ``--rows`` timeline adds through a
 :class:`~views.stores.cassandra.store.CassandraStore` as the sink's tasks open it, in
 two shapes: 25 rows per user
@@ -41,7 +41,7 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import (  # noqa: E402
+from infra.services.cassandra import (  # noqa: E402
     COMMITLOG_SYNC,
     JIT,
     JITS,

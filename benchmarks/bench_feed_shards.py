@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_feed_shards.py --homes 40000 --batches 40 \
         --hosts 127.0.0.1:9042                                         # an existing node
 
-Starts one local Cassandra node (:class:`infra.cassandra.LocalCassandra`; ``--hosts``:
+Starts one local Cassandra node (:class:`infra.services.cassandra.LocalCassandra`; ``--hosts``:
 use a running one instead), makes a keyspace with the schema, and writes ``--batches``
 batches' change rows as the job's writers do (``Changes.ops``, then the batch marked
 committed): each batch names ``--homes`` random users' home pages out of ``--users``,
@@ -37,7 +37,7 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.cassandra import LocalCassandra  # noqa: E402
+from infra.services.cassandra import LocalCassandra  # noqa: E402
 from serving.pageversions import FeedVersions  # noqa: E402
 from serving.settings import parse_shards  # noqa: E402
 from views.stores.cassandra.changes import CassandraFeed, Changes, committed_op  # noqa: E402

@@ -60,8 +60,8 @@ from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import free_port  # noqa: E402
-from infra.load import children_cpu, cpu_of  # noqa: E402
+from infra.load.run import children_cpu, cpu_of  # noqa: E402
+from infra.services.broker import free_port  # noqa: E402
 
 WRK_LUA = WRK_THREADS_LUA + """request = function()
   return wrk.format("GET", "/v1/users/" .. math.random(1, %(users)d) .. "/home?limit=20")

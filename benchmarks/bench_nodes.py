@@ -66,8 +66,8 @@ from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.sparkcluster import EXECUTOR_CLASS  # noqa: E402
-from infra.stack import Stack  # noqa: E402
+from infra.services.sparkcluster import EXECUTOR_CLASS  # noqa: E402
+from infra.stack.stack import Stack  # noqa: E402
 from ingest.events import Post  # noqa: E402
 from ingest.producer import ChangelogProducer, Position  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402

@@ -32,8 +32,8 @@ from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import KafkaBroker  # noqa: E402
-from infra.spark import build_session  # noqa: E402
+from infra.services.broker import KafkaBroker  # noqa: E402
+from infra.services.spark import build_session  # noqa: E402
 from ingest import generator, history  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402

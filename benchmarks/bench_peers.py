@@ -76,8 +76,8 @@ from peers_flink import ensure_connector
 from peers_flink import ensure_venv as ensure_flink_venv
 from pipeline import pipeline, scratch
 
-from infra.broker import KafkaBroker  # noqa: E402
-from infra.verify import compare  # noqa: E402
+from infra.checks.verify import compare  # noqa: E402
+from infra.services.broker import KafkaBroker  # noqa: E402
 from ingest.events import Delete, Follow, Post
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402

@@ -33,7 +33,7 @@ from pipeline import percentile, pipeline, replay_process
 
 sys.path.insert(0, str(ROOT))
 
-from infra.verify import compare  # noqa: E402
+from infra.checks.verify import compare  # noqa: E402
 from ingest import generator, history  # noqa: E402
 from views.changelog import read_changelog  # noqa: E402
 

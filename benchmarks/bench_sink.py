@@ -35,9 +35,9 @@ from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import KafkaBroker  # noqa: E402
-from infra.spark import build_session  # noqa: E402
-from infra.verify import verify  # noqa: E402
+from infra.checks.verify import verify  # noqa: E402
+from infra.services.broker import KafkaBroker  # noqa: E402
+from infra.services.spark import build_session  # noqa: E402
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
@@ -116,7 +116,7 @@ def main() -> int:
         hosts = os.environ.get("FANOUT_CASSANDRA_HOSTS")
         node = None
         if not hosts:
-            from infra.cassandra import LocalCassandra
+            from infra.services.cassandra import LocalCassandra
 
             node = stack.enter_context(LocalCassandra(work / "cassandra", heap_mb=args.heap_mb,
                                                       commitlog=args.commitlog))

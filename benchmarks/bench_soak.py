@@ -5,16 +5,16 @@
 
 As root (network namespaces): ``fanout up --nodes 3 --hosts`` in a scratch directory,
 then a paced replay of a generated history, the history checker's writers and readers
-on the API (:class:`infra.checker.Workload`) and live home streams held by
-:class:`infra.checker.StreamHolder` clients that drop and resume, all running through
+on the API (:class:`infra.checks.checker.Workload`) and live home streams held by
+:class:`infra.checks.checker.StreamHolder` clients that drop and resume, all running through
 ``--faults`` faults drawn at random (``--seed``) from the nemesis's: a host isolated,
 the majority cut from a minority of one, a one-way partition, a flapping host, a lossy
 host, a throttled link, a slow link and the job and API cut off from the brokers. Each holds
-``--hold`` seconds (:func:`infra.faults.hold`: a probe write a second meanwhile), then
+``--hold`` seconds (:func:`infra.checks.under_fault.hold`: a probe write a second meanwhile), then
 heals, with ``--gap`` seconds between two. Per fault: writes and their statuses in
 the window, the 503s and how fast they came, reads (errors, p99), the first 202 after
 the heal, and the live verifier's nines over the window. At the end: ``fanout verify``
-(0 divergent), :func:`infra.checker.check` (lost, duplicated, phantom writes: 0 each)
+(0 divergent), :func:`infra.checks.checker.check` (lost, duplicated, phantom writes: 0 each)
 and the streams' missed, duplicated and phantom events (0 each).
 """
 
@@ -36,7 +36,7 @@ from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.checker import (  # noqa: E402
+from infra.checks.checker import (  # noqa: E402
     History,
     StreamHolder,
     Workload,
@@ -44,10 +44,10 @@ from infra.checker import (  # noqa: E402
     check_streams,
     log_ends,
 )
-from infra.faults import flapping, hold  # noqa: E402
-from infra.hosts import require_netns  # noqa: E402
-from infra.nemesis import Nemesis  # noqa: E402
-from infra.stack import Stack  # noqa: E402
+from infra.checks.under_fault import flapping, hold  # noqa: E402
+from infra.faults.nemesis import Nemesis  # noqa: E402
+from infra.services.hosts import require_netns  # noqa: E402
+from infra.stack.stack import Stack  # noqa: E402
 from ingest.events import TWEETS  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from serving.auth import mint  # noqa: E402

@@ -50,9 +50,9 @@ from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import free_port  # noqa: E402
-from infra.load import cpu_of  # noqa: E402
-from infra.stack import Stack  # noqa: E402
+from infra.load.run import cpu_of  # noqa: E402
+from infra.services.broker import free_port  # noqa: E402
+from infra.stack.stack import Stack  # noqa: E402
 
 HOST = "127.0.0.1"
 FANOUT = [sys.executable, "-m", "infra.cli"]

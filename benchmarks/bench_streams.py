@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_streams.py --streams 10000 --rate 200 --seconds 60
 
-Starts a SQLite stack in a scratch directory (``infra.launch.up``: Kafka, the Spark
+Starts a SQLite stack in a scratch directory (``infra.stack.launch.up``: Kafka, the Spark
 view job, the API as ``fanout up`` runs it, one process per core; auth off, verifier
-off) and fills it with a synthetic history (``infra.loadprep.seed``). Then, from ONE
+off) and fills it with a synthetic history (``infra.load.prep.seed``). Then, from ONE
 asyncio process (uvloop when installed; the file-descriptor limit raised with
 ``resource`` first, for the client and, inherited, the stack):
 
@@ -61,10 +61,10 @@ sys.path.insert(0, str(ROOT))
 
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
-from infra.launch import up  # noqa: E402
-from infra.load import api_processes  # noqa: E402
-from infra.loadprep import History, seed  # noqa: E402
-from infra.stack import Stack, down  # noqa: E402
+from infra.load.prep import History, seed  # noqa: E402
+from infra.load.run import api_processes  # noqa: E402
+from infra.stack.launch import up  # noqa: E402
+from infra.stack.stack import Stack, down  # noqa: E402
 from loadgen.sse import Parser, head, request  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
 

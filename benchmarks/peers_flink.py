@@ -57,7 +57,7 @@ is the JVM's peak RSS (``VmHWM``) plus this process's.
 Neither PyFlink nor the jar is a product dependency: PyFlink (about 850 MB with Apache
 Beam and pyarrow) lives in its own virtualenv ``.venv-flink`` with ``confluent-kafka``
 (to read the result back), made by ``--setup`` or :func:`ensure_venv`; the connector
-jar is fetched by Maven into the project's jar cache (``infra/jars.py``,
+jar is fetched by Maven into the project's jar cache (``infra/services/jars.py``,
 ``~/.cache/fanout/jars/flink-kafka-5.0.0-2.2/``) by :func:`ensure_connector`. Java 17
 is the one on ``PATH`` (or ``JAVA_HOME``'s). This file imports nothing but the
 standard library at module level, so ``bench_peers.py`` imports :func:`ensure_venv`
@@ -112,7 +112,7 @@ def ensure_venv(root: Path = ROOT) -> Path:
 def _jar_set() -> Any:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from infra.jars import JarSet  # stdlib only: importable from .venv-flink too
+    from infra.services.jars import JarSet  # stdlib only: importable from .venv-flink too
 
     return JarSet("flink-kafka", (CONNECTOR,))
 
@@ -120,7 +120,7 @@ def _jar_set() -> Any:
 def ensure_connector() -> Path:
     """The connector jar, fetched with Maven into the jar cache if it is not there."""
     jars = _jar_set()
-    from infra.jars import resolve
+    from infra.services.jars import resolve
 
     return _one_jar(resolve(jars))
 
@@ -128,7 +128,7 @@ def ensure_connector() -> Path:
 def cached_connector() -> Path:
     """The connector jar from the jar cache; ``SystemExit`` saying how to fetch it."""
     jars = _jar_set()
-    from infra.jars import cached
+    from infra.services.jars import cached
 
     folder = cached(jars)
     if folder is None:

@@ -25,8 +25,8 @@ from harness import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from infra.broker import KafkaBroker  # noqa: E402
-from infra.spark import build_session  # noqa: E402
+from infra.services.broker import KafkaBroker  # noqa: E402
+from infra.services.spark import build_session  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
 from views.job import spooling_sink, start_query  # noqa: E402

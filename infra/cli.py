@@ -25,24 +25,25 @@ from typing import Any
 
 import httpx
 
-from infra import archive_builder as archive_builder_cli
-from infra import cassandra as cassandra_cli
-from infra import jars as jars_cli
-from infra import load as load_cli
-from infra import nemesis as nemesis_cli
-from infra import rebuild as rebuild_cli
-from infra import schema as schema_cli
-from infra import stack as stack_mod
-from infra import verifier as verifier_cli
+from infra.checks import verifier as verifier_cli
 from infra.errors import InfraError
-from infra.process import stop_on_signals
+from infra.faults import nemesis as nemesis_cli
+from infra.load import run as load_cli
+from infra.ops import rebuild as rebuild_cli
+from infra.ops import schema as schema_cli
+from infra.services import archive_builder as archive_builder_cli
+from infra.services import cassandra as cassandra_cli
+from infra.services import jars as jars_cli
+from infra.services.process import stop_on_signals
 from infra.settings import (
     HOSTS_ENV,
     HOSTS_NET_ENV,
     RUN_DIR_ENV,
     SPARK_DRIVER_HOST_ENV,
     SPARK_MASTER_ENV,
+    VERIFIER_ENV,
 )
+from infra.stack import stack as stack_mod
 from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 from serving import cli as serving_cli
 from serving.settings import API_PORT_ENV, ServingSettings
@@ -153,7 +154,7 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verifier", action=argparse.BooleanOptionalAction, default=None,
                    help="run the live verifier, which compares a few sampled users' pages "
                         "a second with the log, or not; kept for later 'up's (env "
-                        f"{verifier_cli.VERIFIER_ENV}; default: on)")
+                        f"{VERIFIER_ENV}; default: on)")
     _add_view_flags(p)
     p.set_defaults(func=_cmd_up)
     p = sub.add_parser("down", help="stop the stack's services; its data stays for 'up'")
@@ -184,7 +185,7 @@ def _view_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from infra.launch import up
+    from infra.stack.launch import up
 
     before = stack_mod.Stack.load(args.run_dir)
     was = before.state() if before else {}
@@ -234,7 +235,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if state.get("verifier") == "running":
         shown["verifier"] = _verifier_at_a_glance(running.verifier_url())
     if state.get(stack_mod.BESIDE) == "running":  # a view built beside (fanout rebuild --beside)
-        from infra.beside import metrics_url
+        from infra.ops.beside import metrics_url
 
         shown["view_beside"] = _job_at_a_glance(metrics_url(running))
     print(json.dumps(shown, indent=2))
@@ -288,7 +289,7 @@ def _add_services(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from infra.broker import KafkaBroker
+    from infra.services.broker import KafkaBroker
 
     stop = stop_on_signals()
     with KafkaBroker(args.run_dir / "kafka", args.run_dir / "logs" / "kafka.log") as broker:
@@ -300,7 +301,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
-    from infra.spark import build_session
+    from infra.services.spark import build_session
     from views.job import run
 
     kafka = KafkaSettings.from_env(args.environ)
@@ -359,7 +360,7 @@ def _workers(text: str) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from infra.verify import verify
+    from infra.checks.verify import verify
     from views.stores import store_from_url
 
     kafka, view = KafkaSettings.from_env(args.environ), ViewSettings.from_env(args.environ)

@@ -26,12 +26,12 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from infra.checker import sse_events
+from infra.checks.checker import sse_events
+from infra.checks.verify import end_offsets, lagging, verify
 from infra.errors import InfraError
-from infra.launch import up
-from infra.process import HEARTBEAT_S
-from infra.stack import Stack, down
-from infra.verify import end_offsets, lagging, verify
+from infra.services.process import HEARTBEAT_S
+from infra.stack.launch import up
+from infra.stack.stack import Stack, down
 from ingest.generator import generate, write
 from ingest.history import iter_events
 from ingest.producer import ChangelogProducer

@@ -2,7 +2,7 @@
 
 Each says what went wrong and what to do about it; the ``fanout`` command prints the
 message (no stack trace) and exits non-zero for any :class:`InfraError`. The errors
-of one service live beside it (``BrokerError`` in :mod:`infra.broker`,
+of one service live beside it (``BrokerError`` in :mod:`infra.services.broker`,
 ``CassandraError``, ``JarError``, ``SparkSetupError``, ``ClusterError``,
 ``StackError``) and subclass :class:`InfraError`; the ones that belong to no single
 module live here.

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 #: Following more celebrities than this, a page walks the merged list.
 WALK_FROM = 32
 #: How often a refresh reloads every celebrity whole (seconds): the longest a late
-#: entry can stay missing (the module docstring; ``infra.verifier`` waits it out).
+#: entry can stay missing (the module docstring; ``infra.checks.verifier`` waits it out).
 FULL_RELOAD_S = 60.0
 
 

@@ -4,7 +4,7 @@
 subparsers. The secret comes from ``FANOUT_AUTH_SECRET`` in ``args.environ``, the
 environment that ``fanout`` gives its subcommands: the process's over the run
 directory's stack's, whose secret is ``<run>/auth.secret`` (see
-``infra.stack.Stack.env``), so ``fanout token 42`` works against ``fanout up`` as it is.
+``infra.stack.stack.Stack.env``), so ``fanout token 42`` works against ``fanout up`` as it is.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ _LIMIT = re.compile(r"[1-9][0-9]{0,5}")
 _JSON: Final = (b"content-type", b"application/json")
 _CACHE_CONTROL: Final = CACHE_CONTROL.encode()
 #: A request header that marks a home read as a monitor's (the live verifier's,
-#: ``infra.verifier``): answered like any read, but not appended to the activity log,
+#: ``infra.checks.verifier``): answered like any read, but not appended to the activity log,
 #: since a monitor reading a timeline is not its user coming back.
 MONITOR_HEADER: Final = "x-fanout-monitor"
 

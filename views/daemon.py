@@ -1,7 +1,7 @@
 """The job's Python daemon: PySpark's, with what its workers import loaded before it forks.
 
 Spark runs one daemon per executor (``spark.python.daemon.module``, which
-``infra.spark.session_conf`` points here) and forks a Python worker from it whenever a
+``infra.services.spark.session_conf`` points here) and forks a Python worker from it whenever a
 task needs one and none is idle. PySpark's own daemon has nothing a worker needs
 loaded: each worker imports PySpark's worker, pandas, pyarrow and the job's modules
 after the fork, ~0.5 s of CPU each, and a job's first micro-batch starts several such

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.submit import SubmitSettings
+from infra.services.submit import SubmitSettings
 from ingest.settings import KafkaSettings
 from serving.settings import ServingSettings
 from tests.support.paths import ROOT
@@ -61,7 +61,7 @@ def known_variables() -> set[str]:
         for field in settings.model_fields.values():
             alias = field.validation_alias
             names.update(c for c in getattr(alias, "choices", []) if str(c).isupper())
-    sources = [*ROOT.joinpath("infra").glob("*.py"), ROOT / "loadgen" / "locustfile.py"]
+    sources = [*ROOT.joinpath("infra").rglob("*.py"), ROOT / "loadgen" / "locustfile.py"]
     for path in sources:
         names.update(re.findall(r"\b((?:FANOUT|LOCUST_FANOUT)_[A-Z_]+)\b", path.read_text()))
     return names | {"KAFKA_BOOTSTRAP"} | SPARK_VARS
@@ -179,7 +179,7 @@ def test_the_job_is_submitted_to_the_spark_master(services: dict[str, dict[str, 
     assert cmd[0] == "spark-submit"
     master = cmd[cmd.index("--master") + 1]
     assert master == env(job)["SPARK_MASTER"] == "spark://spark-master:7077"
-    assert cmd[-1] == "/app/infra/submit.py" and (ROOT / "infra" / "submit.py").is_file()
+    assert cmd[-1] == "/app/infra/services/submit.py" and (ROOT / "infra" / "services" / "submit.py").is_file()
     assert env(job)["FANOUT_DRIVER_HOST"] == job["hostname"]
     spark_master = command(services["spark-master"])
     assert spark_master[spark_master.index("--port") + 1] == "7077"

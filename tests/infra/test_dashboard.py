@@ -152,6 +152,6 @@ def test_compose_mounts_the_config_and_the_provisioning(compose):
 
 
 def test_the_verifier_exports_them():
-    from infra.verifier import VerifierMetrics
+    from infra.checks.verifier import VerifierMetrics
 
     assert _names(generate_latest(VerifierMetrics().registry).decode()) >= FROM_THE_VERIFIER

@@ -10,7 +10,7 @@ import pytest
 
 from infra import cli
 from infra.settings import run_dir_views
-from infra.stack import AUTH_SECRET_FILE, Stack
+from infra.stack.stack import AUTH_SECRET_FILE, Stack
 from ingest.settings import KafkaSettings
 from serving.auth import verify
 from serving.settings import ServingSettings

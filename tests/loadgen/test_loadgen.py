@@ -522,8 +522,8 @@ def test_probe_counts_an_api_error_and_goes_on():
 # -- fanout load: flags and bounds ---------------------------------------------------------------
 def test_load_plan_bounds_and_loopback_only(tmp_path: Path):
     from infra.cli import _parser
-    from infra.load import make_plan
-    from infra.loadprep import check_loopback
+    from infra.load.prep import check_loopback
+    from infra.load.run import make_plan
 
     def plan(*flags: str):  # noqa: ANN202
         args = _parser().parse_args(["load", "--reports", str(tmp_path), *flags])
@@ -547,8 +547,8 @@ def test_load_plan_bounds_and_loopback_only(tmp_path: Path):
 
 def test_an_api_that_does_not_answer_gets_a_message_that_says_what_to_do():
     # A stack that was stopped (its stack.json stays): nothing listens on its port.
-    from infra.loadprep import auth_on
-    from infra.process import free_port
+    from infra.load.prep import auth_on
+    from infra.services.process import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(LoadRunError, match=r"does not answer.*`fanout status`.*`fanout up`"):

@@ -395,7 +395,7 @@ def test_the_probe_cycles_normal_celebrity_and_repost():
 
 
 def test_load_reserves_the_probes_authors_in_the_workload(tmp_path: Path):
-    from infra.load import reserve
+    from infra.load.run import reserve
 
     path = Workload([1, 2, 3], [3, 2], reserved=[2]).dump(tmp_path / "w.json")
     reserve(path, TARGETS)

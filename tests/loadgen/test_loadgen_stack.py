@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from infra.errors import LoadRunError
-from infra.launch import up
-from infra.load import api_processes
-from infra.loadprep import STARTED, History, api_for, seed, target
-from infra.stack import Stack, down
+from infra.load.prep import STARTED, History, api_for, seed, target
+from infra.load.run import api_processes
+from infra.stack.launch import up
+from infra.stack.stack import Stack, down
 from loadgen.action import ACTION_NAMES, HOME, HOME_NEXT, REPLY, REPOST, TWEETS
 from loadgen.recording import Recorder
 from loadgen.streamer import STREAM

@@ -16,15 +16,15 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Contact points (``host1,host2[:port]``) of Cassandra for the whole session.
 
     ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise one local node
-    starts from the Maven jar cache (``infra.cassandra``), skipped only when the jars
+    starts from the Maven jar cache (``infra.services.cassandra``), skipped only when the jars
     are not in the cache.
     """
     external = os.environ.get("FANOUT_CASSANDRA_HOSTS")
     if external:
         yield external
         return
-    from infra.cassandra import LocalCassandra
-    from infra.jars import CASSANDRA, JarError, classpath
+    from infra.services.cassandra import LocalCassandra
+    from infra.services.jars import CASSANDRA, JarError, classpath
 
     try:
         classpath(CASSANDRA)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.broker import KafkaBroker
+from infra.services.broker import KafkaBroker
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
 

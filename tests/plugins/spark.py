@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession (2 shuffle partitions) with the fanout-kafka source."""
-    from infra.spark import build_session  # imports pyspark: only when a test needs it
+    from infra.services.spark import build_session  # imports pyspark: only when a test needs it
 
     session = build_session("fanout-tests", shuffle_partitions=2)
     yield session

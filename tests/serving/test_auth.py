@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from infra import cli as infra_cli
-from infra.launch import _auth_secret
-from infra.stack import AUTH_SECRET_FILE, Stack
+from infra.stack.launch import _auth_secret
+from infra.stack.stack import AUTH_SECRET_FILE, Stack
 from ingest.events import Post
 from ingest.settings import KafkaSettings
 from serving.app import create_app

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from infra.broker import free_port
+from infra.services.broker import free_port
 from ingest.events import MUTE, AccountDelete, Delete, Follow, Post, Relation, Repost, UserUpsert
 from serving.app import create_app
 from serving.auth import mint

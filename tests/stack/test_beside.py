@@ -33,9 +33,9 @@ import httpx
 import pytest
 from cassandra import InvalidRequest
 
-from infra.procs import cmdline
-from infra.stack import session_members
-from infra.verify import end_offsets, wait_caught_up
+from infra.checks.verify import end_offsets, wait_caught_up
+from infra.services.procs import cmdline
+from infra.stack.stack import session_members
 from ingest.settings import KafkaSettings
 from tests.support.paths import ROOT
 from tests.support.process import tagged, wait_for

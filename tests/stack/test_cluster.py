@@ -1,7 +1,7 @@
 """The view job on a real Spark standalone cluster, an executor SIGKILLed midway.
 
 A master and a worker start once for the module from pyspark's own launcher
-(:class:`infra.sparkcluster.LocalSparkCluster`), on loopback. The job runs unchanged,
+(:class:`infra.services.sparkcluster.LocalSparkCluster`), on loopback. The job runs unchanged,
 as ``fanout up`` runs it (``python -m infra.cli job``) with ``SPARK_MASTER`` naming
 the cluster, so its executors are JVMs of their own that the worker forks. A
 synthetic history is replayed in chunks; while the job works through the second, its
@@ -9,7 +9,7 @@ executor (found in ``/proc`` by the application id on its command line) is SIGKI
 inside a task — its own log, in the worker's directory, shows a task started and not
 finished. Spark must start a new executor and rerun the lost tasks from the
 checkpoint's state, and the served timelines must equal the SQL recomputed from the
-log (``infra.verify``).
+log (``infra.checks.verify``).
 
 Run with ``-s`` to see the figures: cluster start time, the RSS of each JVM, how long
 the new executor took.
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.process import JIT_OPTIONS
-from infra.procs import cmdline
-from infra.sparkcluster import LocalSparkCluster
-from infra.verify import lagging, verify
+from infra.checks.verify import lagging, verify
+from infra.services.process import JIT_OPTIONS
+from infra.services.procs import cmdline
+from infra.services.sparkcluster import LocalSparkCluster
 from ingest.generator import generate
 from ingest.settings import KafkaSettings
 from tests.support.changelog import produce

@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.process import free_port
-from infra.verify import lagging, verify
+from infra.checks.verify import lagging, verify
+from infra.services.process import free_port
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
 from ingest.settings import KafkaSettings
 from ingest.social import SOCIAL

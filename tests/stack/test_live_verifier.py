@@ -31,10 +31,10 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client import generate_latest, start_http_server
 
+from infra.checks.logtail import LogTail
+from infra.checks.verifier import VerifierMetrics, first_difference, summary
 from infra.cli import main
-from infra.logtail import LogTail
-from infra.stack import Stack
-from infra.verifier import VerifierMetrics, first_difference, summary
+from infra.stack.stack import Stack
 from ingest.events import TWEETS, Activity, Post, encode_key
 from ingest.producer import ChangelogProducer
 from tests.support.api import activity_records, bearer, open_store, serve, settings

@@ -31,10 +31,10 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra import cli
-from infra.broker import KafkaBroker
-from infra.launch import up
-from infra.stack import Stack, StackError
-from infra.verify import lagging, verify
+from infra.checks.verify import lagging, verify
+from infra.services.broker import KafkaBroker
+from infra.stack.launch import up
+from infra.stack.stack import Stack, StackError
 from ingest.generator import generate
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics

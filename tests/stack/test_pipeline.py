@@ -2,7 +2,7 @@
 
 Each test produces a history into its own topics, runs the streaming query with
 ``availableNow`` (it drains what is there and stops — no sleeps), and checks the
-served timelines against the SQL recomputed from the topics with ``infra.verify``.
+served timelines against the SQL recomputed from the topics with ``infra.checks.verify``.
 The tests run on both stores — a SQLite file, and a fresh keyspace on the session's
 Cassandra node (``cassandra_hosts`` in ``tests/plugins/cassandra.py``) — except the
 one-shot replay, which the restart test covers on Cassandra (a replay in two halves,
@@ -19,8 +19,8 @@ import psutil
 import pytest
 from confluent_kafka import Producer
 
-from infra.spark import DAEMON_MODULE
-from infra.verify import verify
+from infra.checks.verify import verify
+from infra.services.spark import DAEMON_MODULE
 from ingest.events import Follow, Post, UserUpsert, encode_key
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
 from ingest.settings import KafkaSettings
@@ -84,7 +84,7 @@ def test_replayed_history_equals_the_sql(spark, kafka_settings, tmp_path, store_
         dormant = [u for u in store.home_users() if store.horizon(u) == DORMANT]
         assert dormant, "users who stopped reading should get no fan-out"
     # The decode (mapInArrow) and the join (transformWithStateInPandas) share one
-    # pool of Python workers: one daemon, not one per stage (infra.spark.session_conf).
+    # pool of Python workers: one daemon, not one per stage (infra.services.spark.session_conf).
     assert len(_worker_daemons()) == 1, _worker_daemons()
 
 

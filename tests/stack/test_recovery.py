@@ -12,7 +12,7 @@ One stack (Kafka, the view job, the API) in one run directory, driven through
 
 After each, ``fanout verify`` must report 0 divergent users. Through (a), and through
 (e) and (f) on a Cassandra stack (the node, then the job SIGKILLed), live home streams
-are held by :class:`infra.checker.StreamHolder` clients that drop and resume with
+are held by :class:`infra.checks.checker.StreamHolder` clients that drop and resume with
 ``Last-Event-ID`` at random: each one's page must end equal to the first page ``/home``
 serves (which verify holds to the SQL), with 0 missed, duplicated and phantom events. Every service carries a
 ``FANOUT_FAULT_TAG`` in its environment (the stack hands its settings to each), so
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from infra.checker import History, StreamHolder, Workload, check, check_streams, log_ends
+from infra.checks.checker import History, StreamHolder, Workload, check, check_streams, log_ends
 from infra.demo import live_event
 from ingest.events import TWEETS
 from ingest.history import iter_events

@@ -16,7 +16,7 @@ from tests.support.paths import ROOT
 
 INFRA = ROOT / "infra"
 DASHBOARD = INFRA / "grafana" / "fanout.json"
-#: Exported by the live verifier (``infra/verifier.py``; ``test_the_verifier_exports_them``).
+#: Exported by the live verifier (``infra/checks/verifier.py``; ``test_the_verifier_exports_them``).
 FROM_THE_VERIFIER = {"fanout_verify_divergent", "fanout_verify_checked",
                      "fanout_verify_consistent_within_ratio"}
 #: PromQL words that read like series names: aggregations' modifiers and set operators.

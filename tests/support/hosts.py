@@ -1,4 +1,4 @@
-"""What a run's hosts (infra.hosts) left on this machine: namespaces, links, rules.
+"""What a run's hosts (infra.services.hosts) left on this machine: namespaces, links, rules.
 
 The tests of ``--hosts`` assert with these that nothing of a run outlives its cleanup:
 ``ip netns list`` and ``ip link`` name nothing carrying the run's id, and
@@ -12,8 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from infra.hosts import HOSTS_FILE, LINK_PREFIX, NETNS_PREFIX, HostsError, require_netns
-from infra.nemesis import CHAIN
+from infra.faults.nemesis import CHAIN
+from infra.services.hosts import HOSTS_FILE, LINK_PREFIX, NETNS_PREFIX, HostsError, require_netns
 
 
 def _hosts_refused() -> str:

@@ -1,5 +1,5 @@
 """The live stream's test world: readers, authors and celebrities on a SQLite store, and
-random writes of every kind (``tests/serving/test_stream.py``, ``tests/infra/test_checker_streams.py``).
+random writes of every kind (``tests/serving/test_stream.py``, ``tests/infra/checks/test_checker_streams.py``).
 
 Three readers follow four authors each; two authors are followed by all three and so are
 celebrities (merged at read time). :class:`Writes` draws posts, replies, reposts and

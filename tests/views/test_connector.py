@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from infra.jars import SPARK_KAFKA, artifact_id, cached, classpath
+from infra.services.jars import SPARK_KAFKA, artifact_id, cached, classpath
 from ingest.events import MAX_ID, Post, encode
 from ingest.settings import KafkaSettings
 from views import connector, job

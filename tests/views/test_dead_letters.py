@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from infra import cli
-from infra.verify import verify
+from infra.checks.verify import verify
 from ingest.events import MAX_ID
 from ingest.generator import generate
 from ingest.settings import KafkaSettings

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.verify import compare
+from infra.checks.verify import compare
 from ingest.events import Delete, Event, Follow, Post, Repost, Unrepost
 from serving.timeline import author_page, home_top
 from views.changelog import Changelog

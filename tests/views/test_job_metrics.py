@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from infra.cli import main
-from infra.stack import Stack
+from infra.stack.stack import Stack
 from ingest.settings import KafkaSettings
 from tests.support.job_metrics import KAFKA, QUERY_ID, RUN_ID, STARTED, logged, progress, samples
 from views.delta import Delta

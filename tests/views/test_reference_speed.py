@@ -4,7 +4,7 @@
 first and stops at ``n``; it must equal the literal §4b SQL (:meth:`Reference.home`)
 on the small random histories of ``tests/support/histories.py`` with reused tweet ids
 too, and on generated histories the size of a small deployment, reposts of one tweet
-by many followees included. ``infra.verify.compare`` reads served timelines inline,
+by many followees included. ``infra.checks.verify.compare`` reads served timelines inline,
 in reader processes or in threads, depending on the store; every way must find the
 same users divergent with the same descriptions, and ``entries`` must check only
 each timeline's first entries.
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.verify import compare
+from infra.checks.verify import compare
 from ingest.events import MUTE, Event, Follow, Post, Relation
 from ingest.generator import generate
 from ingest.social import SOCIAL

@@ -321,7 +321,7 @@ def test_session_is_configured_for_the_job(spark: Any) -> None:
     ("no java here", None),
 ])
 def test_java_major_version(output: str, major: int | None) -> None:
-    from infra.spark import java_major_version
+    from infra.services.spark import java_major_version
 
     assert java_major_version(output) == major
 

@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from infra.verify import _describe as describe
-from infra.verify import compare
+from infra.checks.verify import _describe as describe
+from infra.checks.verify import compare
 from ingest.events import (
     BLOCK,
     MUTE,

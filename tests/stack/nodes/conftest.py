@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack import Stack
+from infra.stack.stack import Stack
 from tests.support.hosts import HOSTS_REFUSED, leftovers, run_id
 from tests.support.stack import Run
 

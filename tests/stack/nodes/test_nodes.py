@@ -3,10 +3,10 @@
 The scenarios run in sequence, in the order below, against the package's three-node
 stack (``conftest.py``: ``fanout up --nodes 3``, on hosts of its own where the machine
 allows), and each leaves it whole again; ``test_partitions.py`` takes it over after. In each, a small generated history is replayed (paced, so that it lasts
-through the fault) while :class:`infra.checker.Workload` posts tweets and reads home
+through the fault) while :class:`infra.checks.checker.Workload` posts tweets and reads home
 timelines through the API; a node is SIGKILLed (``kill -9`` of the pid that
 ``stack.json`` records) mid-replay and later started again with ``fanout up``. Then
-:func:`infra.checker.check` holds every write answered 202 against the log and the
+:func:`infra.checks.checker.check` holds every write answered 202 against the log and the
 views — nothing lost, doubled or invented — and ``fanout verify`` finds the views
 equal to the SQL recomputed from the log:
 
@@ -42,8 +42,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.checker import History, Report, Workload, check, log_ends, read_stats
-from infra.stack import Stack
+from infra.checks.checker import History, Report, Workload, check, log_ends, read_stats
+from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
 from serving.auth import mint
@@ -216,7 +216,7 @@ def test_every_cassandra_node_knows_the_ring_and_the_keyspace(stack):
     """Once ``up`` returns, each node lists the other two and has the schema: a keyspace
     created while a node did not yet know the ring counted one node, and another node
     then refused ``USE`` of it."""
-    from infra.cassandraring import node_cluster
+    from infra.services.cassandraring import node_cluster
     from views.stores.cassandra.config import parse_url
 
     config = parse_url(stack.store_url)
@@ -335,7 +335,7 @@ def test_b_one_cassandra_node_killed(run, stack, tmp_path, begun):
 
 @pytest.mark.timeout(900)
 def test_c_spark_worker_killed(run, stack, tmp_path, begun):
-    from infra.multinode import SparkWorkers
+    from infra.stack.multinode import SparkWorkers
 
     stack = _current(stack)
     job_pid = stack.pids["job"]

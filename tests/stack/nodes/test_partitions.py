@@ -3,14 +3,14 @@
 The package's three-node stack (tests/stack/nodes/conftest.py, ``fanout up --nodes 3
 --hosts``, shared with ``test_nodes.py``, which runs first): three Kafka
 brokers, three Cassandra nodes and the Spark daemons each in a network namespace of
-its own on a bridge (infra.hosts), the job, the API and this test in the root
-namespace. A small history is replayed (paced) while :class:`infra.checker.Workload`
-posts tweets and reads home timelines through the API; the nemesis (infra.nemesis)
+its own on a bridge (infra.services.hosts), the job, the API and this test in the root
+namespace. A small history is replayed (paced) while :class:`infra.checks.checker.Workload`
+posts tweets and reads home timelines through the API; the nemesis (infra.faults.nemesis)
 isolates ``node-1`` — Kafka node 1 and Cassandra node 1 — from the other hosts and
 from the root namespace, both ways, for :data:`FAULT_S` seconds, then heals. Checked:
 
 - every write answered 202 is in the log once and in the views (0 lost, 0
-  duplicated, 0 phantom: :func:`infra.checker.check`), and ``fanout verify`` finds 0
+  duplicated, 0 phantom: :func:`infra.checks.checker.check`), and ``fanout verify`` finds 0
   divergent once the job has caught up;
 - the API answered every write during the fault within the client's timeout, with
   202 or a 503 whose body is JSON with a reason (never a hung request);
@@ -27,7 +27,7 @@ and the job catches up after the heal (``verify`` 0 divergent).
 
 Last, writers and readers again through a one-way partition (node-2 cannot reach
 node-3), node-3 flapping (4 s cut off, 4 s healed) and node-2 dropping 5 % of its
-packets, :data:`FAULT_S` seconds each in turn (:mod:`infra.faults`): every request
+packets, :data:`FAULT_S` seconds each in turn (:mod:`infra.checks.under_fault`): every request
 answered within the client's timeout, writes 202 or a 503 with a reason, nothing
 acknowledged lost, ``verify`` 0 divergent.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infra.checker import (
+from infra.checks.checker import (
     REQUEST_TIMEOUT_S,
     History,
     Op,
@@ -58,9 +58,9 @@ from infra.checker import (
     log_ends,
     read_stats,
 )
-from infra.faults import Window, acked, flapping, hold, render_probes
-from infra.nemesis import LOG_FILE, Nemesis
-from infra.stack import Stack
+from infra.checks.under_fault import Window, acked, flapping, hold, render_probes
+from infra.faults.nemesis import LOG_FILE, Nemesis
+from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
 from serving.auth import mint

@@ -24,7 +24,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from infra.verify import compare
+from infra.checks.verify import compare
 from ingest.events import (
     BLOCK,
     MUTE,

@@ -1,4 +1,4 @@
-"""The versioned schema of the Cassandra store (``fanout schema`` is :mod:`infra.schema`).
+"""The versioned schema of the Cassandra store (``fanout schema`` is :mod:`infra.ops.schema`).
 
 Cassandra's tables are created by numbered CQL files, ``views/stores/cassandra/cql/NNN_name.cql``
 (shipped as package data), applied in order by ``fanout schema apply``: it creates
