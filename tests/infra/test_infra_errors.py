@@ -17,7 +17,7 @@ from infra.errors import InfraError
 
 def test_every_infra_exception_is_an_infra_error() -> None:
     found = []
-    for module in pkgutil.iter_modules(infra.__path__, "infra."):
+    for module in pkgutil.walk_packages(infra.__path__, "infra."):
         for _, cls in inspect.getmembers(importlib.import_module(module.name), inspect.isclass):
             if issubclass(cls, BaseException) and cls.__module__.startswith("infra."):
                 found.append(cls)
