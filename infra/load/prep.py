@@ -29,9 +29,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from infra.errors import LoadRunError
+from infra.services.fanout import FanoutProcess
 from infra.services.process import free_port
 from infra.settings import API_URL_ENV
-from infra.stack.stack import Stack, api_env, down, spawn, stop_pid, wait_for_http
+from infra.stack.stack import Stack, api_env, down
 from loadgen.probe import Target
 from loadgen.workload import Workload, dump_tokens
 from serving.settings import (
@@ -281,11 +282,11 @@ def api_for(mode: str, load: LoadTarget, auth: bool, logs: Path) -> Iterator[str
            API_HOST_ENV: "127.0.0.1", API_PORT_ENV: str(port),
            ACCESS_LOG_ENV: "false", WORKER_ID_ENV: READ_API_WORKER_ID,
            AUTH_ENV: "on" if auth else "off"}
-    process = spawn(logs, "serve", [], env)
     url = f"http://127.0.0.1:{port}"
+    api = FanoutProcess(logs, "serve", env, health=f"{url}/healthz", what="the read-mode API")
+    api.start()
     try:
-        wait_for_http(f"{url}/healthz", process, timeout=60)
-        log.info("read-mode API (pid %d) on %s", process.pid, url)
+        log.info("read-mode API (pid %d) on %s", api.pid, url)
         yield url
     finally:
-        stop_pid(process.pid, "read-mode API")
+        api.stop()

@@ -46,8 +46,9 @@ from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 from infra.checks.verify import Served, VerifyResult, end_offsets, lagging, served, verify
+from infra.services.fanout import FanoutProcess
 from infra.services.process import free_port
-from infra.stack.stack import BESIDE, MARKER, Stack, StackError, spawn, stop_service
+from infra.stack.stack import BESIDE, Stack, StackError, stop_service
 from ingest.settings import KafkaSettings
 from serving.settings import API_WORKERS_ENV
 from views import pointer
@@ -239,15 +240,15 @@ class _BesideJob:
         """Start the job unless it runs; wait until its query has started."""
         if self.stack.running(BESIDE):
             return
-        self.ready_file.unlink(missing_ok=True)
         env = {**job_env(self.stack, self.target), JOB_METRICS_PORT_ENV: str(self.port)}
         Path(self.target.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        self.process = spawn(Path(self.stack.run_dir), "job",
-                             ["--ready-file", str(self.ready_file)], env, log_name=BESIDE)
-        self.stack.pids[BESIDE], self.stack.markers[BESIDE] = self.process.pid, MARKER
+        job = FanoutProcess(Path(self.stack.run_dir), "job", env, ready_file=self.ready_file,
+                            log_name=BESIDE, what=f"the job of view v{self.target.number}")
+        self.process = job.spawn()  # not start(): a death on the way is restarted, below
+        self.stack.record(BESIDE, job)
         self.stack.save()
         deadline = time.monotonic() + timeout
-        while not self.ready_file.exists():
+        while not job.ready():
             self.check_alive()
             if time.monotonic() > deadline:
                 msg = f"the job of view v{self.target.number} was not ready after {timeout:.0f}s"
@@ -280,7 +281,7 @@ class _BesideJob:
         return False
 
     def _see_log(self) -> str:
-        return f": see {Path(self.stack.run_dir) / 'logs' / (BESIDE + '.log')}"
+        return f": see {self.stack.log_of(BESIDE)}"
 
 
 #: A round of catching up that began this close to the log's end (records) or ended
@@ -504,7 +505,7 @@ def _await_workers(stack: Stack, new: Pointer) -> None:
             msg = (f"{moved} of {expected} API workers switched to view v{new.current.number} "
                    f"within {SWITCH_TIMEOUT_S:.0f}s; {path} names it, so restart the API "
                    f"(`fanout --run-dir {stack.run_dir} down`, then `up`) to serve it; see "
-                   f"{Path(stack.run_dir) / 'logs' / 'serve.log'}")
+                   f"{stack.log_of('api')}")
             raise StackError(msg)
         time.sleep(0.005)
 

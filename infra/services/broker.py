@@ -144,6 +144,17 @@ class KafkaBroker:
         """The ``server.properties`` this broker runs with (its command line names it)."""
         return self.data_dir / "server.properties"
 
+    @property
+    def marker(self) -> str:
+        """Its command line names its config file, and no other broker's does."""
+        return str(self.config_path)
+
+    def ready(self) -> bool:
+        """Whether it runs and answers a metadata request now."""
+        if self._process is None or self._process.poll() is not None:
+            return False
+        return answers(AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2}), 1.0)
+
     def start(self) -> KafkaBroker:
         """Start the JVM (formatting the log on first use); return once it answers."""
         if self._process is not None:
@@ -292,9 +303,16 @@ def wait_until_serving(process: subprocess.Popen[bytes], bootstrap: str,
             msg = (f"timed out waiting for Kafka on {bootstrap} to answer; the end of its log "
                    f"{log_path}:\n{log_tail(log_path)}")
             raise BrokerError(msg)
-        try:
-            admin.list_topics(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        if answers(admin, max(0.1, min(2.0, deadline - time.monotonic()))):
             return True
-        except KafkaException as exc:
-            log.debug("Kafka on %s not answering yet: %s", bootstrap, exc)
-            time.sleep(0.2)
+        time.sleep(0.2)
+
+
+def answers(admin: AdminClient, timeout: float) -> bool:
+    """Whether the cluster behind ``admin`` answers a metadata request within ``timeout``."""
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        log.debug("Kafka not answering yet: %s", exc)
+        return False
+    return True

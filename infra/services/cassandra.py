@@ -191,6 +191,18 @@ class LocalCassandra:
         """Process id of the node's JVM."""
         return self._require_started().pid
 
+    @property
+    def marker(self) -> str:
+        """Its command line names its data directory, and no other node's does."""
+        return str(self.data_dir)
+
+    def ready(self) -> bool:
+        """Whether it runs and answers a CQL query now."""
+        if self._process is None or self._process.poll() is not None:
+            return False
+        host, port = self.hosts.rsplit(":", 1)
+        return _query(int(port), 2.0, host) is None
+
     def url(self, keyspace: str, options: str = "") -> str:
         """A ``cassandra://`` store URL naming ``keyspace`` on this node."""
         return f"cassandra://{self.hosts}/{keyspace}" + (f"?{options}" if options else "")
@@ -479,13 +491,13 @@ def _wait_until_serving(process: subprocess.Popen[bytes], port: int, deadline: f
         time.sleep(0.5)
 
 
-def _query(port: int, timeout: float) -> str | None:
+def _query(port: int, timeout: float, host: str = LOOPBACK) -> str | None:
     """Run one query on the node; None on success, else the error's text."""
     from cassandra import DriverException
     from cassandra.cluster import Cluster, NoHostAvailable
     from cassandra.policies import RoundRobinPolicy
 
-    cluster = Cluster([LOOPBACK], port=port, protocol_version=5, connect_timeout=timeout,
+    cluster = Cluster([host], port=port, protocol_version=5, connect_timeout=timeout,
                       load_balancing_policy=RoundRobinPolicy(), control_connection_timeout=timeout)
     try:
         session = cluster.connect()

@@ -94,6 +94,10 @@ class RingNode(LocalCassandra):
         """The node's ``cassandra.yaml``; its JVM's command line names it."""
         return self.data_dir.resolve() / "cassandra.yaml"
 
+    @property
+    def marker(self) -> str:
+        return str(self.config_path)
+
     def start(self) -> RingNode:
         """Spawn the node; return once it answers CQL on its address."""
         if running_pid(self.data_dir) is not None:

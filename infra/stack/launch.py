@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from infra.services.broker import KafkaBroker
+from infra.services.fanout import FanoutProcess
 from infra.services.process import free_port, port_free
 from infra.settings import (
     API_URL_ENV,
@@ -38,14 +39,10 @@ from infra.settings import (
 )
 from infra.stack.stack import (
     AUTH_SECRET_FILE,
-    MARKER,
     Stack,
     StackError,
     api_env,
-    spawn,
     stop_service,
-    wait_for_file,
-    wait_for_http,
 )
 from ingest.settings import PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 from ingest.topics import create_topics
@@ -206,11 +203,8 @@ def _ensure_broker(stack: Stack, started: list[str]) -> bool:
         return False
     run_dir = Path(stack.run_dir)
     port = int(stack.bootstrap.rsplit(":", 1)[1]) if stack.bootstrap else None
-    broker = KafkaBroker(run_dir / "kafka", run_dir / "logs" / "kafka.log", port=port)
-    broker.start()
-    stack.pids["broker"] = broker.pid
-    stack.markers["broker"] = str(broker.config_path)
-    started.append("broker")
+    broker = KafkaBroker(run_dir / "kafka", stack.log_of("broker"), port=port)
+    stack.record("broker", broker.start(), started)
     moved = bool(stack.bootstrap) and broker.bootstrap != stack.bootstrap
     if moved:
         log.warning("Kafka moved from %s to %s (the port was taken): restarting the job and "
@@ -227,11 +221,8 @@ def _ensure_cassandra(stack: Stack, started: list[str]) -> bool:
     from infra.services.cassandra import LocalCassandra
 
     run_dir = Path(stack.run_dir)
-    node = LocalCassandra(run_dir / "cassandra", run_dir / "logs" / "cassandra.log")
-    node.start()
-    stack.pids["cassandra"] = node.pid
-    stack.markers["cassandra"] = str(run_dir / "cassandra")
-    started.append("cassandra")
+    node = LocalCassandra(run_dir / "cassandra", stack.log_of("cassandra"))
+    stack.record("cassandra", node.start(), started)
     url = node.url(CASSANDRA_KEYSPACE)
     _apply_schema(url)
     moved = bool(stack.store_url) and url != stack.store_url
@@ -309,29 +300,24 @@ def _start_ready(stack: Stack, started: list[str], name: str, what: str, *, time
                  watch: Callable[[], str | None]) -> None:
     """Start the ``fanout name`` service and wait until it writes its ready file."""
     run_dir = Path(stack.run_dir)
-    ready = run_dir / f"{name}.ready"
-    ready.unlink(missing_ok=True)
-    process = spawn(run_dir, name, ["--ready-file", str(ready)], stack.env())
-    stack.pids[name], stack.markers[name] = process.pid, MARKER
-    started.append(name)
-    wait_for_file(ready, process, what, timeout=timeout, watch=watch)
+    service = FanoutProcess(run_dir, name, stack.env(), ready_file=run_dir / f"{name}.ready",
+                            what=what, timeout=timeout, watch=watch)
+    stack.record(name, service.start(), started)
 
 
 def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
                 port: int | None) -> None:
     if _stays(stack, "api", restart):
         return
-    run_dir = Path(stack.run_dir)
     host, old = stack.api_url.removeprefix("http://").rsplit(":", 1)
     if not port_free(int(old), host):
         new = port or free_port(host)
         log.warning("the API's port %s is taken: it moves to %d", old, new)
         stack.api_url = f"http://{host}:{new}"
-    process = spawn(run_dir, "serve", [], api_env(stack.env()))
-    stack.pids["api"], stack.markers["api"] = process.pid, MARKER
-    started.append("api")
-    wait_for_http(f"{stack.api_url}/healthz", process, timeout=60,
-                  watch=lambda: _died(stack, "broker") or _died(stack, "job"))
+    api = FanoutProcess(Path(stack.run_dir), "serve", api_env(stack.env()),
+                        health=f"{stack.api_url}/healthz", what=f"the API at {stack.api_url}",
+                        watch=lambda: _died(stack, "broker") or _died(stack, "job"))
+    stack.record("api", api.start(), started)
 
 
 def _ensure_verifier(stack: Stack, started: list[str], *, restart: bool,
@@ -357,10 +343,7 @@ def _died(stack: Stack, name: str) -> str | None:
     """A message if service ``name`` of the stack has a pid but no longer runs."""
     if name not in stack.pids or stack.running(name):
         return None
-    log_name = {"broker": "kafka.log", "spark-master": "../spark/master.log",
-                "spark-worker": "../spark/worker.log"}.get(name, f"{name}.log")
-    return (f"the {name} (pid {stack.pids[name]}) died; see "
-            f"{Path(stack.run_dir) / 'logs' / log_name}")
+    return f"the {name} (pid {stack.pids[name]}) died; see {stack.log_of(name)}"
 
 
 def _refuse_stale_views(run_dir: Path, store_url: str) -> None:

@@ -20,21 +20,16 @@ import fcntl
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import httpx
 
 from infra.errors import InfraError
 from infra.faults import delay
 from infra.services import hosts as hosts_mod
-from infra.services import procs
-from infra.services.process import Heartbeat
+from infra.services.fanout import MARKER, alive, stop_pid
+from infra.services.service import Service
 from infra.settings import (
     API_URL_ENV,
     SPARK_DRIVER_HOST_ENV,
@@ -53,7 +48,6 @@ log = logging.getLogger(__name__)
 STACK_FILE = "stack.json"
 #: The API's token secret when ``up`` generated it (mode 600; never in stack.json).
 AUTH_SECRET_FILE = "auth.secret"  # noqa: S105 - a file name, not a secret
-MARKER = "infra.cli"
 
 
 class StackError(InfraError):
@@ -150,6 +144,20 @@ class Stack:
         """The Spark driver's address on hosts (the bridge's, which executors reach)."""
         return hosts_mod.gateway_of(self.run_dir) if self.hosts else None
 
+    def record(self, name: str, service: Service, started: list[str] | None = None) -> None:
+        """Keep started ``service`` as ``name``: its pid and marker; ``started`` gets it."""
+        self.pids[name], self.markers[name] = service.pid, service.marker
+        if started is not None:
+            started.append(name)
+
+    def log_of(self, name: str) -> Path:
+        """Where service ``name`` of this stack logs."""
+        logs = Path(self.run_dir) / "logs"
+        return {"broker": logs / "kafka.log", "api": logs / "serve.log",
+                "spark-master": Path(self.run_dir) / "spark" / "master.log",
+                "spark-worker": Path(self.run_dir) / "spark" / "worker.log"}.get(
+                    name, logs / f"{name}.log")
+
     def save(self) -> None:
         Path(self.run_dir, STACK_FILE).write_text(json.dumps(asdict(self), indent=2))
 
@@ -193,68 +201,12 @@ def api_env(env: dict[str, str]) -> dict[str, str]:
     return {API_WORKERS_ENV: str(os.cpu_count() or 1), **env}
 
 
-def spawn(run_dir: Path, service: str, args: list[str],
-          env: dict[str, str], log_name: str | None = None) -> subprocess.Popen[bytes]:
-    """Start ``fanout <service>`` detached, logging to ``<run>/logs/<log_name or service>.log``.
-
-    Its fanout settings are ``env`` alone: the caller's own ``FANOUT_*`` and
-    ``KAFKA_BOOTSTRAP`` are not inherited, so a service restarted from another shell
-    runs exactly as the stack's first one did.
-    """
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    inherited = {k: v for k, v in os.environ.items()
-                 if not k.startswith("FANOUT_") and k != BOOTSTRAP_ENV}
-    with (logs / f"{log_name or service}.log").open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", MARKER, service, *args], stdin=subprocess.DEVNULL,
-            stdout=out, stderr=subprocess.STDOUT, env={**inherited, **env},
-            start_new_session=True)
-    return process
 
 
-def wait_for_file(path: Path, process: subprocess.Popen[bytes], what: str,
-                  timeout: float, watch: Callable[[], str | None] | None = None) -> str:
-    """Wait until a service writes ``path`` (its ready marker); return its text."""
-    _await(path.exists, process, what, timeout, f"see its log in {path.parent}/logs", watch)
-    return path.read_text().strip()
 
 
-def wait_for_http(url: str, process: subprocess.Popen[bytes], timeout: float,
-                  watch: Callable[[], str | None] | None = None) -> None:
-    """Wait until ``url`` answers 200 (the API's /healthz)."""
-
-    def answers() -> bool:
-        try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    _await(answers, process, f"the API at {url}", timeout, "see its log", watch)
 
 
-def _await(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: str,
-           timeout: float, hint: str, watch: Callable[[], str | None] | None = None) -> None:
-    """Poll ``ready`` until true; fail when the process exits or the deadline passes.
-
-    ``watch`` says what else died meanwhile (a service this one needs), or None.
-    """
-    deadline = time.monotonic() + timeout
-    beat = Heartbeat(f"waiting for {what}")
-    while not ready():
-        beat()
-        if process.poll() is not None:
-            msg = f"{what} exited before it was ready; {hint}"
-            raise StackError(msg)
-        died = watch() if watch is not None else None
-        if died:
-            msg = f"{died} while waiting for {what}"
-            raise StackError(msg)
-        if time.monotonic() >= deadline:
-            msg = f"{what} was not ready after {timeout:.0f}s; {hint}"
-            raise StackError(msg)
-        time.sleep(0.1)
-    log.info("%s: ready after %.1f s", what, time.monotonic() - beat.began)
 
 
 @contextlib.contextmanager
@@ -282,60 +234,16 @@ def job_lock(checkpoint_dir: Path) -> Iterator[None]:
         yield
 
 
-def alive(pid: int, marker: str = MARKER) -> bool:
-    """Whether ``pid`` runs (not a zombie) with ``marker`` in its command line."""
-    return procs.running(pid, marker)
 
 
-def stop_pid(pid: int, name: str, timeout: float = 30.0, marker: str = MARKER) -> None:
-    """SIGTERM, wait, then SIGKILL; only if the pid is still one of ours.
-
-    Every service leads a session of its own (:func:`spawn`), and what it started —
-    the job's JVM, PySpark's daemon and workers — is in that session: whatever of it
-    outlives the leader for ``_STRAGGLER_S`` is killed too, so nothing is orphaned.
-    """
-    if not alive(pid, marker):
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while alive(pid, marker):
-        if time.monotonic() >= deadline:
-            log.warning("%s (pid %d) ignored SIGTERM for %.0fs: SIGKILL", name, pid, timeout)
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.1)
-    _reap(pid)
-    _end_session(pid, name)
 
 
-#: How long a stopped service's children may take to exit on their own (seconds).
-_STRAGGLER_S = 15.0
 
 
-def _end_session(sid: int, name: str) -> None:
-    """Wait for the rest of session ``sid`` to exit; SIGKILL what is left after a while."""
-    deadline = time.monotonic() + _STRAGGLER_S
-    while members := session_members(sid):
-        if time.monotonic() >= deadline:
-            log.warning("%s: processes %s outlived it for %.0fs: SIGKILL", name, members,
-                        _STRAGGLER_S)
-            for member in members:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(member, signal.SIGKILL)
-            return
-        time.sleep(0.1)
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes of session ``sid``."""
-    return [pid for pid, _ in procs.session_members(sid)]
 
 
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def stop_service(stack: Stack, name: str, timeout: float = 30.0) -> bool:

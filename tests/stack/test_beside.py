@@ -34,8 +34,8 @@ import pytest
 from cassandra import InvalidRequest
 
 from infra.checks.verify import end_offsets, wait_caught_up
+from infra.services.fanout import session_members
 from infra.services.procs import cmdline
-from infra.stack.stack import session_members
 from ingest.settings import KafkaSettings
 from tests.support.paths import ROOT
 from tests.support.process import tagged, wait_for

@@ -19,8 +19,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from infra.services import process as process_module
 from infra.services.broker import JIT, BrokerError, KafkaBroker
 from infra.services.jars import JarError
+from infra.services.procs import running
 from ingest.settings import KafkaSettings
 from ingest.topics import TopicLayoutError, check_copartitioned, create_topics
+from tests.support.process import wait_for
 from views.kafka_offsets import consumer_config
 
 
@@ -84,7 +86,9 @@ def test_records_survive_a_restart_and_a_sigkill(tmp_path: Path) -> None:
         assert broker.bootstrap == first  # the same port again: clients find it
         _produce(broker.bootstrap, "kept", [b"c"])
         pid = broker.pid
+        assert broker.ready() and running(pid, broker.marker)
         os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not broker.ready(), 30, "the killed broker to stop answering")
         broker.stop()  # reaps it
         assert not _alive(pid)
     finally:

@@ -22,7 +22,7 @@ from infra.services.cassandra import (
     node_yaml,
 )
 from infra.services.jars import CASSANDRA, JarError, classpath
-from infra.services.procs import cmdline
+from infra.services.procs import cmdline, running
 from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.schema import connect
 
@@ -82,6 +82,7 @@ def test_a_node_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
     data = tmp_path / "node"
     with LocalCassandra(data, heap_mb=512) as node:
         first_port = node.port
+        assert node.ready() and running(node.pid, node.marker)
         assert node.started_in is not None and node.rss_bytes() > 100 * 2**20
         # The JVM stops at C1 (infra.services.cassandra.JIT), as Spark's and Kafka's do.
         assert "-XX:TieredStopAtLevel=1" in cmdline(node.pid)
@@ -95,6 +96,7 @@ def test_a_node_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
             cluster.shutdown()
         with pytest.raises(CassandraError, match="already runs"):
             LocalCassandra(data).start()  # a second JVM on the same files is refused
+    assert not node.ready()
     with socket.socket() as squatter:  # the old native port is taken: a new one is used
         squatter.bind(("127.0.0.1", first_port))
         squatter.listen()
