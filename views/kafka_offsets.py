@@ -23,6 +23,7 @@ from typing import Any, Final, TypeVar
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from ingest.retry import attempts, within
 from views.errors import BrokerUnreachable, SourceError
 
 log = logging.getLogger(__name__)
@@ -164,35 +165,31 @@ def retrying(call: Callable[[], T], *, what: str, bootstrap: str, budget: float,
              clock: Callable[[], float] = time.monotonic) -> T:
     """``call()``, retried with exponential backoff while the broker does not answer.
 
-    Each failed attempt (a :class:`KafkaReadError`) logs one warning saying what was
-    being done, the error and the pause before the next attempt (0.5 s, doubling, at
-    most 15 s); ``on_failure`` runs after each. Once ``budget`` seconds have passed it
-    gives up with :class:`~views.errors.BrokerUnreachable`: bounded, never a spin.
+    The policy is :func:`ingest.retry.within`'s: each failed attempt (a
+    :class:`KafkaReadError`) logs one warning saying what was being done, the error and
+    the pause before the next attempt (0.5 s, doubling, at most 15 s); ``on_failure``
+    runs after each. Once ``budget`` seconds have passed it gives up with
+    :class:`~views.errors.BrokerUnreachable`: bounded, never a spin.
     """
-    deadline = clock() + budget
-    delay, attempt = FIRST_BACKOFF, 0
-    while True:
-        attempt += 1
-        try:
-            result = call()
-        except KafkaReadError as exc:
-            if on_failure is not None:
-                on_failure()
-            left = deadline - clock()
-            if left <= 0:
-                msg = (f"broker {bootstrap} unreachable for over {budget:.0f}s while "
-                       f"{what} ({attempt} attempts; last error: {exc}). Giving up: start "
-                       f"the view job again once the broker is back with its topics; it "
-                       f"resumes from its checkpoint")
-                log.error("%s", msg)
-                raise BrokerUnreachable(msg) from exc
-            pause = min(delay, left)
-            log.warning("broker %s unreachable while %s (attempt %d): %s; retrying in "
-                        "%.1fs, giving up in %.0fs", bootstrap, what, attempt, exc, pause, left)
-            sleep(pause)
-            delay = min(delay * 2, MAX_BACKOFF)
-            continue
-        if attempt > 1:
-            log.warning("broker %s answers again (%s, after %d attempts)", bootstrap, what,
-                        attempt)
-        return result
+
+    def say(attempt: int, exc: BaseException, pause: float, left: float) -> None:
+        log.warning("broker %s unreachable while %s (attempt %d): %s; retrying in "
+                    "%.1fs, giving up in %.0fs", bootstrap, what, attempt, exc, pause, left)
+
+    policy = within(budget, first=FIRST_BACKOFF, most=MAX_BACKOFF,
+                    transient=lambda exc: isinstance(exc, KafkaReadError), say=say,
+                    after=None if on_failure is None else lambda _: on_failure(),
+                    sleep=sleep, clock=clock)
+    try:
+        result = policy(call)
+    except KafkaReadError as exc:
+        msg = (f"broker {bootstrap} unreachable for over {budget:.0f}s while {what} "
+               f"({attempts(policy)} attempts; last error: {exc}). Giving up: start the view "
+               f"job again once the broker is back with its topics; it resumes from its "
+               f"checkpoint")
+        log.error("%s", msg)
+        raise BrokerUnreachable(msg) from exc
+    if attempts(policy) > 1:
+        log.warning("broker %s answers again (%s, after %d attempts)", bootstrap, what,
+                    attempts(policy))
+    return result

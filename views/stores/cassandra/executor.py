@@ -10,8 +10,9 @@ unlogged batch of a partition's statements, small partitions of one replica set 
 timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is kept), so
 running one again writes the same cells. :func:`execute` runs a request that failed
 transiently — a timeout, too few replicas, a lost connection, no node answering — again
-whole, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
-per attempt; then, or at once for any other failure, it raises :class:`StoreError`. The
+again, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
+per attempt (the one policy of :func:`ingest.retry.within`); then, or at once for any
+other failure, it raises :class:`StoreError`. The
 store's ``retry_s`` is that one parameter: 0 (the API's reads, the driver's batches)
 fails at the first failure; the executor sink's tasks wait out the URL's ``retry``
 (120 s by default: long enough for a node to restart), after which Spark may run the
@@ -25,7 +26,6 @@ import functools
 import gc
 import logging
 import struct
-import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
@@ -36,7 +36,9 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
 from cassandra.cqltypes import LongType
 from cassandra.query import BatchStatement, BatchType
+from tenacity import Retrying
 
+from ingest.retry import Say, attempts, within
 from views.errors import StoreError
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.rows import Rows
@@ -64,23 +66,32 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT) or getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
 
 
-def _pause(attempt: int) -> float:
-    """The backoff after the ``attempt``-th failed run."""
-    return min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_MAX)
+class _Failed(Exception):
+    """Some requests of one run of :func:`execute` failed: which, and the first failure."""
+
+    def __init__(self, failed: list[tuple[int, BaseException]], ran: int) -> None:
+        super().__init__(failed[0][1])
+        self.failed, self.ran, self.first = failed, ran, failed[0][1]
+
+
+def _policy(retry_s: float, say: Say) -> Retrying:
+    """:func:`ingest.retry.within` for Cassandra: transient failures, from 0.2 s doubling."""
+    return within(retry_s, first=_BACKOFF_S, most=_BACKOFF_MAX, say=say,
+                  transient=lambda exc: transient(exc.first if isinstance(exc, _Failed) else exc))
 
 
 def execute(session: Any, requests: Sequence[Any], names: Sequence[str], *, profile: object,
             concurrency: int, retry_s: float) -> list[Rows]:
     """Run ``requests`` concurrently; each one's rows, in order (module docstring: retries).
 
-    ``names``: what each request runs, for the log and the error.
+    ``names``: what each request runs, for the log and the error. A run again runs only
+    the requests that failed.
     """
     results: list[Rows] = [[] for _ in requests]
     pending = list(range(len(requests)))
-    attempt = 0
-    give_up = time.monotonic() + retry_s
-    while pending:
-        attempt += 1
+
+    def run() -> None:
+        nonlocal pending
         outcomes = execute_concurrent(session, [requests[i] for i in pending],
                                       concurrency=concurrency, raise_on_first_error=False,
                                       execution_profile=profile)
@@ -90,39 +101,37 @@ def execute(session: Any, requests: Sequence[Any], names: Sequence[str], *, prof
                 results[i] = all_rows(value)
             else:
                 failed.append((i, value))
-        if not failed:
-            break
-        first, example = failed[0][1], names[failed[0][0]]
-        pause = _pause(attempt)
-        if time.monotonic() + pause > give_up or not transient(first):
-            msg = (f"Cassandra: {len(failed)} of {len(pending)} requests failed after "
-                   f"{attempt} attempt(s) in {retry_s:.0f}s, e.g. {example}: {first}")
-            if retry_s:
-                msg += "; start the job again (`fanout up`) once the cluster answers"
-            raise StoreError(msg) from first
+        if failed:
+            ran, pending = len(pending), [i for i, _ in failed]
+            raise _Failed(failed, ran)
+
+    def say(attempt: int, exc: BaseException, pause: float, left: float) -> None:
+        assert isinstance(exc, _Failed)
         log.warning("Cassandra: %d of %d requests failed (attempt %d, e.g. %s: %s); "
-                    "running them again in %.1fs (giving up after %.0fs)", len(failed),
-                    len(pending), attempt, example, first, pause, retry_s)
-        time.sleep(pause)
-        pending = [i for i, _ in failed]
+                    "running them again in %.1fs (giving up after %.0fs)", len(exc.failed),
+                    exc.ran, attempt, names[exc.failed[0][0]], exc.first, pause, retry_s)
+
+    policy = _policy(retry_s, say)
+    try:
+        policy(run)
+    except _Failed as exc:
+        msg = (f"Cassandra: {len(exc.failed)} of {exc.ran} requests failed after "
+               f"{attempts(policy)} attempt(s) in {retry_s:.0f}s, e.g. "
+               f"{names[exc.failed[0][0]]}: {exc.first}")
+        if retry_s:
+            msg += "; start the job again (`fanout up`) once the cluster answers"
+        raise StoreError(msg) from exc.first
     return results
 
 
 def retrying(what: str, call: Callable[[], _T], retry_s: float) -> _T:
     """``call()``, run again while it fails transiently, for up to ``retry_s`` (as requests are)."""
-    give_up = time.monotonic() + retry_s
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except Exception as exc:
-            pause = _pause(attempt)
-            if not transient(exc) or time.monotonic() + pause > give_up:
-                raise
-            log.warning("Cassandra: %s failed (attempt %d: %s); trying again in %.1fs "
-                        "(giving up after %.0fs)", what, attempt, exc, pause, retry_s)
-            time.sleep(pause)
+
+    def say(attempt: int, exc: BaseException, pause: float, left: float) -> None:
+        log.warning("Cassandra: %s failed (attempt %d: %s); trying again in %.1fs "
+                    "(giving up after %.0fs)", what, attempt, exc, pause, retry_s)
+
+    return _policy(retry_s, say)(call)
 
 
 def requests(groups: list[list[int]], ops: Sequence[cql.Op], prepared: dict[str, Any],

@@ -26,6 +26,7 @@ from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Final
 
+from ingest.retry import within
 from views.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -221,22 +222,32 @@ def apply_at(url: str, wait: float = 60.0) -> list[Step]:
 
 
 def connect(config: Any, wait: float = 0.0) -> tuple[Any, Any]:
-    """(Cluster, Session) for ``config``, retrying for up to ``wait`` seconds."""
+    """(Cluster, Session) for ``config``, retrying for up to ``wait`` seconds.
+
+    The policy is :func:`ingest.retry.within`'s, pausing 2 s between attempts: a ring
+    that is starting answers within seconds of its last node.
+    """
     from cassandra.cluster import NoHostAvailable
 
     from views.stores.cassandra.config import new_cluster
 
-    deadline = time.monotonic() + wait
-    while True:
+    where = f"{','.join(config.hosts)}:{config.port}"
+
+    def attempt() -> tuple[Any, Any]:
         cluster = new_cluster(config)
         try:
             return cluster, cluster.connect()
-        except NoHostAvailable as exc:
+        except NoHostAvailable:
             cluster.shutdown()
-            if time.monotonic() >= deadline:
-                msg = (f"no Cassandra node answered at {','.join(config.hosts)}:{config.port}"
-                       f" (waited {wait:.0f}s): {exc}")
-                raise SchemaError(msg) from None
-            log.warning("no Cassandra node answers at %s:%d yet; trying again for up to %.0fs",
-                        ",".join(config.hosts), config.port, deadline - time.monotonic())
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            raise
+
+    def say(attempt: int, exc: BaseException, pause: float, left: float) -> None:
+        log.warning("no Cassandra node answers at %s yet; trying again for up to %.0fs",
+                    where, left)
+
+    try:
+        return within(wait, first=2.0, most=2.0, say=say,
+                      transient=lambda exc: isinstance(exc, NoHostAvailable))(attempt)
+    except NoHostAvailable as exc:
+        msg = f"no Cassandra node answered at {where} (waited {wait:.0f}s): {exc}"
+        raise SchemaError(msg) from None
