@@ -35,8 +35,10 @@ from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
     Heartbeat,
+    PortTaken,
     free_port,
     log_tail,
+    on_other_ports,
     port_free,
     terminate,
 )
@@ -165,28 +167,34 @@ class KafkaBroker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("ab")
         deadline = time.monotonic() + self.start_timeout
+
+        def attempt(number: int) -> None:
+            self._ports = self._choose_ports(fresh=number > 1)
+            self._write_config()
+            self._format(jars)
+            logged = self.log_path.stat().st_size
+            if self._spawn(jars, deadline):
+                return
+            if _port_clash(self.log_path, logged):
+                raise PortTaken(self.log_path)
+            msg = (f"Kafka exited before it answered; the end of its log "
+                   f"{self.log_path}:\n{log_tail(self.log_path)}")
+            raise BrokerError(msg)
+
         try:
-            for attempt in range(1, _PORT_ATTEMPTS + 1):
-                self._ports = self._choose_ports(fresh=attempt > 1)
-                self._write_config()
-                self._format(jars)
-                logged = self.log_path.stat().st_size
-                if self._spawn(jars, deadline):
-                    self._remember_ports()
-                    log.info("Kafka pid %d on %s (data %s, log %s)", self.pid, self.bootstrap,
-                             self.data_dir, self.log_path)
-                    return self
-                if not _port_clash(self.log_path, logged):
-                    break
-                log.warning("Kafka found a port taken at start (attempt %d); retrying on "
-                            "other ports", attempt)
+            on_other_ports(attempt, _PORT_ATTEMPTS, "Kafka")
+        except PortTaken:
+            self.stop()
+            msg = (f"Kafka lost a port to another process at each of {_PORT_ATTEMPTS} starts; "
+                   f"the end of its log {self.log_path}:\n{log_tail(self.log_path)}")
+            raise BrokerError(msg) from None
         except BaseException:
             self.stop()
             raise
-        self.stop()
-        msg = (f"Kafka exited before it answered; the end of its log "
-               f"{self.log_path}:\n{log_tail(self.log_path)}")
-        raise BrokerError(msg)
+        self._remember_ports()
+        log.info("Kafka pid %d on %s (data %s, log %s)", self.pid, self.bootstrap,
+                 self.data_dir, self.log_path)
+        return self
 
     def stop(self) -> None:
         """Stop the broker: SIGTERM (a controlled shutdown), SIGKILL after ``stop_timeout``."""

@@ -34,8 +34,10 @@ from infra.services.jars import CASSANDRA, classpath
 from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
+    PortTaken,
     free_port,
     log_tail,
+    on_other_ports,
     port_free,
     terminate,
     timer_slack,
@@ -228,25 +230,27 @@ class LocalCassandra:
         self._log_file = self.log_path.open("ab")
         began = time.monotonic()
         deadline = began + self.start_timeout
+
+        def attempt(number: int) -> None:
+            self._ports = choose_ports(self.data_dir, reuse=number == 1)
+            if not self._spawn(java, jars, deadline):
+                raise PortTaken(self.log_path)
+
         try:
-            # A port found free can be taken before the JVM binds it: then try other ports.
-            for attempt in range(1, _PORT_ATTEMPTS + 1):
-                self._ports = choose_ports(self.data_dir, reuse=attempt == 1)
-                if self._spawn(java, jars, deadline):
-                    self.started_in = time.monotonic() - began
-                    self._record()
-                    log.info("Cassandra pid %d on %s answered CQL after %.1fs (log %s)",
-                             self.pid, self.hosts, self.started_in, self.log_path)
-                    return self
-                log.warning("Cassandra could not bind its ports (attempt %d); retrying on others",
-                            attempt)
+            on_other_ports(attempt, _PORT_ATTEMPTS, "Cassandra")
+        except PortTaken:
+            self.stop()
+            msg = (f"Cassandra did not start after {_PORT_ATTEMPTS} attempts, each losing a "
+                   f"port to another process; see {self.log_path}")
+            raise CassandraError(msg) from None
         except BaseException:
             self.stop()
             raise
-        self.stop()
-        msg = (f"Cassandra did not start after {_PORT_ATTEMPTS} attempts, each losing a port to "
-               f"another process; see {self.log_path}")
-        raise CassandraError(msg)
+        self.started_in = time.monotonic() - began
+        self._record()
+        log.info("Cassandra pid %d on %s answered CQL after %.1fs (log %s)",
+                 self.pid, self.hosts, self.started_in, self.log_path)
+        return self
 
     def stop(self) -> None:
         """SIGTERM (Cassandra drains to disk), then SIGKILL after ``stop_timeout``."""

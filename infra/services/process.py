@@ -19,11 +19,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Final, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+
+from infra.errors import InfraError
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 LOOPBACK: Final = "127.0.0.1"
 
@@ -46,6 +52,27 @@ HEARTBEAT_S: Final = 5.0
 
 _PR_SET_TIMERSLACK: Final = 29
 _PR_GET_TIMERSLACK: Final = 30
+
+
+class PortTaken(InfraError):
+    """A service lost a port it was given to another process before it could bind it."""
+
+
+def on_other_ports(start: Callable[[int], _T], attempts: int, what: str) -> _T:
+    """``start(attempt)``, run again while it raises :class:`PortTaken`: ``attempts`` at most.
+
+    A port found free can be taken before the JVM binds it. ``start`` picks its ports
+    (other ones from attempt 2), spawns the service and waits for it, and raises
+    :class:`PortTaken` when the service's log says a port was taken; after the last
+    attempt that :class:`PortTaken` is raised, for the service to say what to do.
+    """
+    def say(state: RetryCallState) -> None:
+        log.warning("%s found a port taken at start (attempt %d of %d); trying other ports",
+                    what, state.attempt_number, attempts)
+
+    policy = Retrying(stop=stop_after_attempt(attempts), reraise=True, before_sleep=say,
+                      retry=retry_if_exception_type(PortTaken))
+    return policy(lambda: start(policy.statistics["attempt_number"]))
 
 
 def free_port(host: str = LOOPBACK) -> int:

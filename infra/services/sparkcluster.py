@@ -31,7 +31,7 @@ from typing import IO, Any, Final
 from infra.errors import InfraError
 from infra.services import procs
 from infra.services.hosts import Host
-from infra.services.process import JIT_OPTIONS, free_port
+from infra.services.process import JIT_OPTIONS, PortTaken, free_port, on_other_ports
 from infra.services.spark_home import lean_home
 
 log = logging.getLogger(__name__)
@@ -253,32 +253,36 @@ class LocalSparkCluster:
     # -- internals -------------------------------------------------------------------
 
     def _start_master(self, deadline: float) -> None:
-        for attempt in range(1, self.port_attempts + 1):
-            port, ui_port = HOST_MASTER_PORTS if self.hosts else (free_port(), free_port())
-            host = self.address("master")
-            url, ui = f"spark://{host}:{port}", f"http://{host}:{ui_port}"
-            process = self._spawn("master", [MASTER_CLASS, "--host", host, "--port",
-                                             str(port), "--webui-port", str(ui_port)])
+        try:
+            on_other_ports(lambda _: self._spawn_master(deadline), self.port_attempts,
+                           "the Spark master")
+        except PortTaken:
+            msg = (f"the Spark master found its ports taken {self.port_attempts} times: free "
+                   f"some loopback ports or raise port_attempts (log: {self.master_log})")
+            raise ClusterError(msg) from None
 
-            def serving(url: str = url, ui: str = ui) -> bool:
-                state = _get_json(f"{ui}/json/", 2.0)
-                return state is not None and state.get("url") == url
+    def _spawn_master(self, deadline: float) -> None:
+        """One start of the master; :class:`PortTaken` if it could not bind its ports."""
+        port, ui_port = HOST_MASTER_PORTS if self.hosts else (free_port(), free_port())
+        host = self.address("master")
+        url, ui = f"spark://{host}:{port}", f"http://{host}:{ui_port}"
+        process = self._spawn("master", [MASTER_CLASS, "--host", host, "--port",
+                                         str(port), "--webui-port", str(ui_port)])
 
-            try:
-                self._await(serving, deadline, "the Spark master's web UI to answer")
-            except ClusterError:
-                if process.poll() is None or not _log_says(self.master_log, _BIND_FAILURE):
-                    raise
-                log.warning("Spark master ports %d/%d taken (attempt %d of %d); trying others",
-                            port, ui_port, attempt, self.port_attempts)
-                process.wait(10)
-                del self._processes["master"], self._pids["master"]
-                continue
-            self._master_url, self._web_ui_url = url, ui
-            return
-        msg = (f"the Spark master found its ports taken {self.port_attempts} times: free some "
-               f"loopback ports or raise port_attempts (log: {self.master_log})")
-        raise ClusterError(msg)
+        def serving() -> bool:
+            state = _get_json(f"{ui}/json/", 2.0)
+            return state is not None and state.get("url") == url
+
+        try:
+            self._await(serving, deadline, "the Spark master's web UI to answer")
+        except ClusterError:
+            if process.poll() is None or not _log_says(self.master_log, _BIND_FAILURE):
+                raise
+            process.wait(10)
+            del self._processes["master"], self._pids["master"]
+            msg = f"the master's ports {port}/{ui_port} were taken"
+            raise PortTaken(msg) from None
+        self._master_url, self._web_ui_url = url, ui
 
     def _start_worker(self, deadline: float) -> None:
         # Port 0: the worker's RPC and UI ports are the OS's pick, so they cannot clash;

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from infra.services.process import Heartbeat, run_saying
+from infra.services.process import Heartbeat, PortTaken, on_other_ports, run_saying
 from tests.support.paths import ROOT
 
 
@@ -81,3 +81,42 @@ def test_a_signal_unwinds_through_finally_even_with_sigint_inherited_ignored(tmp
         child.kill()
         child.wait()
     assert done.read_text() == sig.name
+
+
+# -- other ports after a port lost at start ---------------------------------------------------
+
+def test_a_start_that_loses_a_port_runs_again_numbered_until_it_binds() -> None:
+    seen: list[int] = []
+
+    def start(attempt: int) -> str:
+        seen.append(attempt)
+        if attempt < 3:
+            raise PortTaken("taken")
+        return "up"
+
+    assert on_other_ports(start, 3, "a service") == "up"
+    assert seen == [1, 2, 3]
+
+
+def test_a_port_lost_at_every_start_is_raised_after_the_last() -> None:
+    seen: list[int] = []
+
+    def start(attempt: int) -> None:
+        seen.append(attempt)
+        raise PortTaken("taken")
+
+    with pytest.raises(PortTaken):
+        on_other_ports(start, 3, "a service")
+    assert seen == [1, 2, 3]
+
+
+def test_any_other_failure_at_start_is_raised_at_once() -> None:
+    seen: list[int] = []
+
+    def start(attempt: int) -> None:
+        seen.append(attempt)
+        raise ValueError("bad config")
+
+    with pytest.raises(ValueError, match="bad config"):
+        on_other_ports(start, 3, "a service")
+    assert seen == [1]
