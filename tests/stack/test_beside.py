@@ -12,7 +12,8 @@ every page must be full and hold every entry of the page read before the rebuild
 that is still within its time range — an empty or partial view shows as a short
 page or a missing entry. Tweets written through the API during the rebuild must be
 in the new view, and ``fanout verify`` must find 0 divergent users after each switch.
-The same runs on a Cassandra stack, where the new view is a keyspace of its own.
+The same runs on a Cassandra stack (a keyspace of the session's node, as a user's cluster
+would be), where the new view is a keyspace of its own.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from infra.checks.verify import end_offsets, wait_caught_up
 from infra.services.fanout import session_members
 from infra.services.procs import cmdline
 from ingest.settings import KafkaSettings
+from tests.support.cassandra import fresh_keyspace
 from tests.support.paths import ROOT
 from tests.support.process import tagged, wait_for
 from tests.support.stack import Run, kill
@@ -205,10 +207,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BesideRun]:
 
 
 @pytest.fixture(scope="module")
-def cassandra_run(run: BesideRun) -> Iterator[BesideRun]:
-    """A second stack, ``fanout up --store cassandra``, with the same history; the SQLite
-    stack is down first (checked: nothing of it left), so the two never share the cores."""
+def cassandra_store(run: BesideRun, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A keyspace of its own on the session's Cassandra (``cassandra_hosts``), as a user's
+    cluster would be; the SQLite stack is down first (checked: nothing of it left), so the
+    two stacks never share the cores."""
     run.down_leaving_nothing()
+    with fresh_keyspace(request.getfixturevalue("cassandra_hosts")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def cassandra_run(run: BesideRun, cassandra_store: str) -> Iterator[BesideRun]:
+    """A second stack, its store the keyspace of ``cassandra_store``, the same history."""
     state = BesideRun(run.root / "cassandra", run.history)
     try:
         yield state
@@ -245,13 +255,13 @@ def test_a_version_that_cannot_resume_the_checkpoint_leaves_the_api_serving(
 
 
 def test_on_cassandra_a_view_built_beside_in_its_own_keyspace_switches_with_no_seam(
-        cassandra_run: BesideRun) -> None:
+        cassandra_run: BesideRun, cassandra_store: str) -> None:
     """As on SQLite; the new view is a keyspace of its own, dropped by ``--drop-old``."""
-    _built_beside_under_load(cassandra_run, "--store", "cassandra")
+    _built_beside_under_load(cassandra_run, {"FANOUT_STORE": cassandra_store})
 
 
-def _built_beside_under_load(run: BesideRun, *up: str) -> None:
-    run.fanout("up", *up, timeout=600)
+def _built_beside_under_load(run: BesideRun, up_env: dict[str, str] | None = None) -> None:
+    run.fanout("up", timeout=600, env=up_env)
     run.fanout("replay", "--no-progress", str(run.history), timeout=300)
     stack = run.stack()
     kafka = KafkaSettings(bootstrap=stack["bootstrap"], partitions=4)

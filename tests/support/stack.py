@@ -48,13 +48,16 @@ class Run:
         return {**keep, TAG: self.tag, "FANOUT_AUTH": "off", "FANOUT_TIMELINE_CAP": str(CAP),
                 "FANOUT_CELEBRITY_THRESHOLD": str(CELEBRITY), "FANOUT_API_ACCESS_LOG": "false"}
 
-    def fanout(self, *args: str, timeout: float = 420,
-               check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``fanout --run-dir RUN ARGS`` as a user types it; its output on failure."""
+    def fanout(self, *args: str, timeout: float = 420, check: bool = True,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``fanout --run-dir RUN ARGS`` as a user types it; its output on failure.
+
+        ``env`` adds variables for this command alone (a first ``up``'s store, say).
+        """
         result = subprocess.run(
             [sys.executable, "-m", "infra.cli", "--run-dir", str(self.run_dir), *args],
-            cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout,
-            check=False)
+            cwd=ROOT, env={**self.env(), **(env or {})}, capture_output=True, text=True,
+            timeout=timeout, check=False)
         if check and result.returncode != 0:
             msg = (f"`fanout {' '.join(args)}` exited {result.returncode}:\n"
                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
