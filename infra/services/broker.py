@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 _PORT_ATTEMPTS: Final = 3
 _NODE_ID: Final = 1
 
-_SERVER_PROPERTIES: Final = """\
+SERVER_PROPERTIES: Final = """\
 # Written by fanout (infra/services/broker.py) at every start; edits are overwritten.
 process.roles=broker,controller
 node.id={node}
@@ -78,7 +78,7 @@ background.threads=2
 num.replica.fetchers=1
 """
 
-_LOG4J2: Final = """\
+LOG4J2: Final = """\
 rootLogger.level = warn
 rootLogger.appenderRef.out.ref = out
 appender.out.type = Console
@@ -245,10 +245,10 @@ class KafkaBroker:
     def _write_config(self) -> None:
         assert self._ports is not None
         port, controller = self._ports
-        self.config_path.write_text(_SERVER_PROPERTIES.format(
+        self.config_path.write_text(SERVER_PROPERTIES.format(
             node=_NODE_ID, host=LOOPBACK, port=port, controller_port=controller,
             log_dir=self.data_dir / "log"))
-        (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
+        (self.data_dir / "log4j2.properties").write_text(LOG4J2)
 
     def _java(self, jars: list[Path], main: str, *args: str) -> list[str]:
         return ["java", f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", "-XX:+UseG1GC",

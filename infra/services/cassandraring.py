@@ -183,6 +183,10 @@ class CassandraRing:
                         heap_mb=self.heap_mb, start_timeout=self.start_timeout,
                         hosts=self.hosts)
 
+    def member(self, node: int) -> RingNode:
+        """Started node ``node`` (a :class:`~infra.services.service.Service`)."""
+        return self.started[node]
+
     def start(self, which: list[int] | None = None) -> CassandraRing:
         """Start nodes ``which`` (default all): the first alone, the rest side by side.
 

@@ -32,7 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-from infra.services.broker import _LOG4J2, _SERVER_PROPERTIES, JIT, BrokerError, wait_until_serving
+from confluent_kafka.admin import AdminClient
+
+from infra.services.broker import (
+    JIT,
+    LOG4J2,
+    SERVER_PROPERTIES,
+    BrokerError,
+    answers,
+    wait_until_serving,
+)
 from infra.services.hosts import Host
 from infra.services.jars import KAFKA, classpath
 from infra.services.process import LOOPBACK, free_port, port_free
@@ -135,6 +144,10 @@ class KafkaCluster:
     def pid(self, node: int) -> int:
         return self._processes[node].pid
 
+    def member(self, node: int) -> KafkaNode:
+        """Node ``node`` as a service (:class:`~infra.services.service.Service`)."""
+        return KafkaNode(self, node)
+
     @property
     def started(self) -> dict[int, subprocess.Popen[bytes]]:
         """The nodes this object started and has not stopped, by node id, in start order.
@@ -220,7 +233,7 @@ class KafkaCluster:
         home = self.config_path(node).parent
         home.mkdir(parents=True, exist_ok=True)
         self.config_path(node).write_text(self._properties(node))
-        (home / "log4j2.properties").write_text(_LOG4J2)
+        (home / "log4j2.properties").write_text(LOG4J2)
         if (home / "log" / "meta.properties").exists():
             return
         argv = [*self._java(node, jars, "kafka.tools.StorageTool", heap="-Xmx256m"), "format",
@@ -237,7 +250,7 @@ class KafkaCluster:
         Plus the cluster's voters, replication factors and timeouts.
         """
         ports = self._ports[node]
-        base = _SERVER_PROPERTIES.format(node=node, host=self.address(node), port=ports.port,
+        base = SERVER_PROPERTIES.format(node=node, host=self.address(node), port=ports.port,
                                          controller_port=ports.controller_port,
                                          log_dir=self.config_path(node).parent / "log")
         voters = ",".join(f"{n}@{self.address(n)}:{self._ports[n].controller_port}"
@@ -271,6 +284,44 @@ class KafkaCluster:
             self._processes[node] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
+
+
+class KafkaNode:
+    """One node of a :class:`KafkaCluster`, behind the local service interface.
+
+    Its process is the cluster's: :meth:`start` starts this node alone (the others
+    must be there for it to join the quorum), :meth:`stop` stops it alone.
+    """
+
+    def __init__(self, cluster: KafkaCluster, node: int) -> None:
+        self.cluster, self.node = cluster, node
+
+    @property
+    def pid(self) -> int:
+        return self.cluster.pid(self.node)
+
+    @property
+    def log_path(self) -> Path:
+        return self.cluster.log_path(self.node)
+
+    @property
+    def marker(self) -> str:
+        """Its command line names its config file, and no other node's does."""
+        return str(self.cluster.config_path(self.node))
+
+    def start(self) -> KafkaNode:
+        self.cluster.start([self.node])
+        return self
+
+    def ready(self) -> bool:
+        process = self.cluster.started.get(self.node)
+        if process is None or process.poll() is not None:
+            return False
+        bootstrap = self.cluster.node_bootstrap(self.node)
+        return answers(AdminClient({"bootstrap.servers": bootstrap, "log_level": 2}), 1.0)
+
+    def stop(self) -> None:
+        self.cluster.stop([self.node])
 
 
 def _new_cluster_id() -> str:

@@ -16,6 +16,7 @@ the executors a worker forks inherit), the master on Spark's usual ports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +52,8 @@ _DAEMON_PROPERTIES: Final = {
     "spark.master.rest.enabled": "false",
 }
 _BIND_FAILURE: Final = ("BindException", "Address already in use", "Failed to bind")
+#: What a worker logs once the master has taken it.
+_REGISTERED: Final = b"Successfully registered with master"
 #: The master's RPC and web UI ports on a host of its own (nothing else binds its address).
 HOST_MASTER_PORTS: Final = (7077, 8080)
 
@@ -79,6 +82,8 @@ class LocalSparkCluster:
         self.start_timeout, self.port_attempts = start_timeout, port_attempts
         self._pids: dict[str, int] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        #: Where each daemon's log stood when this object spawned it.
+        self._log_offsets: dict[str, int] = {}
         self._master_url: str | None = None
         self._web_ui_url: str | None = None
 
@@ -108,6 +113,33 @@ class LocalSparkCluster:
     @property
     def master_log(self) -> Path:
         return self.work_dir / "master.log"
+
+    @property
+    def properties_path(self) -> Path:
+        """The daemons' properties file; every daemon's command line names it."""
+        return self.work_dir / "spark-daemons.conf"
+
+    def daemon(self, name: str) -> SparkDaemon:
+        """Daemon ``name`` (``master``, ``worker``, ``worker-N``) as a service."""
+        return SparkDaemon(self, name)
+
+    def daemon_ready(self, name: str) -> bool:
+        """Whether daemon ``name`` runs and serves.
+
+        The master answers on its web UI with its URL; a worker has logged its
+        registration with the master since this object started it.
+        """
+        pid = self._pids.get(name)
+        if pid is None or not self._running(pid):
+            return False
+        if name == "master":
+            state = _get_json(f"{self.web_ui_url}/json/", 2.0)
+            return state is not None and state.get("url") == self.master_url
+        path = self.work_dir / f"{name}.log"
+        with contextlib.suppress(OSError), path.open("rb") as log_file:
+            log_file.seek(self._log_offsets.get(name, 0))
+            return _REGISTERED in log_file.read()
+        return False
 
     @property
     def worker_log(self) -> Path:
@@ -285,12 +317,7 @@ class LocalSparkCluster:
         self._master_url, self._web_ui_url = url, ui
 
     def _start_worker(self, deadline: float) -> None:
-        # Port 0: the worker's RPC and UI ports are the OS's pick, so they cannot clash;
-        # the master's JSON tells them.
-        self._spawn("worker", [WORKER_CLASS, self.master_url, "--host", self.address("worker"),
-                               "--port", "0", "--webui-port", "0", "--cores", str(self.cores),
-                               "--memory", self.memory,
-                               "--work-dir", str(self.work_dir / "work")])
+        self._spawn("worker", self.worker_args("worker"))
 
         def registered() -> bool:
             state = _get_json(f"{self.web_ui_url}/json/", 2.0)
@@ -299,13 +326,14 @@ class LocalSparkCluster:
         self._await(registered, deadline, "the Spark worker to register with the master")
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        properties = self.work_dir / "spark-daemons.conf"
+        properties = self.properties_path
         properties.write_text("".join(f"{k} {v}\n" for k, v in _DAEMON_PROPERTIES.items()))
         out: IO[bytes]
         argv = ["bash", str(lean_home() / "bin" / "spark-class"), *args,
                 "--properties-file", str(properties)]
         host = self.hosts.get(name)
         with (self.work_dir / f"{name}.log").open("ab") as out:
+            self._log_offsets[name] = out.tell()
             process = subprocess.Popen(
                 host.argv(argv) if host else argv,
                 cwd=self.work_dir, env=self._env(name), stdin=subprocess.DEVNULL, stdout=out,
@@ -313,6 +341,14 @@ class LocalSparkCluster:
         # spark-class execs the JVM: the pid is the JVM's, the leader of a new session.
         self._processes[name], self._pids[name] = process, process.pid
         return process
+
+    def worker_args(self, name: str) -> list[str]:
+        """Worker ``name``'s arguments to ``spark-class``, for the running master."""
+        # Port 0: the worker's RPC and UI ports are the OS's pick, so they cannot clash;
+        # the master's JSON tells them.
+        return [WORKER_CLASS, self.master_url, "--host", self.address(name), "--port", "0",
+                "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
+                "--work-dir", str(self.work_dir / "work")]
 
     def address(self, name: str) -> str:
         """The address daemon ``name`` binds: its host's, or loopback."""
@@ -369,6 +405,52 @@ class LocalSparkCluster:
 
     def _mains(self) -> Iterator[tuple[int, str]]:
         return ((pid, _MAINS[name]) for name, pid in self._pids.items())
+
+
+class SparkDaemon:
+    """One daemon of a :class:`LocalSparkCluster`, behind the local service interface.
+
+    :meth:`start` starts the master (on free ports), or a worker for the running
+    master; :meth:`stop` stops this daemon alone (a worker stops its executors).
+    """
+
+    def __init__(self, cluster: LocalSparkCluster, name: str) -> None:
+        self.cluster, self.name = cluster, name
+
+    @property
+    def pid(self) -> int:
+        pid = self.cluster.pids.get(self.name)
+        if pid is None:
+            msg = f"the Spark {self.name} is not started"
+            raise ClusterError(msg)
+        return pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.cluster.work_dir / f"{self.name}.log"
+
+    @property
+    def marker(self) -> str:
+        """The daemons' properties file, which its command line names."""
+        return str(self.cluster.properties_path)
+
+    def start(self) -> SparkDaemon:
+        deadline = time.monotonic() + self.cluster.start_timeout
+        if self.name == "master":
+            self.cluster._start_master(deadline)
+            return self
+        self.cluster._spawn(self.name, self.cluster.worker_args(self.name))
+        self.cluster._await(self.ready, deadline, f"the Spark {self.name} to register")
+        return self
+
+    def ready(self) -> bool:
+        return self.cluster.daemon_ready(self.name)
+
+    def stop(self) -> None:
+        pid = self.cluster.pids.get(self.name)
+        if pid is not None and _is_running(pid, _MAINS.get(self.name, WORKER_CLASS)):
+            _signal(pid, signal.SIGTERM)
+            self.cluster._wait_gone([pid], 30.0, f"the Spark {self.name} (pid {pid}) to stop")
 
 
 def _get_json(url: str, timeout: float) -> dict[str, Any] | None:

@@ -244,10 +244,8 @@ def _ensure_spark(stack: Stack, started: list[str]) -> bool:
     for name in ("spark-worker", "spark-master"):  # half a cluster: start it whole again
         stop_service(stack, name)
     cluster = LocalSparkCluster(Path(stack.run_dir) / "spark").start()
-    marker = str(cluster.work_dir / "spark-daemons.conf")
     for name in ("master", "worker"):
-        stack.pids[f"spark-{name}"], stack.markers[f"spark-{name}"] = cluster.pids[name], marker
-        started.append(f"spark-{name}")
+        stack.record(f"spark-{name}", cluster.daemon(name), started)
     moved = bool(stack.spark_master) and cluster.master_url != stack.spark_master
     stack.spark_master = cluster.master_url
     stack.save()

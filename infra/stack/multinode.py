@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -109,10 +109,7 @@ class SparkWorkers(LocalSparkCluster):
 
         Registering takes a moment: see :meth:`wait_registered`.
         """
-        self._spawn(name, [WORKER_CLASS, self.master_url, "--host", self.address(name),
-                           "--port", "0",
-                           "--webui-port", "0", "--cores", str(self.cores), "--memory",
-                           self.memory, "--work-dir", str(self.work_dir / "work")])
+        self._spawn(name, self.worker_args(name))
         return self._pids[name]
 
     def wait_registered(self, count: int, deadline: float) -> None:
@@ -178,13 +175,12 @@ def ensure_nodes(stack: Stack, started: list[str]) -> bool:
     nodes = {i: network.host(f"node-{i}") for i in range(1, stack.nodes + 1)} if network else {}
     kafka = KafkaCluster(run_dir / "kafka", run_dir / "logs", nodes=stack.nodes,
                          heap_mb=KAFKA_HEAP_MB, hosts=nodes)
-    if _ensure_cluster(stack, started, "broker", "kafka", kafka, kafka.config_path):
+    if _ensure_cluster(stack, started, "broker", "kafka", kafka):
         stack.bootstrap = kafka.bootstrap
         stack.save()
     ring = CassandraRing(run_dir / "cassandra", run_dir / "logs", nodes=stack.nodes,
                          heap_mb=CASSANDRA_HEAP_MB, hosts=nodes)
-    if _ensure_cluster(stack, started, "cassandra", "cassandra", ring,
-                       lambda node: ring.started[node].config_path):
+    if _ensure_cluster(stack, started, "cassandra", "cassandra", ring):
         stack.store_url = ring.url(KEYSPACE, f"retry={STORE_RETRY_S}")
         stack.save()
         _apply_schema(stack.store_url)
@@ -212,13 +208,12 @@ def _spark_hosts(network: HostNetwork | None) -> dict[str, Host]:
 
 
 def _ensure_cluster(stack: Stack, started: list[str], service: str, prefix: str,
-                    cluster: KafkaCluster | CassandraRing,
-                    marker: Callable[[int], Path]) -> bool:
+                    cluster: KafkaCluster | CassandraRing) -> bool:
     """Start ``cluster``'s nodes of ``service`` that are not running; False if all run.
 
-    Each node the start left running is recorded as the service ``<prefix>-<node>``,
-    with its pid and ``marker(node)`` (the config file its command line names), even
-    when the start failed, so that a failed ``up`` stops what did start.
+    Each node the start left running is recorded as the service ``<prefix>-<node>``
+    (its pid, and its marker: the config file its command line names), even when the
+    start failed, so that a failed ``up`` stops what did start.
     """
     dead = _dead(stack, service)
     if not dead:
@@ -226,10 +221,8 @@ def _ensure_cluster(stack: Stack, started: list[str], service: str, prefix: str,
     try:
         cluster.start(dead)
     finally:
-        for node, process in cluster.started.items():
-            name = f"{prefix}-{node}"
-            stack.pids[name], stack.markers[name] = process.pid, str(marker(node))
-            started.append(name)
+        for node in cluster.started:
+            stack.record(f"{prefix}-{node}", cluster.member(node), started)
     return True
 
 
@@ -259,10 +252,8 @@ def _ensure_spark(stack: Stack, started: list[str], hosts: dict[str, Host]) -> b
     for name in workers:  # workers of a master that is gone: start the cluster whole
         stop_service(stack, name)
     cluster = SparkWorkers(Path(stack.run_dir) / "spark", hosts=hosts).start()
-    marker = str(cluster.work_dir / "spark-daemons.conf")
-    for name, pid in cluster.pids.items():
-        stack.pids[f"spark-{name}"], stack.markers[f"spark-{name}"] = pid, marker
-        started.append(f"spark-{name}")
+    for name in cluster.pids:
+        stack.record(f"spark-{name}", cluster.daemon(name), started)
     moved = bool(stack.spark_master) and cluster.master_url != stack.spark_master
     stack.spark_master = cluster.master_url
     stack.save()
@@ -277,9 +268,8 @@ def _restart_workers(stack: Stack, dead: list[str], started: list[str],
                "down` and `fanout up` start the Spark cluster whole")
         raise ClusterError(msg)
     for name in dead:
-        pid = cluster.spawn_worker(name.removeprefix("spark-"))
-        stack.pids[name], stack.markers[name] = pid, str(cluster.work_dir / "spark-daemons.conf")
-        started.append(name)
+        cluster.spawn_worker(name.removeprefix("spark-"))
+        stack.record(name, cluster.daemon(name.removeprefix("spark-")), started)
     cluster.wait_registered(len(stack.members("spark-worker")), time.monotonic() + 120)
     log.info("Spark workers %s started again for %s", dead, stack.spark_master)
 

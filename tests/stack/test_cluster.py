@@ -28,7 +28,7 @@ import pytest
 
 from infra.checks.verify import lagging, verify
 from infra.services.process import JIT_OPTIONS
-from infra.services.procs import cmdline
+from infra.services.procs import cmdline, running
 from infra.services.sparkcluster import LocalSparkCluster
 from ingest.generator import generate
 from ingest.settings import KafkaSettings
@@ -194,3 +194,12 @@ def test_job_on_a_cluster_survives_an_executor_kill(cluster, kafka_settings, tmp
     assert result.ok, result.render()
     assert result.divergent == 0 and result.users_checked > 200
     assert celebrities > 0, "the history should cross the celebrity threshold"
+
+
+def test_each_daemon_is_a_service_ready_with_its_marker_and_log(
+        cluster: LocalSparkCluster) -> None:
+    for name in ("master", "worker"):
+        daemon = cluster.daemon(name)
+        assert daemon.ready(), f"the {name} is not ready"
+        assert running(daemon.pid, daemon.marker), f"the {name}'s marker is not in its command line"
+        assert daemon.log_path.stat().st_size > 0
