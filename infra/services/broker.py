@@ -181,16 +181,12 @@ class KafkaBroker:
                    f"{self.log_path}:\n{log_tail(self.log_path)}")
             raise BrokerError(msg)
 
-        try:
-            on_other_ports(attempt, _PORT_ATTEMPTS, "Kafka")
-        except PortTaken:
-            self.stop()
-            msg = (f"Kafka lost a port to another process at each of {_PORT_ATTEMPTS} starts; "
-                   f"the end of its log {self.log_path}:\n{log_tail(self.log_path)}")
-            raise BrokerError(msg) from None
-        except BaseException:
-            self.stop()
-            raise
+        def lost() -> BrokerError:
+            return BrokerError(f"Kafka lost a port to another process at each of "
+                               f"{_PORT_ATTEMPTS} starts; the end of its log "
+                               f"{self.log_path}:\n{log_tail(self.log_path)}")
+
+        on_other_ports(attempt, _PORT_ATTEMPTS, "Kafka", lost=lost, undo=self.stop)
         self._remember_ports()
         log.info("Kafka pid %d on %s (data %s, log %s)", self.pid, self.bootstrap,
                  self.data_dir, self.log_path)

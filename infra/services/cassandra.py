@@ -236,16 +236,11 @@ class LocalCassandra:
             if not self._spawn(java, jars, deadline):
                 raise PortTaken(self.log_path)
 
-        try:
-            on_other_ports(attempt, _PORT_ATTEMPTS, "Cassandra")
-        except PortTaken:
-            self.stop()
-            msg = (f"Cassandra did not start after {_PORT_ATTEMPTS} attempts, each losing a "
-                   f"port to another process; see {self.log_path}")
-            raise CassandraError(msg) from None
-        except BaseException:
-            self.stop()
-            raise
+        def lost() -> CassandraError:
+            return CassandraError(f"Cassandra did not start after {_PORT_ATTEMPTS} attempts, "
+                                  f"each losing a port to another process; see {self.log_path}")
+
+        on_other_ports(attempt, _PORT_ATTEMPTS, "Cassandra", lost=lost, undo=self.stop)
         self.started_in = time.monotonic() - began
         self._record()
         log.info("Cassandra pid %d on %s answered CQL after %.1fs (log %s)",

@@ -285,13 +285,13 @@ class LocalSparkCluster:
     # -- internals -------------------------------------------------------------------
 
     def _start_master(self, deadline: float) -> None:
-        try:
-            on_other_ports(lambda _: self._spawn_master(deadline), self.port_attempts,
-                           "the Spark master")
-        except PortTaken:
-            msg = (f"the Spark master found its ports taken {self.port_attempts} times: free "
-                   f"some loopback ports or raise port_attempts (log: {self.master_log})")
-            raise ClusterError(msg) from None
+        def lost() -> ClusterError:
+            return ClusterError(f"the Spark master found its ports taken {self.port_attempts} "
+                                "times: free some loopback ports or raise port_attempts (log: "
+                                f"{self.master_log})")
+
+        on_other_ports(lambda _: self._spawn_master(deadline), self.port_attempts,
+                       "the Spark master", lost=lost)
 
     def _spawn_master(self, deadline: float) -> None:
         """One start of the master; :class:`PortTaken` if it could not bind its ports."""

@@ -94,29 +94,36 @@ def test_a_start_that_loses_a_port_runs_again_numbered_until_it_binds() -> None:
             raise PortTaken("taken")
         return "up"
 
-    assert on_other_ports(start, 3, "a service") == "up"
-    assert seen == [1, 2, 3]
+    undone: list[int] = []
+    assert on_other_ports(start, 3, "a service", lost=lambda: RuntimeError("lost"),
+                          undo=lambda: undone.append(1)) == "up"
+    assert seen == [1, 2, 3] and undone == []
 
 
-def test_a_port_lost_at_every_start_is_raised_after_the_last() -> None:
+def test_a_port_lost_at_every_start_undoes_it_and_says_what_to_do() -> None:
     seen: list[int] = []
 
     def start(attempt: int) -> None:
         seen.append(attempt)
         raise PortTaken("taken")
 
-    with pytest.raises(PortTaken):
-        on_other_ports(start, 3, "a service")
-    assert seen == [1, 2, 3]
+    undone: list[int] = []
+    with pytest.raises(RuntimeError, match="lost a port at every start"):
+        on_other_ports(start, 3, "a service",
+                       lost=lambda: RuntimeError("lost a port at every start"),
+                       undo=lambda: undone.append(1))
+    assert seen == [1, 2, 3] and undone == [1]
 
 
-def test_any_other_failure_at_start_is_raised_at_once() -> None:
+def test_any_other_failure_at_start_is_undone_and_raised_at_once() -> None:
     seen: list[int] = []
 
     def start(attempt: int) -> None:
         seen.append(attempt)
         raise ValueError("bad config")
 
+    undone: list[int] = []
     with pytest.raises(ValueError, match="bad config"):
-        on_other_ports(start, 3, "a service")
-    assert seen == [1]
+        on_other_ports(start, 3, "a service", lost=lambda: RuntimeError("lost"),
+                       undo=lambda: undone.append(1))
+    assert seen == [1] and undone == [1]
