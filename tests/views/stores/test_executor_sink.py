@@ -413,6 +413,27 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
     assert len(executors.users(list(range(1, 41)))) == 40
 
 
+def test_with_no_retry_budget_a_timed_out_write_fails_at_once(two_keyspaces, cassandra_hosts,
+                                                               caplog):
+    """The API's stores have no budget: a request that times out fails the call, once."""
+    pid = _node_pid(cassandra_hosts)
+    if pid is None:
+        pytest.skip("the Cassandra node is not a local process: it cannot be paused")
+    _, executors = two_keyspaces
+    config = dataclasses.replace(executors.config, timeout=1.0, retry_s=0.0)
+    writer = CassandraStore.for_tasks(config, CAP)
+    writer.open()
+    caplog.set_level(logging.WARNING, logger="views.stores.cassandra.executor")
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(StoreError, match="after 1 attempt"):
+            writer._run([("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 5)])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        writer.close()
+    assert not any("running them again" in r.message for r in caplog.records), caplog.text
+
+
 def test_a_bad_statement_is_not_retried(two_keyspaces):
     _, executors = two_keyspaces
     writer = CassandraStore.for_tasks(executors.config, CAP)
