@@ -95,7 +95,7 @@ def home_page(store: TimelineReader, user: int, below: Key | None, limit: int,
     Raises :class:`AccountGone` for a deleted account.
     """
     with store.snapshot():
-        first = (below or TOP, _first_batch(limit))
+        first = (below or TOP, _first_batch(limit, store))
         start = store.home_start(user, *first)
         viewer = Viewer(store, user, start.relations)
         source = _Home(store, user, viewer, celebrities, start, first)
@@ -141,7 +141,7 @@ def home_since(store: TimelineReader, user: int, since: Since, limit: int,
     None: a page of what is new is not paged down.
     """
     with store.snapshot():
-        first = (since.ceiling or TOP, _first_batch(limit))
+        first = (since.ceiling or TOP, _first_batch(limit, store))
         start = store.home_start(user, *first)
         viewer = Viewer(store, user, start.relations)
         source = _Home(store, user, viewer, celebrities, start, first, since.floor)
@@ -176,7 +176,7 @@ def _span(viewer: Viewer, batch: Batch, since: Since, limit: int,
 
 def _span_down(viewer: Viewer, batch: Batch, since: Since, limit: int) -> list[HomeEntry]:
     """The newest ``limit + 1`` served entries inside the span (fewer: all of them)."""
-    position, size, out = since.ceiling or TOP, _first_batch(limit), list[HomeEntry]()
+    position, size, out = since.ceiling or TOP, _first_batch(limit, viewer.store), list[HomeEntry]()
     decided = 0
     while True:
         candidates, more = batch(position, size)
@@ -196,11 +196,12 @@ def _span_up(viewer: Viewer, batch: Batch, since: Since,
     Candidates come newest first only, so every candidate inside the span is read (the
     span's size, not the page's: filling a gap of ``g`` entries in slices of ``limit``
     reads about ``g²/2·limit`` candidates in all), and the filter decides on them from
-    the floor up, a page and a half at a time, until one more than a page is served.
+    the floor up, a first batch at a time, until one more than a page is served.
     Whether an entry is served does not depend on which others are decided with it.
     None when the span holds more than :data:`MAX_GAP_SCAN` candidates.
     """
-    position, size, inside = since.ceiling or TOP, _first_batch(limit), list[Entry]()
+    position, size, inside = (since.ceiling or TOP, _first_batch(limit, viewer.store),
+                              list[Entry]())
     while True:
         candidates, more = batch(position, size)
         above = _above(candidates, since.floor)
@@ -211,7 +212,7 @@ def _span_up(viewer: Viewer, batch: Batch, since: Since,
             break
         position, size = candidates[-1].key, min(size * 2, MAX_BATCH)
     out: list[HomeEntry] = []
-    end, step = len(inside), _first_batch(limit)
+    end, step = len(inside), _first_batch(limit, viewer.store)
     while end > 0 and len(out) <= limit:
         start = max(0, end - step)
         while 0 < start and inside[start - 1].key == inside[start].key:
@@ -250,7 +251,7 @@ def author_page(store: TimelineReader, author: int, below: Key | None, limit: in
 def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
           keep: Callable[[list[Entry]], list[HomeEntry]]) -> Page:
     """Candidates from ``batch`` filtered by ``keep`` until ``limit`` are served."""
-    position, size, out = below or TOP, _first_batch(limit), list[HomeEntry]()
+    position, size, out = below or TOP, _first_batch(limit, viewer.store), list[HomeEntry]()
     decided = 0
     while True:
         candidates, more = batch(position, size)
@@ -269,14 +270,21 @@ def _page(viewer: Viewer, batch: Batch, below: Key | None, limit: int,
                 frozenset(viewer.asked))
 
 
-def _first_batch(limit: int) -> int:
-    """Candidates read first: a page and a half.
+def _first_batch(limit: int, store: TimelineReader) -> int:
+    """Candidates read first: a page and a half in process, two pages over a network.
 
     A page that loses some entries to the filter (replies to strangers, blocks, mutes)
-    is then usually full after one batch: another round costs more than deciding on a
-    few more rows (``benchmarks/bench_read_filter.py``).
+    is then usually full after one batch. Where reads are answered in process, another
+    round costs about what deciding on a few more rows does; over a network a round is
+    several requests, each costing the driver more CPU than a row. On the demo's social
+    history (a third of the candidates are replies to strangers) a page and a half
+    left most first pages short: on Cassandra two pages' worth sends 9.0 requests a
+    page instead of 12.3, and on SQLite costs 13 % more CPU a page
+    (``benchmarks/bench_first_page.py``).
     """
-    return limit + (limit >> 1) + 1
+    if store.reads_in_process:
+        return limit + (limit >> 1) + 1
+    return 2 * limit + 1
 
 
 def _next_batch(missing: int, served: int, decided: int, last: int) -> int:

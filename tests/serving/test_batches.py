@@ -14,8 +14,10 @@ from views.delta import TOP, Key
 from views.stores.rows import Entry
 
 
-def _sizes(limit: int, served: int, of: int, stream: int = 10_000) -> tuple[list[int], int]:
-    """The batch sizes a page asks for when ``served`` of every ``of`` candidates pass."""
+def _sizes(limit: int, served: int, of: int, stream: int = 10_000,
+           in_process: bool = True) -> tuple[list[int], int]:
+    """The batch sizes a page asks for when ``served`` of every ``of`` candidates pass,
+    from a store that reads in process or over a network."""
     asked: list[int] = []
     entries = [Entry(stream - i, stream - i, 1) for i in range(stream)]
 
@@ -28,7 +30,8 @@ def _sizes(limit: int, served: int, of: int, stream: int = 10_000) -> tuple[list
         return [HomeEntry(c.created_at, c.tweet_id, 1, c.tweet_id, 1) for c in candidates
                 if c.tweet_id % of < served]
 
-    viewer = types.SimpleNamespace(user=7, tweets={}, users={}, asked=set(),
+    store = types.SimpleNamespace(reads_in_process=in_process)
+    viewer = types.SimpleNamespace(user=7, tweets={}, users={}, asked=set(), store=store,
                                    reader_deleted=lambda: False)
     page = _page(viewer, batch, TOP, limit, keep)  # type: ignore[arg-type]
     return asked, len(page.entries)
@@ -51,3 +54,11 @@ def test_a_page_that_served_nothing_doubles_its_batch_up_to_the_largest() -> Non
 def test_a_page_a_little_short_at_a_low_share_still_ends_in_a_few_rounds() -> None:
     asked, served = _sizes(200, 1, 10)
     assert served == 200 and len(asked) <= 4 and max(asked) <= MAX_BATCH
+
+
+def test_over_a_network_the_first_batch_is_two_pages_so_two_fifths_filtered_is_one_round(
+) -> None:
+    # 3 of 5 pass: in process the first 31 serve 18 and a second round reads 3 more;
+    # over a network the first 41 serve 24, so the page is full after one round.
+    assert _sizes(20, 3, 5) == ([31, 3], 20)
+    assert _sizes(20, 3, 5, in_process=False) == ([41], 20)
