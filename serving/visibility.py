@@ -92,19 +92,28 @@ class Viewer:
         self._reposts: dict[int, tuple[Key, list[Entry]]] = {}
 
     # -- rows, read once -----------------------------------------------------------------
+    def load(self, tweets: Iterable[int] = (), users: Iterable[int] = ()) -> None:
+        """The tweets and profiles not read yet, read together (one round trip)."""
+        ask_t = [i for i in dict.fromkeys(tweets) if i not in self._asked_t]
+        ask_u = [i for i in dict.fromkeys(users) if i not in self._asked_u]
+        if not (ask_t or ask_u):
+            return
+        if not ask_u:
+            self.tweets.update(self.store.tweets(ask_t))
+        elif not ask_t:
+            self.users.update(self.store.users(ask_u))
+        else:
+            read = self.store.hydrate(ask_t, ask_u, {})
+            self.tweets.update(read.tweets)
+            self.users.update(read.users)
+        self._asked_t.update(ask_t)
+        self._asked_u.update(ask_u)
+
     def load_tweets(self, ids: Iterable[int]) -> None:
-        asked = self._asked_t
-        missing = [i for i in dict.fromkeys(ids) if i not in asked]
-        if missing:
-            self.tweets.update(self.store.tweets(missing))
-            asked.update(missing)
+        self.load(tweets=ids)
 
     def load_users(self, ids: Iterable[int]) -> None:
-        asked = self._asked_u
-        missing = [i for i in dict.fromkeys(ids) if i not in asked]
-        if missing:
-            self.users.update(self.store.users(missing))
-            asked.update(missing)
+        self.load(users=ids)
 
     def _hydrate(self, rows: list[tuple[Entry, TweetRow]], reposts: bool) -> None:
         """Read at once what deciding on ``rows`` reads next, where not read already.
@@ -302,8 +311,7 @@ class Viewer:
         followees = self.followees()
         newer = {e: [r for r in rs if r.author_id in followees] for e, rs in newer.items()}
         others = [r for rs in newer.values() for r in rs]
-        self.load_tweets(r.tweet_id for r in others)
-        self.load_users(r.author_id for r in others)
+        self.load([r.tweet_id for r in others], [r.author_id for r in others])
         return [e for e in entries
                 if not any(self._repost_visible(r, e) for r in newer.get(e.tweet_id, ()))
                 and not (e.tweet_id in posts and self._post_visible(posts[e.tweet_id]))]

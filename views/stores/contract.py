@@ -161,8 +161,9 @@ class TimelineReader(abc.ABC):
         """Tweets, profiles, reposts above bounds and the reader's followees, read together.
 
         :meth:`tweets`, :meth:`users`, :meth:`reposts_of` (``reposts``: each original's
-        bound) and, with ``followees``, :meth:`followees` of ``reader``. What a page decides on once it has its entries' rows: one round trip on a store
-        that can run them at once (Cassandra); in turn here.
+        bound) and, with ``followees``, :meth:`followees` of ``reader``. What a page
+        decides on once it has its entries' rows: one round trip on a store that can run
+        them at once (Cassandra); in turn here.
         """
         return Hydrated(self.tweets(tweets) if tweets else {},
                         self.users(users) if users else {},
