@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from bench_store_reads import caught_up, fanout
@@ -40,6 +41,7 @@ import serving.timeline as timeline  # noqa: E402
 from infra.stack.stack import Stack  # noqa: E402
 from serving.reads import Read, home_fn  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
+from views.stores.contract import TimelineReader  # noqa: E402
 
 ap = argument_parser(__doc__.splitlines()[0], name="first_page", users=2000, follows=30000,
                      tweets=20000, rounds=3)
@@ -69,6 +71,15 @@ class Requests:
         Session.execute_async = counting  # type: ignore[method-assign]
 
 
+def first_batch(share: float) -> Callable[[int, TimelineReader], int]:
+    """A first batch of ``limit × share + 1`` candidates, whatever the store."""
+
+    def size(limit: int, _store: TimelineReader) -> int:
+        return int(limit * share) + 1
+
+    return size
+
+
 def read_pages(store: Any, users: list[int], limit: int) -> None:
     page_fn = home_fn(True, None, None)
     for user in users:
@@ -87,7 +98,7 @@ def weigh(url: str, args: Any, requests: Requests) -> dict[str, Any]:
         read_pages(store, rng.sample(users, 200), args.limit)  # connections, prepared
         for round_ in range(args.rounds):
             for share in shares:
-                timeline._first_batch = lambda limit, _store, s=share: int(limit * s) + 1  # type: ignore[assignment]
+                timeline._first_batch = first_batch(share)  # type: ignore[assignment]
                 sample = rng.sample(users, min(args.pages, len(users)))
                 requests.by.clear()
                 cpu, wall = time.process_time(), time.perf_counter()
