@@ -389,17 +389,26 @@ def _node_pid(hosts: str) -> int | None:
     return None
 
 
-def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, caplog):
-    """The node stops answering (SIGSTOP) for longer than the request timeout, then resumes."""
+def _pausable_writer(two_keyspaces, cassandra_hosts, caplog,
+                     retry_s: float) -> tuple[int, CassandraStore]:
+    """The local node's pid and an open task writer with a 1 s request timeout and
+    ``retry_s`` of retries, the executor's warnings captured; skips a remote node."""
     pid = _node_pid(cassandra_hosts)
     if pid is None:
         pytest.skip("the Cassandra node is not a local process: it cannot be paused")
     _, executors = two_keyspaces
-    config = dataclasses.replace(executors.config, timeout=1.0, retry_s=60.0)
+    config = dataclasses.replace(executors.config, timeout=1.0, retry_s=retry_s)
     writer = CassandraStore.for_tasks(config, CAP)
     writer.open()
-    ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
     caplog.set_level(logging.WARNING, logger="views.stores.cassandra.executor")
+    return pid, writer
+
+
+def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, caplog):
+    """The node stops answering (SIGSTOP) for longer than the request timeout, then resumes."""
+    _, executors = two_keyspaces
+    pid, writer = _pausable_writer(two_keyspaces, cassandra_hosts, caplog, 60.0)
+    ops = [("user_set", (u, f"h{u}", "n", 1, 10)) for u in range(1, 41)]
     resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
     try:
         os.kill(pid, signal.SIGSTOP)
@@ -416,14 +425,7 @@ def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, cap
 def test_with_no_retry_budget_a_timed_out_write_fails_at_once(two_keyspaces, cassandra_hosts,
                                                                caplog):
     """The API's stores have no budget: a request that times out fails the call, once."""
-    pid = _node_pid(cassandra_hosts)
-    if pid is None:
-        pytest.skip("the Cassandra node is not a local process: it cannot be paused")
-    _, executors = two_keyspaces
-    config = dataclasses.replace(executors.config, timeout=1.0, retry_s=0.0)
-    writer = CassandraStore.for_tasks(config, CAP)
-    writer.open()
-    caplog.set_level(logging.WARNING, logger="views.stores.cassandra.executor")
+    pid, writer = _pausable_writer(two_keyspaces, cassandra_hosts, caplog, 0.0)
     try:
         os.kill(pid, signal.SIGSTOP)
         with pytest.raises(StoreError, match="after 1 attempt"):
