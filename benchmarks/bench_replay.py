@@ -84,7 +84,8 @@ def _phase(pipe, name: str, run) -> dict:
     join_s = sum(durations)
     timeline = [(b["batch_id"], round(b["finished"] - start, 2), round(b["seconds"], 2), b["deltas"])
                 for b in batches]
-    return {"batch_timeline": timeline,"spark_ms": spark_ms, "batch_seconds_total": round(join_s, 2),"phase": name, "seconds": round(elapsed, 2),
+    return {"batch_timeline": timeline, "spark_ms": spark_ms,
+            "batch_seconds_total": round(join_s, 2), "phase": name, "seconds": round(elapsed, 2),
             "catch_up_after_produce_s": round(caught, 2), "producer": produced,
             "batches": len(durations), "timeline_rows": rows,
             "timeline_rows_per_s": round(rows / elapsed), "batch_p50_s": percentile(durations, .5),
