@@ -1,5 +1,5 @@
 """The suite's shared fixtures, loaded as plugins: the broker, per-test topics, Spark,
-Cassandra, an empty store of each kind and a freshly booted clock.
+Cassandra, an empty store of each kind, a freshly booted clock and Hypothesis's settings.
 
 Real services start once per session on random loopback ports; each test gets its
 own uniquely prefixed topics (docs/style.md §8). The fixtures live in ``tests/plugins/``, one
@@ -14,4 +14,5 @@ pytest_plugins = [
     "tests.plugins.stores",
     "tests.plugins.clock",
     "tests.plugins.workers",
+    "tests.plugins.properties",
 ]
