@@ -20,18 +20,21 @@ from the root namespace, both ways, for :data:`FAULT_S` seconds, then heals. Che
   out the driver's 10 s request timeout, page round trip after round trip;
 - ``fanout down`` leaves no namespace, link or nemesis rule behind.
 
-Then, without a replay, the job and the API (the root namespace) are cut off from the
-brokers' port for :data:`FAULT_S` seconds (``nemesis cut-root``): writes answer
-503 with a reason within the write timeout, reads go on, nothing acknowledged is lost,
-and the job catches up after the heal (``verify`` 0 divergent).
+Then, without a replay, writers and readers through five faults in turn,
+:data:`FAULT_S` seconds each (:mod:`infra.checks.under_fault`):
 
-Last, writers and readers again through a one-way partition (node-2 cannot reach
-node-3), node-3 flapping (4 s cut off, 4 s healed) and node-2 dropping 5 % of its
-packets, :data:`FAULT_S` seconds each in turn (:mod:`infra.checks.under_fault`): every request
-answered within the client's timeout, writes 202 or a 503 with a reason, nothing
-acknowledged lost, ``verify`` 0 divergent.
+- the job and the API (the root namespace) cut off from the brokers' port
+  (``nemesis cut-root``): writes answer 503 with a reason within the write timeout,
+  reads go on;
+- a one-way partition (node-2 cannot reach node-3), node-3 flapping (4 s cut off, 4 s
+  healed), node-2 dropping 5 % of its packets and node-1 slowed: every request
+  answered within the client's timeout, writes 202 or a 503 with a reason.
 
-Each scenario runs once (a module fixture) and each test checks one of these.
+After the last heal nothing acknowledged is lost and the job catches up (``verify`` 0
+divergent).
+
+Each scenario runs once (a module fixture) and each test checks one of these; the
+``cut_off`` tests read the first window of the second scenario.
 
 Run with ``-s`` for the figures (202s, the 503 window and its latencies, the time to
 the first 202 and to a caught-up view after the heal).
@@ -118,21 +121,26 @@ def isolated(hosts_run: Run) -> Faulted:
 
 
 @pytest.fixture(scope="module")
-def cut_off(hosts_run: Run) -> Faulted:
-    """Writers and readers; the job and the API cut off from the brokers' port."""
-    return _scenario(hosts_run, [("cut-root", lambda n: n.cut_root())], replay=False)
-
-
-@pytest.fixture(scope="module")
 def in_turn(hosts_run: Run) -> Faulted:
-    """Writers and readers; a one-way partition, a flapping host, a lossy one and a slow
-    one in turn."""
-    return _scenario(hosts_run, [("one-way node-2 -> node-3", lambda n: n.one_way("node-2",
+    """Writers and readers; the job and the API cut off from the brokers' port, then a
+    one-way partition, a flapping host, a lossy one and a slow one, in turn."""
+    return _scenario(hosts_run, [("cut-root", lambda n: n.cut_root()),
+                                 ("one-way node-2 -> node-3", lambda n: n.one_way("node-2",
                                                                                   "node-3")),
                                  ("flap node-3", flapping("node-3")),
                                  ("lossy node-2 5%", lambda n: n.lossy("node-2", 5.0)),
                                  ("slow node-1 100±50ms", lambda n: n.slow("node-1", 100, 50))],
                      replay=False)
+
+
+@pytest.fixture(scope="module")
+def cut_off(in_turn: Faulted) -> Faulted:
+    """The first window of :func:`in_turn`: the job and the API cut off from the brokers.
+
+    It shares the scenario's writers, readers and final check rather than running its
+    own: one workload and one ``verify`` fewer, with the same 30 s under the fault."""
+    assert in_turn.windows[0].name == "cut-root", [w.name for w in in_turn.windows]
+    return in_turn
 
 
 def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object]]], *,
@@ -221,7 +229,7 @@ def test_reads_during_the_fault_answer_within_the_client_timeout(isolated):
         isolated.history.reads, isolated.window.began, isolated.window.healed).render()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # runs the five-fault scenario
 def test_cut_off_from_the_brokers_writes_answer_503_promptly_and_none_is_lost(cut_off):
     during = cut_off.during(cut_off.history.writes)
     assert cut_off.report.ok, cut_off.report.render()
@@ -241,7 +249,7 @@ def test_cut_off_from_the_brokers_reads_go_on(cut_off):
         cut_off.history.reads, cut_off.window.began, cut_off.window.healed).render()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # the scenario, when run alone
 def test_a_one_way_partition_a_flapping_a_lossy_and_a_slow_host_lose_and_hang_nothing(in_turn):
     assert in_turn.report.ok, in_turn.report.render()
     assert "0 divergent" in in_turn.verified
