@@ -1,10 +1,16 @@
-"""The load generator for real: ``fanout load --compare`` and plain ``locust`` on a live stack.
+"""One stack for real: its metrics, then ``fanout load --compare`` and plain ``locust`` on it.
 
-One stack (Kafka, Spark view job, API with auth off) is started for the
-module in a temporary run directory and filled with a tiny synthetic history; both
-load runs are subprocesses, as a user would run them, bounded in time, loopback only.
-The runs that drive every action of the social mix (account deletions included) come
-last, since they change the data the others read.
+One stack (Kafka, the Spark view job in local mode, the API with auth off and
+:data:`API_WORKERS` workers) is started for the module in a temporary run directory
+and filled with a tiny synthetic history. First its metrics are read, before any load
+changes the counts: once the job has caught up, ``fanout status`` shows it 0 offsets
+behind with a last batch and a freshness; the job's endpoint counts every record of
+the topics read and a live post's batch as fresh; every scrape of the API, whichever
+worker answers, counts every read; and each series the Grafana dashboard asks for is
+in those two scrapes (or is the live verifier's). Then the load runs, as
+subprocesses a user would type, bounded in time, loopback only. The runs that drive
+every action of the social mix (account deletions included) come last, since they
+change the data the others read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from infra.errors import LoadRunError
@@ -27,12 +34,21 @@ from loadgen.action import ACTION_NAMES, HOME, HOME_NEXT, REPLY, REPOST, TWEETS
 from loadgen.recording import Recorder
 from loadgen.streamer import STREAM
 from loadgen.summary import PERCENTILES, label
+from tests.support.dashboard import DASHBOARD, FROM_THE_VERIFIER, metric_names, walk_panels
+from tests.support.job_metrics import samples
 from tests.support.paths import ROOT
+from tests.support.process import wait_for
+from tests.support.stack import Run, job_status
+from views.kafka_offsets import EndOffsets
 
 pytestmark = [pytest.mark.xdist_group("stack"),
               pytest.mark.e2e, pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(420)]
 
 RATE, DURATION, WARMUP = 40, 8, 2
+#: The API's processes: two at least, so that scrapes reach more than one worker.
+API_WORKERS = max(2, os.cpu_count() or 1)
+#: Reads made before the API's scrapes are compared.
+READS = 20
 #: Every action of the social mix, often enough to show in a short run (its real
 #: weights give a block or an account deletion every few thousand actions).
 EVERY_ACTION = ("social:home=6,tweets=2,post=2,reply=3,repost=3,unrepost=2,delete=1,follow=1,"
@@ -46,9 +62,9 @@ EXPECTED = {HOME: {"404"}, HOME_NEXT: {"404"}, TWEETS: {"404"}, REPLY: {"404"},
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    run_dir = tmp_path_factory.mktemp("load-stack")
+    run_dir = Run(tmp_path_factory.mktemp("load-stack"), Path()).run_dir
     env = {"FANOUT_AUTH": "off", "FANOUT_API_ACCESS_LOG": "false",
-           "FANOUT_CELEBRITY_THRESHOLD": "40"}
+           "FANOUT_CELEBRITY_THRESHOLD": "40", "FANOUT_API_WORKERS": str(API_WORKERS)}
     running = up(run_dir, extra_env=env)
     try:
         seed(running, History(users=300, follows=3000, tweets=1500, celebrity_threshold=40,
@@ -62,6 +78,54 @@ def _env() -> dict[str, str]:
     """The test process's environment minus anything pointing at another stack."""
     drop = ("KAFKA_BOOTSTRAP", "FANOUT_STORE", "FANOUT_API_URL", "FANOUT_TOPIC_PREFIX")
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("LOCUST_")}
+
+
+@pytest.mark.timeout(900)  # includes starting the module's stack
+def test_status_the_job_endpoint_and_every_api_scrape_show_the_stack(stack: Stack):
+    run = Run(Path(stack.run_dir).parent, Path(stack.run_dir).parent / "history")
+    api = stack.api_url
+    posted = httpx.post(f"{api}/v1/tweets", json={"text": "fresh"},
+                        headers={"X-User-Id": "1"}, timeout=30)
+    assert posted.status_code == 202, posted.text
+    job = wait_for(lambda: job_status(run), 300, "`fanout status` to show the job caught up",
+                   every=1.0)
+    assert job["metrics"] == f"http://127.0.0.1:{run.stack()['job_metrics_port']}/metrics"
+    assert job["last_batch"]["id"] >= 0 and job["last_batch"]["age_s"] < 600
+    # `status` follows the query's progress (read every 0.25 s); the freshness comes
+    # from the store's batch log (read every 1 s), so the post's batch may be in the
+    # one and not yet in the other: its freshness must show within a few reads.
+    scraped = wait_for(lambda: _fresh_scrape(job["metrics"]), 30,
+                       "the job's endpoint to count the live post's batch as fresh")
+    assert scraped["fanout_job_input_rows_total"] == _log_end_total(run)
+    assert scraped["fanout_job_freshness_seconds_bucket{le=30.0}"] >= 1  # the live post
+    assert scraped["fanout_job_batch_duration_seconds_count"] >= 1
+    api_names = _every_scrape_counts_every_read(api)
+    names = {n.split("{")[0] for n in scraped} | api_names | FROM_THE_VERIFIER
+    for expr in (t["expr"] for p in walk_panels(json.loads(DASHBOARD.read_text())["panels"])
+                 for t in p.get("targets", [])):
+        assert metric_names(expr) <= names, (expr, sorted(metric_names(expr) - names))
+
+
+def _log_end_total(run: Run) -> int:
+    kafka = run.kafka()
+    ends = EndOffsets(kafka.bootstrap)
+    return sum(ends.ends(ends.topic_partitions(kafka.physical_topics())).values())
+
+
+def _fresh_scrape(url: str) -> dict[str, float] | None:
+    """A scrape of the job that counts a batch fresher than 30 s, else None."""
+    scraped = samples(httpx.get(url, timeout=10).text)
+    return scraped if scraped.get("fanout_job_freshness_seconds_bucket{le=30.0}", 0) >= 1 else None
+
+
+def _every_scrape_counts_every_read(api: str) -> set[str]:
+    for user in range(READS):  # a new connection each: either worker answers
+        assert httpx.get(f"{api}/v1/users/{user + 1}/tweets", timeout=10).status_code == 200
+    key = ("fanout_http_request_duration_seconds_count{method=GET,"
+           "route=/v1/users/{user_id}/tweets,status=200}")
+    counts = {samples(httpx.get(f"{api}/metrics", timeout=10).text)[key] for _ in range(6)}
+    assert counts == {READS}, counts
+    return {n.split("{")[0] for n in samples(httpx.get(f"{api}/metrics", timeout=10).text)}
 
 
 def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: Path):
@@ -84,7 +148,7 @@ def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: 
     assert all(isinstance(row["read p99.9"], float) for row in summary["compare"])
     # The API processes' CPU over each run, from the processes listening on its port.
     for row in summary["compare"]:
-        assert 0 < row["api cores"] <= (os.cpu_count() or 1), row
+        assert 0 < row["api cores"] <= API_WORKERS, row
     assert "fan-out-on-write vs fan-out-on-read" in done.stdout
 
 
@@ -96,7 +160,7 @@ def test_the_read_mode_baseline_is_served_by_as_many_processes_as_the_stack(
                 allow_remote=False, auth="off", keep=False) as load, \
             api_for("read", load, auth=False, logs=tmp_path) as read_api:
         served = {url: api_processes(url) for url in (stack.api_url, read_api)}
-    assert len(served[read_api]) == len(served[stack.api_url]) == (os.cpu_count() or 1), served
+    assert len(served[read_api]) == len(served[stack.api_url]) == API_WORKERS, served
 
 
 def test_a_run_dir_without_a_stack_names_the_one_start_keep_left_below_it(
@@ -136,7 +200,7 @@ def _check_mode(mode: str, figures: dict, out: Path) -> None:
     _check_repost_probe(fan)
     assert figures["view_lag"]["batches"] > 0
     server = figures["server"]
-    assert server["processes"] == (os.cpu_count() or 1) and server["cpu_s"] > 0, server
+    assert server["processes"] == API_WORKERS and server["cpu_s"] > 0, server
 
 
 def _check_repost_probe(fan: dict) -> None:
