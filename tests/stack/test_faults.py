@@ -58,6 +58,10 @@ CAP, CELEBRITY = 40, 30
 #: How each incarnation of the job ends; one more runs to the end. A "write" kill that
 #: saw no write lock is tried again in the next incarnation (at most twice more).
 KILLS = ("write", "random", "random", "random", "random")
+#: A random kill comes 2 s to this many seconds after the incarnation starts: its first
+#: batch lands about 10 s after the start (its job.log), then a batch of 300 records
+#: about every 0.7 s, so the draws fall in the JVM's start, recovery, planning and batches.
+RANDOM_KILL_S = 20.0
 
 
 def _env(kafka: KafkaSettings, store: Path | str, **extra: str) -> dict[str, str]:
@@ -181,7 +185,7 @@ class JobKiller:
     def kill(self, mode: str, started_ms: int) -> bool:
         """Kill the running incarnation as ``mode`` says; False if a write was missed."""
         if mode == "random":  # anywhere: JVM start, recovery, planning, a batch, a write
-            delay = self.rng.uniform(2.0, 30.0)
+            delay = self.rng.uniform(2.0, RANDOM_KILL_S)
             self._wait(lambda: False, delay, none_ok=True)
             self._kill(f"random at {delay:.1f}s")
             return True
