@@ -45,11 +45,6 @@ from views.reference import HomeRow
 
 pytestmark = [pytest.mark.xdist_group("stack")]  # its worker group: tests/plugins/workers.py
 
-#: How long the paced replay lasts (seconds): long enough for the job's first batches
-#: (8-37 s on two cores) to land before the kill, in the middle of the replay.
-REPLAY_S = 40.0
-
-
 class _Run(Run):
     def env(self) -> dict[str, str]:
         # Batches of at most 1,500 records: the kill lands with the view part way through
@@ -100,7 +95,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Run]:
 def test_no_false_divergence_across_a_job_sigkill(run: _Run) -> None:
     up = run.fanout("up")
     assert "verifier: started" in up.stdout, up.stdout
-    replay = run.replay(speedup_of(run.history) * 20.0 / REPLAY_S)  # speedup_of: a 20 s replay
+    # A paced replay of ~20 s (REPLAY_S). The job's first batch lands 8-37 s after `up`
+    # on two cores, with the replay running or done: its batches of at most 1,500
+    # records leave the view part way through the history's ~7,600 at the kill.
+    replay = run.replay(speedup_of(run.history))
     wait_for(lambda: _applied(run), 300, "the view job's first batch", every=0.5)
     time.sleep(2)
     behind = _behind(run)
