@@ -316,7 +316,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
     conf = {"spark.driver.host": driver, "spark.driver.bindAddress": driver} if driver else {}
     with stack_mod.job_lock(view.checkpoint_dir):
         spark = build_session("fanout-views", shuffle_partitions=view.shuffle_partitions,
-                              master=args.environ.get(SPARK_MASTER_ENV), extra_conf=conf)
+                              master=args.environ.get(SPARK_MASTER_ENV), extra_conf=conf,
+                              scratch=stack_mod.job_scratch(view.checkpoint_dir))
         ready = args.ready_file
         return run(spark, kafka, view, stop=stop_on_signals(),
                    on_started=(lambda: ready.write_text("started")) if ready else None,

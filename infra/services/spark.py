@@ -92,19 +92,22 @@ class SparkSetupError(InfraError):
 def build_session(app_name: str, *, shuffle_partitions: int,
                   checkpoint_root: str | Path | None = None,
                   extra_conf: Mapping[str, str] | None = None,
-                  master: str | None = None, log_level: str = "WARN") -> SparkSession:
+                  master: str | None = None, log_level: str = "WARN",
+                  scratch: Path | None = None) -> SparkSession:
     """Start (or join) the SparkSession and register the ``fanout-kafka`` source.
 
     ``shuffle_partitions`` is part of a streaming query's checkpoint: changing it
     makes old checkpoints unusable. ``checkpoint_root`` becomes the default
-    checkpoint location of queries that do not name one.
+    checkpoint location of queries that do not name one. ``scratch`` holds the
+    driver's temporary files instead of /tmp (:func:`scratch_conf`).
     """
     require_java()
     master = (master or os.environ.get(SPARK_MASTER_ENV) or os.environ.get("SPARK_MASTER")
               or DEFAULT_MASTER)
     _prepare_environment(master)
     builder = SparkSession.builder.appName(app_name).master(master)
-    conf = session_conf(shuffle_partitions, log_level) | executor_conf(master)
+    conf = (session_conf(shuffle_partitions, log_level, tmpdir=scratch) | executor_conf(master)
+            | (scratch_conf(scratch, master) if scratch is not None else {}))
     if checkpoint_root is not None:
         conf["spark.sql.streaming.checkpointLocation"] = str(checkpoint_root)
     for key, value in (conf | dict(extra_conf or {})).items():
@@ -171,8 +174,8 @@ def _kafka_jars() -> list[Path]:
     return classpath(SPARK_KAFKA) if cached(SPARK_KAFKA) is not None else []
 
 
-def driver_java_options(log4j: Path) -> str:
-    """The driver JVM's options: the log config, the class archive, :func:`java_options`.
+def driver_java_options(log4j: Path, tmpdir: Path | None = None) -> str:
+    """The driver JVM's options: log config, class archive, tmpdir, :func:`java_options`.
 
     The user's ``FANOUT_SPARK_JAVA_OPTIONS`` stay last, so they can override the rest
     (``-Xshare:off`` turns the archive off too).
@@ -180,18 +183,37 @@ def driver_java_options(log4j: Path) -> str:
     java = _java_binary()
     archive = class_archive.driver_option(Path(java) if java else None, _spark_home(),
                                           _kafka_jars(), _archived_options())
+    temporary = f"-Djava.io.tmpdir={tmpdir}" if tmpdir is not None else ""
     return " ".join(filter(None, (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
-                                  java_options())))
+                                  temporary, java_options())))
 
 
-def session_conf(shuffle_partitions: int, log_level: str = "WARN") -> dict[str, str]:
-    """The Spark settings fanout relies on, as strings."""
+def scratch_conf(scratch: Path, master: str) -> dict[str, str]:
+    """Spark's block and shuffle files under ``scratch`` too, in local mode.
+
+    By default they and the native libraries the driver unpacks (lz4, RocksDB's JNI)
+    go to /tmp, where a SIGKILLed job leaves them: one run of the whole-stack tests
+    left 257 directories there (``blockmgr-*``, ``spark-*``, ``liblz4*``,
+    ``librocksdbjni*``). The view job gives its checkpoint's ``tmp`` directory, which
+    it empties when it starts (``fanout job``). A cluster's executors keep their
+    workers' own directories: a path on this machine may not exist on theirs.
+
+    The Python workers' Unix sockets stay in the system's temporary directory, where
+    they were: their paths must fit in 107 bytes, and a run directory's may not.
+    """
+    local = {"spark.local.dir": str(scratch)} if master.startswith("local") else {}
+    return local | {"spark.python.unix.domain.socket.dir": tempfile.gettempdir()}
+
+
+def session_conf(shuffle_partitions: int, log_level: str = "WARN",
+                 tmpdir: Path | None = None) -> dict[str, str]:
+    """The Spark settings fanout relies on, as strings; ``tmpdir``: the driver's /tmp."""
     log4j = _log4j2_file(log_level)
     return {
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.driver.memory": os.environ.get(SPARK_DRIVER_MEMORY_ENV) or DRIVER_MEMORY,
-        "spark.driver.extraJavaOptions": driver_java_options(log4j),
+        "spark.driver.extraJavaOptions": driver_java_options(log4j, tmpdir),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",

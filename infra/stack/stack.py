@@ -20,6 +20,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -207,6 +208,18 @@ def api_env(env: dict[str, str]) -> dict[str, str]:
 
 
 
+
+
+def job_scratch(checkpoint_dir: Path) -> Path:
+    """The view job's temporary directory, ``tmp`` in its checkpoint, emptied.
+
+    Called under :func:`job_lock`: what is there was left by an incarnation that
+    died (a SIGKILL skips Spark's clean-up), and nothing else uses it.
+    """
+    scratch = checkpoint_dir.resolve() / "tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    return scratch
 
 
 @contextlib.contextmanager

@@ -27,18 +27,21 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
 
 from infra.checks.checker import History, StreamHolder, Workload, check, check_streams, log_ends
 from infra.demo import live_event
+from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.history import iter_events
 from ingest.settings import KafkaSettings
 from tests.support.process import tagged, wait_for
 from tests.support.stack import CAP, REPLAY_S, Run, finish, kill, speedup_of, tree
 from views.changelog import read_changelog
+from views.settings import CHECKPOINT_DIR_ENV
 from views.stores import store_from_url
 from views.stores.sqlite import SQLiteStore
 
@@ -91,12 +94,20 @@ def test_a_job_killed_mid_replay_resumes_on_up(run: Run) -> None:
     replay = run.replay(speedup)
     time.sleep(REPLAY_S / 3)
     job = run.stack()["pids"]["job"]
+    # The job's temporary files are in its checkpoint, not /tmp (its block manager's
+    # directory, say); a SIGKILL leaves them, and the next incarnation clears them.
+    stack = Stack.load(run.run_dir)
+    assert stack is not None
+    scratch = Path(stack.env()[CHECKPOINT_DIR_ENV]) / "tmp"
+    killed = {p.name for p in scratch.glob("blockmgr-*")}
+    assert killed, f"no block manager directory in {scratch}: {sorted(scratch.glob('*'))}"
     kill(tree(job))  # the job and its JVM and Python workers, as an OOM kill could
     status = run.fanout("status", check=False)
     assert '"job": "stopped"' in status.stdout and status.returncode == 1
     finish(replay)
     up = run.fanout("up")
     assert "job: started" in up.stdout and "broker: was running" in up.stdout, up.stdout
+    assert killed.isdisjoint(p.name for p in scratch.glob("blockmgr-*")), sorted(scratch.iterdir())
     run.verify()
     _streams_exact(holders)
     with SQLiteStore(run.stack()["store_url"].removeprefix("sqlite:///"), cap=CAP) as store:

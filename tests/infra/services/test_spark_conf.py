@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import psutil
@@ -16,6 +17,7 @@ from infra.services.spark import (
     MALLOC_ARENAS_ENV,
     MIN_BATCHES_TO_RETAIN,
     executor_conf,
+    scratch_conf,
     session_conf,
 )
 from infra.settings import SPARK_DRIVER_MEMORY_ENV, SPARK_JAVA_OPTIONS_ENV
@@ -42,6 +44,17 @@ def test_fanout_spark_java_options_go_to_every_spark_jvm_after_fanouts_own(
     assert driver.endswith(f"{JIT_OPTIONS} {recording}"), driver
     executors = executor_conf("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"]
     assert executors == f"{JIT_OPTIONS} {recording}"
+
+
+def test_a_scratch_holds_the_drivers_temporary_files_and_local_blocks(tmp_path):
+    # Without one, both go to /tmp, where a SIGKILLed job leaves them.
+    assert "java.io.tmpdir" not in session_conf(2)["spark.driver.extraJavaOptions"]
+    driver = session_conf(2, tmpdir=tmp_path)["spark.driver.extraJavaOptions"]
+    assert f"-Djava.io.tmpdir={tmp_path} " in driver and driver.endswith(JIT_OPTIONS), driver
+    sockets = {"spark.python.unix.domain.socket.dir": tempfile.gettempdir()}  # short paths
+    assert scratch_conf(tmp_path, "local[2]") == {"spark.local.dir": str(tmp_path)} | sockets
+    # A cluster's executors keep their workers' directories: the path is this machine's.
+    assert scratch_conf(tmp_path, "spark://10.0.0.1:7077") == sockets
 
 
 def test_the_spark_jvm_runs_with_few_malloc_arenas(spark):
