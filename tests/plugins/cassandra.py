@@ -1,6 +1,7 @@
 """The session's Cassandra: an existing cluster, or one local node from the jar cache.
 
-Tests work in keyspaces of their own on it (``tests/support/cassandra.py``).
+Tests work in keyspaces of their own on it, emptied and reused across a process's
+tests (``tests/support/cassandra.py``), and dropped before the node stops.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     starts from the Maven jar cache (``infra.services.cassandra``), skipped only when the jars
     are not in the cache.
     """
+    from tests.support.cassandra import close_pools
+
     external = os.environ.get("FANOUT_CASSANDRA_HOSTS")
     if external:
         yield external
+        close_pools(external)
         return
     from infra.services.cassandra import LocalCassandra
     from infra.services.jars import CASSANDRA, JarError, classpath
@@ -32,3 +36,4 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(f"no Cassandra to test against: {exc}")
     with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=512) as node:
         yield node.hosts
+        close_pools(node.hosts)

@@ -1,6 +1,6 @@
 """An empty store of each kind, for tests that hold a behaviour on both backends.
 
-``any_store`` is parametrized: a SQLite file in the test's directory, and a fresh
+``any_store`` is parametrized: a SQLite file in the test's directory, and an empty
 keyspace on the session's Cassandra (``page_fresh_ms=0``: every page-token question is
 asked of the store), each with a timeline cap of 20.
 """
