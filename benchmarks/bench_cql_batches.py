@@ -15,7 +15,11 @@ statement per row (``single``), as ops batched the way the writer batches them
 (``batched``: :func:`~views.stores.cassandra.statements.units`, a batch per
 partition, small partitions packed per replica set), and as the sink writes timeline
 adds (``columns``: the same batches built from int64 columns,
-:func:`~views.stores.cassandra.executor.column_requests`). Reported per way: rows/s, rows
+:func:`~views.stores.cassandra.executor.column_requests`). ``--modes chunks`` adds a
+fourth way, a layout the store does not have: one row per user holding the user's rows
+of the batch as a blob (24 bytes a row) in a table made for it (``home_chunks``), a
+statement each — what a timeline kept as a row per user per batch, merged at read,
+would cost the node. Reported per way: rows/s, rows
 per client CPU-second (this process) and per Cassandra CPU-second (``utime + stime``
 of the node's JVM). ``--commitlog`` repeats it all on a fresh node for each way the
 node syncs its commit log before acknowledging a write, ``--memtable`` for each
@@ -71,10 +75,33 @@ def _adds(rows: int, per_user: int) -> list[cql.Op]:
             for user in range(rows // per_user) for i in range(per_user)]
 
 
+#: The ``chunks`` way's table: a user's rows of one batch in one cell.
+CHUNKS = ("CREATE TABLE IF NOT EXISTS home_chunks (user_id bigint, batch_ts bigint, body blob, "
+          "PRIMARY KEY ((user_id), batch_ts)) WITH CLUSTERING ORDER BY (batch_ts DESC) "
+          "AND compaction = {'class': 'LeveledCompactionStrategy'}")
+CHUNK_INSERT = "INSERT INTO home_chunks (user_id, batch_ts, body) VALUES (?, ?, ?) USING TIMESTAMP ?"
+
+
+def _chunks(session: Any, columns: np.ndarray, concurrency: int) -> None:
+    """One statement per user: its rows' (created_at, tweet_id, author_id) as big-endian int64s."""
+    from cassandra.concurrent import execute_concurrent
+
+    insert = session.prepare(CHUNK_INSERT)
+    order = np.argsort(columns[:, 0], kind="stable")
+    users, starts = np.unique(columns[order, 0], return_index=True)
+    bodies = np.split(columns[order, 1:4].astype(">i8"), starts[1:])
+    ts = int(columns[0, 4])
+    execute_concurrent(session, [(insert, (int(u), ts, b.tobytes(), ts))
+                                 for u, b in zip(users, bodies, strict=True)],
+                       concurrency=concurrency, raise_on_first_error=True)
+
+
 def _one(writer: CassandraStore, ops: list[cql.Op], mode: str, node_pid: int) -> dict[str, Any]:
     columns = np.array([params for _, params in ops], dtype=np.int64)
     own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
-    if mode == "single":  # no PARTITION_KEY statement: each op its own request
+    if mode == "chunks":
+        _chunks(writer._require(), columns, writer.config.concurrency)
+    elif mode == "single":  # no PARTITION_KEY statement: each op its own request
         groups = [[i] for i in range(len(ops))]
         writer._run_groups(ops, groups)
     elif mode == "batched":
@@ -94,7 +121,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30000, help="rows per shape and way")
     parser.add_argument("--heap-mb", type=int, default=512)
     parser.add_argument("--modes", default="single,batched,columns",
-                        help="ways to send the rows, in turn (default all three)")
+                        help="ways to send the rows, in turn: single, batched, columns, chunks "
+                             "(default the first three, the store's)")
     parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
     parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
@@ -123,6 +151,8 @@ def main() -> None:
             url = node.url("bench_batches")
             apply_at(url)
             writer = CassandraStore.for_tasks(parse_url(url)).open()
+            if "chunks" in args.modes.split(","):
+                writer._require().execute(CHUNKS)
             try:
                 for per_user in map(int, args.per_user.split(",")):
                     for _ in range(args.rounds):
