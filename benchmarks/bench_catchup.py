@@ -16,15 +16,20 @@ divergent) and ``fanout down``. Reported a shape: ``up_s``, ``replay_s``,
 the verify), a fresh API (``--workers`` processes, auth off, its page cache empty, as
 after a restart or a switch of views) takes wrk's random home reads (``limit=20``,
 ``--connections``) for ``--read-seconds``, twice: ``reads_first`` and ``reads_next``.
+On a shape with a local Cassandra node, ``node_cpu`` is where the node's CPU went from
+the replay's start to the catch-up: seconds per group of its JVM's threads (named as
+Linux shows them, numbers dropped), and per timeline row the job wrote.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,42 @@ ap.add_argument("--wrk-threads", type=int, default=2)
 ap.add_argument("--seed", type=int, default=7)
 
 
+def _cpu_s(stat: str) -> float:
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's live threads, summed by name (digits and separators cut),
+    and the whole process's (``""``: its ended threads too)."""
+    out = defaultdict[str, float](float)
+    out[""] = _cpu_s(Path(f"/proc/{pid}/stat").read_text())
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = re.sub(r"[-:#]?\d+$", "", stat[stat.index("(") + 1:stat.rindex(")")]).strip()
+        out[name] += _cpu_s(stat)
+    return dict(out)
+
+
+def node_cpu(before: dict[str, float], after: dict[str, float], rows: int) -> dict[str, Any]:
+    """The node's CPU between two :func:`threads_cpu` readings, and its largest thread groups."""
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    total = spent.pop("")
+    top = sorted(spent.items(), key=lambda kv: -kv[1])[:8]
+    return {"seconds": round(total, 1), "us_per_row": round(total / max(rows, 1) * 1e6, 2),
+            "by_threads": {k: round(v, 1) for k, v in top}}
+
+
+def written_rows(run: Path) -> int:
+    """Rows the job's sink logged as written (``batch N: R rows``)."""
+    log = run / "logs" / "job.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return sum(int(n) for n in re.findall(r"batch \d+: (\d+) (?:rows|deltas) \(", text))
+
+
 def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
     run = work / shape
     started = time.perf_counter()
@@ -65,6 +106,8 @@ def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
         stack = Stack.load(run)
         assert stack is not None
         kafka = KafkaSettings.from_env(stack.env())
+        node = stack.pids.get("cassandra")
+        before = threads_cpu(node) if node else {}
         started = time.perf_counter()
         replayed = fanout(run, "replay", "--no-progress", str(history))
         replay_s = time.perf_counter() - started
@@ -77,6 +120,7 @@ def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
                 print(f"  [{shape}] catching up: {time.perf_counter() - started:.0f}s",
                       flush=True)
         caught_up_s = time.perf_counter() - started
+        cpu = {"node_cpu": node_cpu(before, threads_cpu(node), written_rows(run))} if node else {}
         reads = first_reads(stack.env()["FANOUT_STORE"], work / shape, args)
         out = fanout(run, "verify", "--sample", str(args.verify_sample))
         found = re.search(r"verify: (\d+) users checked, (\d+) divergent", out)
@@ -85,7 +129,7 @@ def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
         return {"up_s": round(up_s, 1), "replay_s": round(replay_s, 1),
                 "caught_up_s": round(caught_up_s, 1),
                 "events": events, "events_per_s": round(events / caught_up_s),
-                "verified": int(found[1]), **reads}
+                "verified": int(found[1]), **cpu, **reads}
     finally:
         fanout(run, "down")
 
