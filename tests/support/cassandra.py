@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from views.stores.cassandra.config import parse_url
-from views.stores.cassandra.schema import apply_schema, connect
+from views.stores.cassandra.schema import applied_versions, apply_schema, connect
 
 #: The table of applied schema steps, kept when a keyspace is emptied.
 _STEPS_TABLE = "schema_version"
@@ -75,12 +75,12 @@ class _Pool:
             self.cluster.shutdown()
 
     def _shape(self, keyspace: str) -> frozenset[tuple[Any, ...]]:
-        """Its tables' columns, and the schema steps recorded as applied."""
+        """Its tables' columns, and the schema steps recorded as applied (not when)."""
         columns = self.session.execute(
             "SELECT table_name, column_name, type, kind FROM system_schema.columns "
             "WHERE keyspace_name = %s", (keyspace,))
-        steps = self.session.execute(f"SELECT * FROM {keyspace}.{_STEPS_TABLE}")
-        return frozenset(tuple(r) for r in columns) | {(_STEPS_TABLE, *r) for r in steps}
+        steps = applied_versions(self.session, keyspace) or {}
+        return frozenset(tuple(r) for r in columns) | {(_STEPS_TABLE, *s) for s in steps.items()}
 
 
 _pools: dict[tuple[str, str], _Pool] = {}

@@ -894,33 +894,34 @@ def test_a_keyspace_a_test_gives_back_is_the_next_ones_empty_or_is_dropped(
     one whose schema a test changed is dropped, not handed on."""
     insert = ("INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
               "VALUES (1, 2, 3, 4) USING TIMESTAMP %s")
-    with fresh_keyspace(cassandra_hosts) as url:
-        used = parse_url(url).keyspace
-        cluster, session = connect(parse_url(url), wait=60)
-        try:
-            session.set_keyspace(used)
-            session.execute("INSERT INTO users (user_id, handle) VALUES (7, 'x')")
-            session.execute("DELETE FROM home_timeline USING TIMESTAMP 1000 WHERE user_id = 1")
-        finally:
-            cluster.shutdown()
-    with fresh_keyspace(cassandra_hosts) as url:
-        config = parse_url(url)
-        assert config.keyspace == used
-        cluster, session = connect(config, wait=60)
-        try:
-            session.set_keyspace(used)
-            require_current(session, used)
-            assert list(session.execute("SELECT * FROM users")) == []
-            session.execute(insert, (10,))  # older than the tombstone of the test before
-            assert len(list(session.execute("SELECT * FROM home_timeline"))) == 1
-            session.execute("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)")
-        finally:
-            cluster.shutdown()
-    with fresh_keyspace(cassandra_hosts) as url:
-        assert parse_url(url).keyspace != used
-        cluster, session = connect(parse_url(url), wait=60)
-        try:
-            assert session.execute("SELECT keyspace_name FROM system_schema.keyspaces "
-                                   "WHERE keyspace_name = %s", (used,)).one() is None
-        finally:
-            cluster.shutdown()
+    with fresh_keyspace(cassandra_hosts):  # held throughout: not the process's only keyspace
+        with fresh_keyspace(cassandra_hosts) as url:
+            used = parse_url(url).keyspace
+            cluster, session = connect(parse_url(url), wait=60)
+            try:
+                session.set_keyspace(used)
+                session.execute("INSERT INTO users (user_id, handle) VALUES (7, 'x')")
+                session.execute("DELETE FROM home_timeline USING TIMESTAMP 1000 WHERE user_id = 1")
+            finally:
+                cluster.shutdown()
+        with fresh_keyspace(cassandra_hosts) as url:
+            config = parse_url(url)
+            assert config.keyspace == used
+            cluster, session = connect(config, wait=60)
+            try:
+                session.set_keyspace(used)
+                require_current(session, used)
+                assert list(session.execute("SELECT * FROM users")) == []
+                session.execute(insert, (10,))  # older than the tombstone of the test before
+                assert len(list(session.execute("SELECT * FROM home_timeline"))) == 1
+                session.execute("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)")
+            finally:
+                cluster.shutdown()
+        with fresh_keyspace(cassandra_hosts) as url:
+            assert parse_url(url).keyspace != used
+            cluster, session = connect(parse_url(url), wait=60)
+            try:
+                assert session.execute("SELECT keyspace_name FROM system_schema.keyspaces "
+                                       "WHERE keyspace_name = %s", (used,)).one() is None
+            finally:
+                cluster.shutdown()
