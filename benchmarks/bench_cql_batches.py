@@ -96,10 +96,35 @@ def _chunks(session: Any, columns: np.ndarray, concurrency: int) -> None:
                        concurrency=concurrency, raise_on_first_error=True)
 
 
+#: The ``map`` way's table: a user's entries as cells of one map, keyed (created_at, tweet_id).
+MAP = ("CREATE TABLE IF NOT EXISTS home_map (user_id bigint, bucket int, "
+       "cells map<frozen<tuple<bigint, bigint>>, bigint>, PRIMARY KEY ((user_id), bucket)) "
+       "WITH CLUSTERING ORDER BY (bucket DESC) "
+       "AND compaction = {'class': 'LeveledCompactionStrategy'}")
+MAP_ADD = "UPDATE home_map USING TIMESTAMP ? SET cells = cells + ? WHERE user_id = ? AND bucket = 0"
+
+
+def _map(session: Any, columns: np.ndarray, concurrency: int) -> None:
+    """One statement per user: its rows as cells of the user's map, a cell per row."""
+    from cassandra.concurrent import execute_concurrent
+
+    add = session.prepare(MAP_ADD)
+    order = np.argsort(columns[:, 0], kind="stable")
+    users, starts = np.unique(columns[order, 0], return_index=True)
+    ts = int(columns[0, 4])
+    statements = []
+    for user, part in zip(users, np.split(columns[order, 1:4], starts[1:]), strict=True):
+        cells = {(int(c), int(t)): int(a) for c, t, a in part.tolist()}
+        statements.append((add, (ts, cells, int(user))))
+    execute_concurrent(session, statements, concurrency=concurrency, raise_on_first_error=True)
+
+
 def _one(writer: CassandraStore, ops: list[cql.Op], mode: str, node_pid: int) -> dict[str, Any]:
     columns = np.array([params for _, params in ops], dtype=np.int64)
     own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
-    if mode == "chunks":
+    if mode == "map":
+        _map(writer._require(), columns, writer.config.concurrency)
+    elif mode == "chunks":
         _chunks(writer._require(), columns, writer.config.concurrency)
     elif mode == "single":  # no PARTITION_KEY statement: each op its own request
         groups = [[i] for i in range(len(ops))]
@@ -121,7 +146,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30000, help="rows per shape and way")
     parser.add_argument("--heap-mb", type=int, default=512)
     parser.add_argument("--modes", default="single,batched,columns",
-                        help="ways to send the rows, in turn: single, batched, columns, chunks "
+                        help="ways to send the rows, in turn: single, batched, columns, chunks, map "
                              "(default the first three, the store's)")
     parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
     parser.add_argument("--commitlog", default="batch",
@@ -153,6 +178,8 @@ def main() -> None:
             writer = CassandraStore.for_tasks(parse_url(url)).open()
             if "chunks" in args.modes.split(","):
                 writer._require().execute(CHUNKS)
+            if "map" in args.modes.split(","):
+                writer._require().execute(MAP)
             try:
                 for per_user in map(int, args.per_user.split(",")):
                     for _ in range(args.rounds):
