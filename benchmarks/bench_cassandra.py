@@ -12,8 +12,8 @@ then runs three phases, each with ``--clients`` client *processes* (this script 
   (:class:`views.stores.cassandra.tasks.TaskWriter`: ``begin``, ``write_tweets``,
   ``write_users``) on synthetic micro-batches of posts fanned out to followers: the
   tweet rows, the ``timeline_meta`` reads and writes, the timeline adds;
-- ``adds``: timeline adds alone, as the sink writes them (``cql.add_rows`` through the
-  writer's bounded ``execute_concurrent``) — pure single-row writes;
+- ``adds``: timeline adds alone, as the sink writes them (``cql.add_ops``, a
+  ``home_chunks`` row a user a batch, through the writer's bounded requests);
 - ``reads``: the API's home read: :func:`serving.timeline.home_page` (limit 20) and
   :func:`serving.render.hydrated` on a :class:`~views.stores.cassandra.CassandraStore`,
   from ``--threads`` threads per client as the API's threadpool runs them.
@@ -40,7 +40,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ from views.stores.cassandra import rows as rows_mod  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.config import parse_url  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
-from views.stores.cassandra.store import CassandraStore, Columns  # noqa: E402
+from views.stores.cassandra.store import CassandraStore  # noqa: E402
 from views.stores.cassandra.tasks import TaskWriter  # noqa: E402
 
 PHASES = ("sink", "adds", "reads")
@@ -89,11 +88,10 @@ class _Counting:
 
     counted: _Counted
 
-    def _run(self, ops: list[cql.Op], profile: object = None,
-             columns: Sequence[Columns] = ()) -> list[rows_mod.Rows]:
-        self.counted.add([name for name, _ in ops] + [n for n, rows in columns for _ in rows])
+    def _run(self, ops: list[cql.Op], profile: object = None) -> list[rows_mod.Rows]:
+        self.counted.add([name for name, _ in ops])
         run = super()._run  # type: ignore[misc]
-        return run(ops, columns=columns) if profile is None else run(ops, profile, columns)
+        return run(ops) if profile is None else run(ops, profile)
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), **kw: Any) -> rows_mod.Rows:
         self.counted.add([name])
@@ -188,8 +186,7 @@ def _writes(writer: TaskWriter, rng: random.Random, args: argparse.Namespace) ->
         batch[0] += 1
         plan = _plan(rng, args, next_id, _ADDS_BASE, with_tweets=False)
         ts = writer.begin(batch[0], uuid.uuid4().hex)
-        writer.store._run([], columns=[("home_add",
-                                        cql.add_rows(np.array(list(plan.adds)), ts + cql.ADD))])
+        writer.store._run(cql.add_ops(np.array(list(plan.adds)), ts + cql.ADD, {}))
         return len(plan.adds)
 
     step = sink_step if args.client == "sink" else adds_step

@@ -232,7 +232,7 @@ def test_every_cassandra_node_knows_the_ring_and_the_keyspace(stack):
         finally:
             cluster.shutdown()
         assert peers == set(config.hosts) - {host}, f"{host} knows peers {sorted(peers)}"
-        assert {"schema_version", "home_timeline"} <= tables, f"{host} has tables {sorted(tables)}"
+        assert {"schema_version", "home_chunks"} <= tables, f"{host} has tables {sorted(tables)}"
 
 
 @pytest.mark.timeout(900)

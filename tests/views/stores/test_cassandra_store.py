@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_n
 from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
+from views.stores.cassandra import chunks
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import (
     WRITE_PROFILE,
@@ -41,7 +42,6 @@ from views.stores.cassandra.config import (
     load_balancing,
     parse_url,
 )
-from views.stores.cassandra.executor import Columns
 from views.stores.cassandra.schema import (
     SchemaError,
     Step,
@@ -236,11 +236,6 @@ def _check_markers(ops: list[cql.Op]) -> None:
         assert cql.STATEMENTS[name].count("?") == len(params), name
 
 
-def _check_columns(name: str, rows: np.ndarray) -> None:
-    """Column-wise values: one column a bind marker, int64 (the wire's bigint)."""
-    assert rows.dtype == np.int64 and rows.shape[1] == cql.STATEMENTS[name].count("?"), name
-
-
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
     plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4),
                  Delta.tweet_deleted(11, 1),       # time from the table
@@ -305,21 +300,24 @@ def test_removes_take_unknown_times_from_the_plan_or_the_table() -> None:
     states = {10: cql.TweetState(0, False, 1), 13: cql.TweetState(None, True, 1),
               16: cql.TweetState(3, False, 1)}
     owners = {t: s.author_id for t, s in states.items()}
-    ops, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners, 7)
-    _check_markers(ops)
-    assert ops == [("home_del", (7, 2, 0, 10)), ("home_del", (7, 2, 6, 11)),
-                   ("home_del", (7, 2, 9, 12))]
+    keys, skipped = cql.removed_keys(plan.removes, cql.tweet_times(plan, states), owners)
+    assert keys == [(2, 0, 10), (2, 6, 11), (2, 9, 12)]
     assert skipped == 2
+    ops = cql.remove_ops(keys + [(3, 4, 40)], 7 + cql.REMOVE)
+    _check_markers(ops)
+    assert ops == [("home_removes", (2, 7, chunks.encode(np.array([(0, 10), (6, 11), (9, 12)])),
+                                     7 + cql.REMOVE)),
+                   ("home_removes", (3, 7, chunks.encode(np.array([(4, 40)])), 7 + cql.REMOVE))]
 
 
 def test_wipes_delete_the_authors_rows_found() -> None:
     wipes = cql.wipe_users([(2, 1), (2, 5), (3, 1)])
-    partitions = {2: [(9, 90, 1), (8, 80, 4), (7, 70, 5)], 3: []}
+    partitions = {2: [(8, None, chunks.encode(np.array([(9, 90, 1), (8, 80, 4), (7, 70, 5)]))),
+                      (12, chunks.encode(np.array([(7, 70)])), None)],  # removed later
+                  3: []}
     rows = cql.wiped_rows(wipes, partitions)
-    assert rows == [(2, 9, 90, 1), (2, 7, 70, 5)]
-    ops = cql.wipe_ops(rows, {}, 3)
-    _check_markers(ops)
-    assert ops == [("home_del", (3, 2, 9, 90)), ("home_del", (3, 2, 7, 70))]
+    assert rows == [(2, 9, 90, 1)]
+    assert cql.wiped_keys(rows, {}) == [(2, 9, 90)]
 
 
 def test_a_wipe_leaves_a_row_another_authors_claim_owns() -> None:
@@ -327,9 +325,7 @@ def test_a_wipe_leaves_a_row_another_authors_claim_owns() -> None:
     # 90: author 4 owns the id at the row's time; 70: author 4's claim is at another
     # time (the row is author 1's); 60: author 1's own; 50: no stored row.
     stored = {90: (9, 4), 70: (3, 4), 60: (6, 1)}
-    assert cql.wipe_ops(rows, stored, 3) == [("home_del", (3, 2, 7, 70)),
-                                             ("home_del", (3, 2, 6, 60)),
-                                             ("home_del", (3, 2, 5, 50))]
+    assert cql.wiped_keys(rows, stored) == [(2, 7, 70), (2, 6, 60), (2, 5, 50)]
 
 
 def test_graph_and_profile_ops() -> None:
@@ -407,9 +403,23 @@ def test_adds_at_or_below_the_horizon_are_dropped() -> None:
     kept = cql.kept_adds(plan, meta)
     assert kept.tolist() == [[2, 5, 10, 1], [3, 1, 12, 1]]  # the copy of (3, 1, 12) once
     assert meta[2].horizon == (3, 11)
-    rows = cql.add_rows(kept, 41)
-    _check_columns("home_add", rows)
-    assert rows.tolist() == [[2, 5, 10, 1, 41], [3, 1, 12, 1, 41]]
+    ops = cql.add_ops(kept, 40 + cql.ADD, meta)
+    _check_markers(ops)
+    assert ops == [("home_adds", (2, 40, chunks.encode(np.array([(5, 10, 1)])), 40 + cql.ADD)),
+                   ("home_adds", (3, 40, chunks.encode(np.array([(1, 12, 1)])), 40 + cql.ADD))]
+    assert meta[2].chunks == meta[3].chunks == 1
+
+
+def test_a_users_adds_beyond_the_cap_in_one_batch_raise_the_horizon() -> None:
+    adds = np.array([(2, 1, 10, 1), (2, 2, 20, 1), (2, 3, 30, 1), (2, 4, 40, 1), (3, 1, 10, 1),
+                     (4, 5, 50, 1), (4, 5, 50, 2), (4, 6, 60, 1)])
+    meta = {2: cql.Meta(), 3: cql.Meta(), 4: cql.Meta((6, 1), 0)}
+    kept = cql.capped_adds(adds, meta, 2)
+    # Two claims of one key straddle user 4's cut: both go, the horizon is at that key.
+    assert kept.tolist() == [[2, 3, 30, 1], [2, 4, 40, 1], [3, 1, 10, 1], [4, 6, 60, 1]]
+    assert (meta[2].horizon, meta[3].horizon, meta[4].horizon) == ((2, 20), cql.NO_HORIZON,
+                                                                  (6, 1))
+    assert cql.capped_adds(adds, meta, 8) is adds
 
 
 def test_trimming_is_amortized_by_the_size_estimate() -> None:
@@ -419,13 +429,25 @@ def test_trimming_is_amortized_by_the_size_estimate() -> None:
     cut = cql.trim(meta[2], [(9, 90), (8, 80), (5, 50), (4, 40), (1, 1)], 3)
     assert cut == (4, 40) and meta[2] == cql.Meta((4, 40), 3)
     assert cql.trim(meta[3], [(7, 70)], 3) is None and meta[3].size == 1
-    ops = cql.trim_ops({2: cut}, 12) + cql.meta_ops(meta, 12)
+    # The merge folds the user's rows up to the batch into the batch's row, cut there.
+    meta[2] = cql.Meta((1, 1), 5, chunks=3)
+    rows = [(4, None, chunks.encode(np.array([(9, 90, 1), (5, 50, 1), (1, 1, 1)]))),
+            (8, chunks.encode(np.array([(5, 50)])), chunks.encode(np.array([(8, 80, 1),
+                                                                          (4, 40, 1)])))]
+    merge = cql.merge_op(2, rows, meta[2], 2, 8 + cql.TRIM)
+    assert merge == ("home_merge", (8 + cql.TRIM, 2, 8, 2, 8,
+                                    chunks.encode(np.array([(9, 90, 1), (8, 80, 1)]))))
+    assert meta[2] == cql.Meta((4, 40), 2, chunks=1)
+    ops = [merge, *cql.meta_ops(meta, 12)]
     _check_markers(ops)
-    assert ops == [("home_trim", (12, 2, 4, 40)), ("meta_set", (2, 4, 40, 3, -1, 12)),
-                   ("meta_set", (3, -1, -1, 1, -1, 12))]
+    assert ops[1:] == [("meta_set", (2, 4, 40, 2, -1, 1, 12)),
+                       ("meta_set", (3, -1, -1, 1, -1, 0, 12))]
+    # A timeline of many rows is merged, however few its entries.
+    many = {4: cql.Meta(size=1, chunks=cql.CHUNKS_MAX), 5: cql.Meta(chunks=cql.CHUNKS_MAX + 1)}
+    assert cql.over_cap(np.zeros((0, 4), np.int64), many, cap=3, slack=1) == [5]
     assert cql.decode_meta([]) == cql.Meta()
-    assert cql.decode_meta([(5, 6, 7, None)]) == cql.Meta((5, 6), 7)  # before step 003
-    assert cql.decode_meta([(5, 6, 7, 9)]) == cql.Meta((5, 6), 7, 9)
+    assert cql.decode_meta([(5, 6, 7, None, None)]) == cql.Meta((5, 6), 7)  # before step 003
+    assert cql.decode_meta([(5, 6, 7, 9, 3)]) == cql.Meta((5, 6), 7, 9, 3)
 
 
 def test_inactive_users_go_dormant_and_come_back() -> None:
@@ -449,7 +471,7 @@ def test_inactive_users_go_dormant_and_come_back() -> None:
     assert cql.go_dormant(plan.adds, {u: cql.Meta(read_at=0) for u in (3, 4, 5)}, 0) == []
     ops = cql.drop_ops([3], 12) + cql.meta_ops({3: meta[3]}, 12)
     _check_markers(ops)
-    assert ops == [("home_drop", (12, 3)), ("meta_set", (3, BIG, BIG, 0, 5, 12))]
+    assert ops == [("home_drop", (12, 3)), ("meta_set", (3, BIG, BIG, 0, 5, 0, 12))]
 
 
 def test_bookkeeping_ops() -> None:
@@ -479,8 +501,8 @@ def test_batch_timestamps() -> None:
 
 
 def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
-    ops = [("home_add", (1, 5, 50, 9, 7)), ("tweet_state", (50,)), ("home_add", (2, 5, 50, 9, 7)),
-           ("home_del", (7, 1, 4, 40)), ("meta_set", (1, -1, -1, 2, 9)), ("dead_add", ("t",)),
+    ops = [("home_adds", (1, 5, b"", 7)), ("tweet_state", (50,)), ("home_adds", (2, 5, b"", 7)),
+           ("home_drop", (7, 1)), ("meta_set", (1, -1, -1, 2, 9)), ("dead_add", ("t",)),
            ("celeb_on", (3, 7)), ("celeb_off", (7, 4))]
     # A partition's writes together, then small partitions of one table packed (one
     # replica set: no token map), reads and conditional writes alone.
@@ -489,14 +511,17 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
         return None if user is None else user % 2
 
     assert cql.units(ops, parity) == [[0, 3], [1], [2], [4], [5], [6, 7]]
-    many = [("home_add", (1, i, i, 9, 7)) for i in range(cql.BATCH_MAX + 1)]
-    many += [("home_add", (u, 1, 1, 9, 7)) for u in range(2, 2 + cql.PACK_MAX + 1)]
+    many = [("home_adds", (1, i, b"", 7)) for i in range(cql.BATCH_MAX + 1)]
+    many += [("home_adds", (u, 1, b"", 7)) for u in range(2, 2 + cql.PACK_MAX + 1)]
     assert [len(g) for g in cql.units(many)] == [cql.BATCH_MAX, cql.PACK_MAX, 2]
     packed = cql.units(many, parity)
     assert sorted(len(g) for g in packed) == [17, 17, cql.BATCH_MAX]  # odd users, even users
     assert sorted(i for g in packed for i in g) == list(range(len(many)))
+    # Blobs bound a pack too: Cassandra refuses a batch over several partitions past 50 KiB.
+    blobs = [("home_adds", (u, 1, b"x" * n, 7)) for u, n in enumerate((3000, 1000, 2000, 5000))]
+    assert cql.units(blobs) == [[0, 1], [2], [3]]
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
-    keys = {"home_timeline": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
+    keys = {"home_chunks": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
             "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
             "reposts_by_original": "original_id", "relations": "user_id", "tweets": "tweet_id"}
     for name, (table, arg) in cql.PARTITION_KEY.items():
@@ -504,30 +529,16 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
 
 
-def test_column_wise_rows_are_grouped_as_ops_are() -> None:
-    """Sorted rows of one statement go in the requests units() makes of the same ops."""
-    users = sorted([1] * (cql.BATCH_MAX + 3) + [2, 3, 3] + list(range(10, 10 + cql.PACK_MAX)))
-    ops = [("home_add", (u, i, i, 9, 7)) for i, u in enumerate(users)]
-    keys = np.array(users)
-    def parity(user: int | None) -> int | None:
-        return None if user is None else user % 2
-
-    for replica in (None, parity):
-        assert cql.packed(cql.partition_groups(keys),
-                          lambda g: ("home_timeline", int(keys[g[0]])),
-                          replica) == cql.units(ops, replica)
-
-
 def test_lookups_read_many_keys_per_request() -> None:
     keys = list(range(cql.IN_MAX + 1))
-    queries = {"meta_get": keys, "home_all": [7, 8], "tweet_state": []}
+    queries = {"meta_get": keys, "home_get": [7, 8], "tweet_state": []}
     ops = cql.lookup_ops(queries)
     assert ops == [("meta_get_in", (keys[:cql.IN_MAX],)), ("meta_get_in", ([cql.IN_MAX],)),
-                   ("home_all", (7,)), ("home_all", (8,))]
+                   ("home_get", (7,)), ("home_get", (8,))]
     results = [[(3, -1, -1, 2)], [], [(5, 6, 7), (4, 6, 9)], []]
     found = cql.lookup_rows(queries, results)
     assert found["meta_get"][3] == [(-1, -1, 2)] and found["meta_get"][cql.IN_MAX] == []
-    assert found["home_all"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []} and found["tweet_state"] == {}
+    assert found["home_get"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []} and found["tweet_state"] == {}
     for one, many in cql.LOOKUP_IN.items():  # the same columns, the key first
         columns, text = cql.STATEMENTS[one].split(" FROM ")[0], cql.STATEMENTS[many]
         key = text.split("WHERE ")[1].split(" IN")[0]
@@ -596,7 +607,8 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               load_steps())] == [
             "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
-            "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard"]
+            "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard",
+            "008_home_chunks"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -632,11 +644,9 @@ class RecordingStore(CassandraStore):
 
     executed: list[tuple[str, tuple[Any, ...]]]
 
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
-             columns: Sequence[Columns] = ()) -> list[Any]:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
         self.executed += ops
-        self.executed += [(name, tuple(r)) for name, rows in columns for r in rows.tolist()]
-        return super()._run(ops, profile, columns)
+        return super()._run(ops, profile)
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), **kwargs: Any) -> Any:
         self.executed.append((name, params))
@@ -653,6 +663,9 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
     store.open()
     u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11
     try:
+        # An entry before: the batch below takes the timeline past the cap, so it merges.
+        store.apply([Delta.tweet(t1 - 1, a, 4, "z"), Delta.timeline_add(u, t1 - 1, a, 4)], 6)
+        store.executed = []
         store.apply([Delta.tweet(t1, a, 5, "a"),
                      Delta.timeline_add(u, t1, a, 5), Delta.timeline_add(u, t2, a, 6),
                      *pack(a, {}, wipes=[w]),
@@ -663,21 +676,22 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         first = {n: names.index(n) for n in reversed(names)}
         last = {n: i for i, n in enumerate(names)}
         assert last["clock_set"] < first["tweet_live"]
-        assert last["home_all"] < first["tweet_live"] and last["tweet_live"] < first["home_add"]
-        assert last["home_add"] < first["home_trim"] < first["offset_set"] < first["batch_set"]
+        assert first["home_get"] < first["tweet_live"] and last["tweet_live"] < first["home_adds"]
+        assert last["home_adds"] < last["home_get"] < first["home_merge"] < first["offset_set"]
+        assert first["offset_set"] < first["batch_set"]
         stamps = dict(store.executed)
         base = stamps["clock_set"][0]
         assert stamps["tweet_live"][-1] == base + cql.REMOVE
         assert stamps["repost_add"][-1] == stamps["relation_on"][-1] == base + cql.REMOVE
         assert stamps["user_gone"][0] == base + cql.REMOVE
-        assert last["home_all"] < first["repost_set"] < first["home_add"]
-        assert stamps["home_add"][-1] == base + cql.ADD
-        assert stamps["home_trim"][0] == base + cql.TRIM
+        assert first["home_get"] < first["repost_set"] < first["home_adds"]
+        assert stamps["home_adds"][-1] == base + cql.ADD
+        assert stamps["home_merge"][0] == base + cql.TRIM
         # What the node stored carries those timestamps.
         assert session.execute("SELECT writetime(body) FROM tweets WHERE tweet_id = %s",
                                (t1,)).one()[0] == base + cql.REMOVE
-        assert session.execute("SELECT writetime(author_id) FROM home_timeline "
-                               "WHERE user_id = %s", (u,)).one()[0] == base + cql.ADD
+        assert session.execute("SELECT batch_ts, writetime(adds) FROM home_chunks "
+                               "WHERE user_id = %s", (u,)).one() == (base, base + cql.TRIM)
         assert session.execute("SELECT writetime(size) FROM timeline_meta WHERE user_id = %s",
                                (u,)).one()[0] == base + cql.TRIM
         assert store.cached(u, None, 5) == [Entry(6, t2, a)]
@@ -690,7 +704,7 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
 
 def test_big_ids_fit_the_bound_types() -> None:
     plan = _plan(Delta.timeline_add(BIG, BIG - 1, BIG - 2, 2**62))
-    _check_columns("home_add", cql.add_rows(np.array(list(plan.adds)), 1))
+    _check_markers(cql.add_ops(np.array(list(plan.adds)), 1, {}))
     assert cql.bounded_limit(2**40) == 2**31 - 1 and cql.bounded_limit(0) == 1
 
 
@@ -735,14 +749,13 @@ class CutShort(CassandraStore):
 
     crash = True
 
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
-             columns: Sequence[Columns] = ()) -> list[Any]:
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[Any]:
         if self.crash and any(name == "repost_set" for name, _ in ops):
             self.crash = False
             super()._run([op for op in ops if op[0] == "repost_set"], profile)
             msg = "the process died mid-batch"
             raise StoreError(msg)
-        return super()._run(ops, profile, columns)
+        return super()._run(ops, profile)
 
 
 def test_a_repost_moved_by_a_batch_cut_short_moves_when_it_runs_again(keyspace: str) -> None:
@@ -864,7 +877,8 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
             for edge in ((1, 7), (1, 8), (2, 7))]
     with _upgraded(cassandra_hosts, 3, rows, ["004_page_changes", "005_repost_changes",
                                               "006_dead_letter_partitions",
-                                              "007_page_changes_by_shard"]) as url:
+                                              "007_page_changes_by_shard",
+                                              "008_home_chunks"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
             assert store.home_start(2, None, 5).celebrities == [7]
@@ -878,7 +892,8 @@ def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str
              "seen_at) VALUES (%s, %s, %s, 'bad', 0x00, 1)", letter)
             for letter in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1))]
     with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions",
-                                              "007_page_changes_by_shard"]) as url:
+                                              "007_page_changes_by_shard",
+                                              "008_home_chunks"]) as url:
         with CassandraStore.from_url(url).open() as store:
             assert store.dead_letter_count() == 3
             store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)
@@ -887,13 +902,29 @@ def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str
                                                          ("users", 2)]
 
 
+def test_step_8_copies_each_home_timeline_into_one_row(cassandra_hosts: str) -> None:
+    """Timelines kept a row an entry before step 8 read the same after it, then take
+    a batch's adds and removes on top."""
+    rows = [("INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
+             "VALUES (%s, %s, %s, %s)", row)
+            for row in ((1, 5, 50, 9), (1, 7, 70, 9), (1, 6, 60, 8), (2, 3, 30, 9))]
+    with _upgraded(cassandra_hosts, 7, rows, ["008_home_chunks"]) as url:
+        with CassandraStore.from_url(url).open() as store:
+            assert store.cached(1, None, 5) == [Entry(7, 70, 9), Entry(6, 60, 8), Entry(5, 50, 9)]
+            assert store.cached(2, None, 5) == [Entry(3, 30, 9)]
+            assert store.counts()["home_timeline"] == 4
+            store.apply([Delta.timeline_remove(1, 60, 8, 6), Delta.timeline_add(1, 80, 9, 8)], 1)
+            assert store.cached(1, None, 5) == [Entry(8, 80, 9), Entry(7, 70, 9), Entry(5, 50, 9)]
+            assert store.home_users() == [1, 2]
+
+
 def test_a_keyspace_a_test_gives_back_is_the_next_ones_empty_or_is_dropped(
         cassandra_hosts: str) -> None:
     """The tests' keyspace pool (``tests/support/cassandra.py``): a reused keyspace holds
     no row and no tombstone of the test before (a write at an older timestamp shows), and
     one whose schema a test changed is dropped, not handed on."""
-    insert = ("INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
-              "VALUES (1, 2, 3, 4) USING TIMESTAMP %s")
+    insert = ("INSERT INTO home_chunks (user_id, batch_ts, adds) "
+              "VALUES (1, 2, 0x00) USING TIMESTAMP %s")
     with fresh_keyspace(cassandra_hosts):  # held throughout: not the process's only keyspace
         with fresh_keyspace(cassandra_hosts) as url:
             used = parse_url(url).keyspace
@@ -901,7 +932,7 @@ def test_a_keyspace_a_test_gives_back_is_the_next_ones_empty_or_is_dropped(
             try:
                 session.set_keyspace(used)
                 session.execute("INSERT INTO users (user_id, handle) VALUES (7, 'x')")
-                session.execute("DELETE FROM home_timeline USING TIMESTAMP 1000 WHERE user_id = 1")
+                session.execute("DELETE FROM home_chunks USING TIMESTAMP 1000 WHERE user_id = 1")
             finally:
                 cluster.shutdown()
         with fresh_keyspace(cassandra_hosts) as url:
@@ -913,7 +944,7 @@ def test_a_keyspace_a_test_gives_back_is_the_next_ones_empty_or_is_dropped(
                 require_current(session, used)
                 assert list(session.execute("SELECT * FROM users")) == []
                 session.execute(insert, (10,))  # older than the tombstone of the test before
-                assert len(list(session.execute("SELECT * FROM home_timeline"))) == 1
+                assert len(list(session.execute("SELECT * FROM home_chunks"))) == 1
                 session.execute("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)")
             finally:
                 cluster.shutdown()

@@ -16,7 +16,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -49,7 +49,6 @@ from views.local import LocalJoin
 from views.row import arrow_schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
-from views.stores.cassandra.executor import Columns
 from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore, close_task_stores
 from views.stores.contract import BatchStats, Store
@@ -264,14 +263,13 @@ def test_stages_move_a_repost_as_the_sqlite_store_does(two_keyspaces, monkeypatc
     real_run = CassandraStore._run
     cut_short = [False]
 
-    def run(self: CassandraStore, ops: list[cql.Op], profile: object = WRITE_PROFILE,
-            columns: Sequence[Columns] = ()) -> list:
+    def run(self: CassandraStore, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list:
         if cut_short[0] and any(name == "repost_set" for name, _ in ops):
             cut_short[0] = False
             real_run(self, [op for op in ops if op[0] == "repost_set"], profile)
             msg = "the task died mid-batch"
             raise StoreError(msg)
-        return real_run(self, ops, profile, columns)
+        return real_run(self, ops, profile)
 
     monkeypatch.setattr(CassandraStore, "_run", run)
     reference = Recording().open()

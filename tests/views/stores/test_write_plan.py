@@ -87,7 +87,7 @@ def _executor_stages(deltas: list[Delta]) -> tuple[WritePlan, WritePlan]:
     tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
     first = Store.plan(tweet_side)
     routed = _Routed()
-    route_removes(cql.remove_ops(first.removes, cql.tweet_times(first, {}), {}, 0)[0], routed)
+    route_removes(cql.removed_keys(first.removes, cql.tweet_times(first, {}), {})[0], routed)
     for d in deltas:
         if d.kind not in _TWEET_SIDE:
             _unpack(d, routed)

@@ -4,7 +4,7 @@ Every read and write of :class:`~views.stores.cassandra.store.CassandraStore` ru
 a list of ops (a statement name and its values) becomes requests — one statement, or an
 unlogged batch of a partition's statements, small partitions of one replica set packed
 (:func:`cql.units`) — serialized by their columns' types without binding
-(:func:`requests`, :func:`column_requests`), and :func:`execute` runs them concurrently.
+(:func:`requests`), and :func:`execute` runs them concurrently.
 
 **Retries.** Every write is an upsert or delete keyed by its primary key at an explicit
 timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is kept), so
@@ -21,20 +21,16 @@ task again, which is as safe. :func:`retrying` opens a store under the same poli
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 import struct
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, TypeVar
 
-import numpy as np
 from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
 from cassandra.cluster import NoHostAvailable
 from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
-from cassandra.cqltypes import LongType
 from cassandra.query import BatchStatement, BatchType
 from tenacity import Retrying
 
@@ -172,31 +168,6 @@ def requests(groups: list[list[int]], ops: Sequence[cql.Op], prepared: dict[str,
     return out
 
 
-def column_requests(statement: Any, rows: np.ndarray, key: int,
-                    replica: Callable[[Any], Hashable] | None) -> list[Any]:
-    """Unlogged batches of one all-bigint statement, from an ``(n, k)`` int64 array of its values.
-
-    Grouped by the policy :func:`cql.units` applies to ops (:func:`cql.partition_groups`,
-    then :func:`cql.packed`), with ``rows[:, key]`` the partition key, and serialized
-    column-wise: a catching-up batch's millions of timeline rows cost no Python object a
-    value beyond the bytes the protocol sends.
-    """
-    if not len(rows):
-        return []
-    if any(c.type is not LongType for c in statement.column_metadata):
-        msg = f"column-wise values are bigint only; {statement.query_string!r} binds others"
-        raise StoreError(msg)
-    rows = rows[np.argsort(rows[:, key], kind="stable")]
-    values = rows.astype(">i8").view("V8").tolist()  # bytes, big-endian: the wire's bigint
-    keys = rows[:, key]
-    table = statement.column_metadata[0].table_name
-    groups = cql.packed(cql.partition_groups(keys), lambda g: (table, int(keys[g[0]])),
-                        replica)
-    qid = statement.query_id
-    return [_batch([(True, qid, values[i]) for i in group], [values[group[0]][key]])
-            for group in groups]
-
-
 def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:
     """An unlogged batch of serialized statements, routed to the first one's replicas.
 
@@ -211,32 +182,11 @@ def _batch(rows: list[Any], routing: list[bytes | None]) -> BatchStatement:
     return batch
 
 
-@contextlib.contextmanager
-def gc_paused(pause: bool = True) -> Iterator[None]:
-    """Python's cyclic collector off while a column-wise write builds and sends its batches.
-
-    Their values are hundreds of thousands of small acyclic objects, freed by reference
-    counting; left on, the collector walked them again and again while they were built
-    and sent, ~1.5 µs a timeline row of the sink's client CPU.
-    """
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 @functools.lru_cache(maxsize=512)
 def _serializers(statement: Any) -> tuple[Callable[[Any, int], bytes], ...]:
     """The serializer of each bind marker of a prepared statement, from its column types."""
     return tuple(c.type.serialize for c in statement.column_metadata)
 
-
-Columns = tuple[str, np.ndarray]
-"""A statement name and an ``(n, k)`` int64 array of its bound values, a row a write."""
 
 _BIGINT: Final = struct.Struct(">q")  # a bigint partition key as the routing key's bytes
 

@@ -28,6 +28,7 @@ from typing import Any, Final
 from ingest.events import BLOCK, MUTE
 from views.delta import TOP, Key
 from views.stores.cassandra import statements as cql
+from views.stores.cassandra.chunks import as_chunks, fold, page
 from views.stores.rows import FLOOR, Entry, Relations, TweetRow, UserRow, as_entry
 
 Rows = list[tuple[Any, ...]]
@@ -45,10 +46,9 @@ ROWS_MAX: Final = 5000
 
 # -- queries -------------------------------------------------------------------------------------
 
-def cached_query(user: int, below: Key | None, limit: int) -> cql.Op:
-    """A page of the cached timeline: keys strictly below ``below`` (or all)."""
-    below = below if below is not None else TOP
-    return ("home_page", (user, below[0], below[1], cql.bounded_limit(limit)))
+def cached_query(user: int) -> cql.Op:
+    """The user's cached timeline: its ``home_chunks`` rows, folded by :func:`cached_page`."""
+    return ("home_get", (user,))
 
 
 def chunks(keys: Iterable[int], size: int = IN_MAX) -> list[list[int]]:
@@ -122,9 +122,13 @@ def cut_short(ops: Sequence[cql.Op], pages: Sequence[Rows]) -> list[int]:
 
 # -- decoders ------------------------------------------------------------------------------------
 
-def entries(rows: Rows) -> list[Entry]:
-    """Timeline rows (created_at, tweet_id, author_id) as entries."""
-    return list(map(as_entry, rows))
+def cached_page(rows: Rows, below: Key | None, limit: int) -> list[Entry]:
+    """The cached entries strictly below ``below`` (or all), the first ``limit``.
+
+    ``rows``: the user's ``home_chunks`` rows (:func:`cached_query`), folded.
+    """
+    found = page(fold(as_chunks(rows)), below, limit)
+    return list(map(as_entry, found.tolist()))
 
 
 def horizon_key(rows: Rows) -> Key | None:

@@ -16,6 +16,7 @@ repair, not here. The SQLite store creates its schema when opened.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -25,6 +26,8 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Final
+
+import numpy as np
 
 from ingest.retry import within
 from views.errors import StoreError
@@ -182,9 +185,38 @@ def list_dead_letter_partitions(session: Any) -> None:
     log.info("schema step 6: %d partitions of dead letters listed", len(found))
 
 
+def copy_home_timelines(session: Any) -> None:
+    """Step 8's data: each user's ``home_timeline`` rows as one ``home_chunks`` row.
+
+    At ``batch_ts`` 0 and write timestamp 0, below every batch's row and tombstone,
+    so the copy folds first; then ``home_timeline`` is dropped. A full scan returns a
+    partition's rows together, so each user's rows are written at once.
+    """
+    from cassandra.query import SimpleStatement
+
+    from views.stores.cassandra.chunks import encode
+
+    if not list(session.execute("SELECT table_name FROM system_schema.tables WHERE "
+                                "keyspace_name = %s AND table_name = 'home_timeline'",
+                                (session.keyspace,))):
+        return
+    insert = session.prepare("INSERT INTO home_chunks (user_id, batch_ts, adds) "
+                             "VALUES (?, 0, ?) USING TIMESTAMP 0")
+    rows = session.execute(SimpleStatement(
+        "SELECT user_id, created_at, tweet_id, author_id FROM home_timeline", fetch_size=5000),
+        timeout=DDL_TIMEOUT)
+    users = 0
+    for user, entries in itertools.groupby(rows, key=lambda r: r[0]):
+        session.execute(insert, (user, encode(np.array([r[1:] for r in entries], np.int64))))
+        users += 1
+    _ddl(session, "DROP TABLE IF EXISTS home_timeline")
+    log.info("schema step 8: %d users' home timelines copied into home_chunks", users)
+
+
 #: Steps that move data as well as define tables: run after the step's statements.
 DATA_STEPS: Final[dict[int, Callable[[Any], None]]] = {4: copy_celebrity_edges,
-                                                       6: list_dead_letter_partitions}
+                                                       6: list_dead_letter_partitions,
+                                                       8: copy_home_timelines}
 
 
 def require_current(session: Any, keyspace: str) -> None:

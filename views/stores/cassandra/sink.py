@@ -19,11 +19,13 @@ stage                     routed by    writes
                                        ``author_tweets``, ``reposts_by_original``;
                                        read first: the stored key, whose rows go
                                        when a copy moves the repost); the timeline
-                                       removes of those tweets are resolved to row
-                                       keys here (a delete of unknown time reads it
-                                       from ``tweets``); dead letters (any task)
-2 (``user_stage``)        user_id      ``home_timeline`` wipes (read the partition),
-                                       removes, adds, trims (read the head),
+                                       removes of those tweets are resolved to
+                                       timeline keys here (a delete of unknown time
+                                       reads it from ``tweets``); dead letters (any
+                                       task)
+2 (``user_stage``)        user_id      ``home_chunks``: wipes (read the partition),
+                                       removes, adds, merges and trims (read the
+                                       partition),
                                        ``timeline_meta`` (read: horizon, size, newest
                                        read), inactive users: the user's reads
                                        (ACTIVITY), a dormant user's partition
@@ -220,11 +222,11 @@ def _unpack(d: Delta, out: _Routed) -> None:
         raise StoreError(msg)
 
 
-def route_removes(removes: list[cql.Op], out: _Routed) -> None:
-    """Stage 1's resolved removes (``home_del`` ops) as TL_DEL rows, one user each."""
+def route_removes(removes: list[cql.Removed], out: _Routed) -> None:
+    """Stage 1's resolved removes (timeline keys) as TL_DEL rows, one user each."""
     if removes:
-        cols = np.array([params for _, params in removes], dtype=np.int64)
-        out.rows(DeltaKind.TL_DEL, cols[:, 1], created_at=cols[:, 2], tweet=cols[:, 3])
+        cols = np.array(removes, dtype=np.int64)
+        out.rows(DeltaKind.TL_DEL, cols[:, 0], created_at=cols[:, 1], tweet=cols[:, 2])
 
 
 def tweet_stage(open_store: Opener, ts: int,

@@ -31,11 +31,14 @@ from ingest.events import BLOCK, MUTE
 from views.delta import Key
 from views.errors import StoreError
 from views.stores.adds import Adds, SortedAdds, run_starts
+from views.stores.cassandra import chunks
 from views.stores.plan import WritePlan, outranks
 from views.stores.rows import DORMANT, DeadRow, Entry, ProfileRow, RelationRow, TweetRow
 
 Op = tuple[str, tuple[Any, ...]]
 """A statement name of :data:`STATEMENTS` and the values to bind to it."""
+Removed = tuple[int, int, int]
+"""A removed timeline entry's key: (user, created_at, tweet_id)."""
 
 REMOVE: Final = 0
 ADD: Final = 1
@@ -49,28 +52,30 @@ _INT_MAX: Final = 2**31 - 1
 #: The horizon of a user whose cached timeline is complete (stored as -1, -1).
 NO_HORIZON: Final[Key] = (-1, -1)
 _NO_ADDS: Final = np.zeros((0, 4), np.int64)
+#: ``home_chunks`` rows a timeline may hold before the writer merges them: a read
+#: folds at most about this many rows (``views/stores/cassandra/chunks.py``).
+CHUNKS_MAX: Final = 32
 
 STATEMENTS: Final[dict[str, str]] = {
-    # -- home timelines -------------------------------------------------------------
-    "home_add": "INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
-                "VALUES (?, ?, ?, ?) USING TIMESTAMP ?",
-    "home_del": "DELETE FROM home_timeline USING TIMESTAMP ? "
-                "WHERE user_id = ? AND created_at = ? AND tweet_id = ?",
-    # A clustering-range delete (Cassandra 3.0+): one range tombstone, not one per row.
-    "home_trim": "DELETE FROM home_timeline USING TIMESTAMP ? "
-                 "WHERE user_id = ? AND (created_at, tweet_id) <= (?, ?)",
-    "home_page": "SELECT created_at, tweet_id, author_id FROM home_timeline "
-                 "WHERE user_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
-    "home_head": "SELECT created_at, tweet_id FROM home_timeline WHERE user_id = ? LIMIT ?",
-    "home_all": "SELECT created_at, tweet_id, author_id FROM home_timeline WHERE user_id = ?",
+    # -- home timelines: a row per user per batch (views/stores/cassandra/chunks.py) ----
+    "home_removes": "INSERT INTO home_chunks (user_id, batch_ts, removes) VALUES (?, ?, ?) "
+                    "USING TIMESTAMP ?",
+    "home_adds": "INSERT INTO home_chunks (user_id, batch_ts, adds) VALUES (?, ?, ?) "
+                 "USING TIMESTAMP ?",
+    # The rows up to a batch folded into its own row: one partition, one mutation.
+    "home_merge": "BEGIN UNLOGGED BATCH USING TIMESTAMP ? "
+                  "DELETE FROM home_chunks WHERE user_id = ? AND batch_ts < ?; "
+                  "INSERT INTO home_chunks (user_id, batch_ts, removes, adds) "
+                  "VALUES (?, ?, null, ?); APPLY BATCH",
+    "home_get": "SELECT batch_ts, removes, adds FROM home_chunks WHERE user_id = ?",
     "horizon_get": "SELECT horizon_created_at, horizon_tweet_id FROM timeline_meta "
                    "WHERE user_id = ?",
-    "meta_get": "SELECT horizon_created_at, horizon_tweet_id, size, read_at FROM timeline_meta "
-                "WHERE user_id = ?",
+    "meta_get": "SELECT horizon_created_at, horizon_tweet_id, size, read_at, chunks "
+                "FROM timeline_meta WHERE user_id = ?",
     "meta_set": "INSERT INTO timeline_meta (user_id, horizon_created_at, horizon_tweet_id, "
-                "size, read_at) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?",
+                "size, read_at, chunks) VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
     # A dormant user's cache (inactive users): the whole partition, one tombstone.
-    "home_drop": "DELETE FROM home_timeline USING TIMESTAMP ? WHERE user_id = ?",
+    "home_drop": "DELETE FROM home_chunks USING TIMESTAMP ? WHERE user_id = ?",
     # -- tweets ------------------------------------------------------------------------
     "author_add": "INSERT INTO author_tweets (author_id, created_at, tweet_id) "
                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
@@ -163,8 +168,8 @@ STATEMENTS: Final[dict[str, str]] = {
     "clock_set": "INSERT INTO writer_clock (id, write_ts) VALUES (0, ?) USING TIMESTAMP ?",
     "last_batch_set": "UPDATE writer_clock USING TIMESTAMP ? SET last_batch = ? WHERE id = 0",
     # -- the writer's lookups, many partitions per request (see LOOKUP_IN) -------------
-    "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at "
-                   "FROM timeline_meta WHERE user_id IN ?",
+    "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at, "
+                   "chunks FROM timeline_meta WHERE user_id IN ?",
     "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
     "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id, original_id "
                       "FROM tweets WHERE tweet_id IN ?",
@@ -182,12 +187,14 @@ STATEMENTS: Final[dict[str, str]] = {
                       "PER PARTITION LIMIT ? LIMIT ?",
     # -- full scans (operators and verify only) ----------------------------------------
     "followers_all": "SELECT DISTINCT follower_id FROM follows",
-    "home_users_all": "SELECT DISTINCT user_id FROM home_timeline",
+    "home_users_all": "SELECT DISTINCT user_id FROM home_chunks",
+    "home_chunks_all": "SELECT user_id, batch_ts, removes, adds FROM home_chunks",
     "celeb_users_all": "SELECT DISTINCT user_id FROM celebrity_follows",
 }
 
-#: Tables that :meth:`CassandraStore.counts` reports, as the SQLite store does.
-COUNTED: Final = ("home_timeline", "author_tweets", "tweets", "follows", "celebrity_follows",
+#: Tables that :meth:`CassandraStore.counts` reports by their rows, as the SQLite store
+#: does (``home_timeline``, its entries, it counts by folding ``home_chunks``).
+COUNTED: Final = ("author_tweets", "tweets", "follows", "celebrity_follows",
                   "celebrities", "users", "dead_letters", "timeline_meta",
                   "reposts_by_original", "relations")
 # Identifiers from the fixed tuple above, never values: CQL cannot bind a table name.
@@ -202,8 +209,8 @@ NOT_IDEMPOTENT: Final = frozenset({"dead_add"})
 #: replica — where statement by statement it is one of each per row: measured here,
 #: 5-25x less CPU on both sides for timeline adds (``benchmarks/bench_cql_batches.py``).
 PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
-    "home_add": ("home_timeline", 0), "home_del": ("home_timeline", 1),
-    "home_trim": ("home_timeline", 1), "home_drop": ("home_timeline", 1),
+    "home_adds": ("home_chunks", 0), "home_removes": ("home_chunks", 0),
+    "home_drop": ("home_chunks", 1),
     "meta_set": ("timeline_meta", 0),
     "author_add": ("author_tweets", 0), "author_del": ("author_tweets", 1),
     "follow_on": ("follows", 0), "follow_off": ("follows", 1),
@@ -224,6 +231,11 @@ BATCH_MAX: Final = 256
 #: statement each (``benchmarks/bench_cql_batches.py``). The node logs, at most once
 #: a minute, that an unlogged batch covers several partitions.
 PACK_MAX: Final = 32
+#: Bytes of blobs (timeline entries, 24 a row) in one batch over several partitions at
+#: most: under the batch size warning too. Cassandra refuses a batch over several
+#: partitions past 50 KiB (``batch_size_fail_threshold``); a single partition's batch
+#: or statement is not held to it.
+PACK_BYTES: Final = 4096
 
 
 #: Single-row lookups the writer makes for many keys at once, and the statement that
@@ -273,9 +285,9 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
     :data:`PARTITION_KEY` writes go in unlogged batches: first a group per partition
     (at most :data:`BATCH_MAX`, in their order); then partitions of one table whose
     keys ``replica`` maps to the same replicas (all of them, without ``replica``) are
-    packed together up to :data:`PACK_MAX` statements, so that a batch goes to
-    nodes that own every row of it. Everything else (reads, conditional writes):
-    one request each.
+    packed together up to :data:`PACK_MAX` statements and :data:`PACK_BYTES` bytes of
+    blobs, so that a batch goes to nodes that own every row of it. Everything else
+    (reads, conditional writes): one request each.
     """
     out: list[list[int]] = []
     partitions: dict[tuple[str, Any], list[int]] = {}
@@ -297,41 +309,36 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
         return None if found is None else (
             found[0], None if found[1] is None else params[found[1]])
 
-    return packed(out, partition, replica)
+    def blobs(group: list[int]) -> int:
+        return sum(len(v) for i in group for v in ops[i][1] if isinstance(v, bytes))
 
-
-def partition_groups(keys: np.ndarray) -> list[list[int]]:
-    """Rows sorted by partition key, grouped as :func:`units` groups one table's writes.
-
-    A group per partition, at most :data:`BATCH_MAX` rows each; ``keys`` are the rows'
-    partition keys, equal keys adjacent.
-    """
-    starts = run_starts(keys).tolist()
-    return [list(range(j, min(j + BATCH_MAX, end)))
-            for start, end in zip(starts, [*starts[1:], len(keys)], strict=True)
-            for j in range(start, end, BATCH_MAX)]
+    return packed(out, partition, blobs, replica)
 
 
 def packed(groups: list[list[int]], where: Callable[[list[int]], tuple[str, Any] | None],
-           replica: Callable[[Any], Hashable] | None) -> list[list[int]]:
+           size: Callable[[list[int]], int], replica: Callable[[Any], Hashable] | None
+           ) -> list[list[int]]:
     """Small groups of one table and replica set merged, up to :data:`PACK_MAX` each.
 
-    ``where`` gives a group's table and partition key (None: a request of its own).
+    ``where`` gives a group's table and partition key (None: a request of its own);
+    ``size`` its bytes of blobs, of which a pack holds at most :data:`PACK_BYTES`.
     """
     out: list[list[int]] = []
-    open_packs: dict[tuple[str, Hashable], list[int]] = {}
+    open_packs: dict[tuple[str, Hashable], tuple[list[int], list[int]]] = {}
     for group in groups:
         found = where(group)
-        if found is None or len(group) >= PACK_MAX:
+        weight = size(group)
+        if found is None or len(group) >= PACK_MAX or weight > PACK_BYTES:
             out.append(group)
             continue
         table, key = found
         pack_key = (table, None if replica is None else replica(key))
-        pack = open_packs.get(pack_key)
-        if pack is None or len(pack) + len(group) > PACK_MAX:
-            pack = open_packs[pack_key] = []
+        pack, held = open_packs.get(pack_key, (None, [0]))
+        if pack is None or len(pack) + len(group) > PACK_MAX or held[0] + weight > PACK_BYTES:
+            pack, held = open_packs[pack_key] = ([], [0])
             out.append(pack)
         pack.extend(group)
+        held[0] += weight
     return out
 
 
@@ -605,19 +612,23 @@ def stored_users(rows: Mapping[int, list[tuple[Any, ...]]]) -> tuple[dict[int, i
     return times, {u for u, r in rows.items() if r and r[0][1]}
 
 
-def wiped_rows(wipes: Mapping[int, set[int]],
-               partitions: Mapping[int, list[tuple[int, int, int]]]
+def wiped_rows(wipes: Mapping[int, set[int]], partitions: Mapping[int, list[tuple[Any, ...]]]
                ) -> list[tuple[int, int, int, int]]:
-    """The wiped authors' rows found in each user's partition: (user, created_at, tweet, author)."""
+    """The wiped authors' entries in each user's timeline: (user, created_at, tweet, author).
+
+    ``partitions``: each user's ``home_get`` rows, folded here
+    (:func:`~views.stores.cassandra.chunks.fold`).
+    """
     return [(user, created_at, tweet, author)
             for user, authors in sorted(wipes.items())
-            for created_at, tweet, author in partitions.get(user, ())
+            for created_at, tweet, author in chunks.fold(
+                chunks.as_chunks(partitions.get(user, ()))).tolist()
             if author in authors]
 
 
-def wipe_ops(rows: Iterable[tuple[int, int, int, int]],
-             stored: Mapping[int, tuple[int | None, int | None]], ts: int) -> list[Op]:
-    """Row deletes for wiped rows (:func:`wiped_rows`), but not a row another author owns.
+def wiped_keys(rows: Iterable[tuple[int, int, int, int]],
+               stored: Mapping[int, tuple[int | None, int | None]]) -> list[Removed]:
+    """The keys of wiped entries (:func:`wiped_rows`), but not an entry another author owns.
 
     Two claims of one id at one time share one timeline row, which lists whichever
     author was written last; ``stored`` (tweet_id → the ``tweets`` row's created_at and
@@ -625,8 +636,7 @@ def wipe_ops(rows: Iterable[tuple[int, int, int, int]],
     time is that owner's entry (served if the reader follows the owner,
     :mod:`serving.visibility`), so the wipe of the listed author leaves it.
     """
-    return [("home_del", (ts, user, created_at, tweet))
-            for user, created_at, tweet, author in rows
+    return [(user, created_at, tweet) for user, created_at, tweet, author in rows
             if not owned_elsewhere(stored.get(tweet), created_at, author)]
 
 
@@ -639,9 +649,9 @@ def owned_elsewhere(stored: tuple[int | None, int | None] | None, created_at: in
     return owner is not None and owner != author and at == created_at
 
 
-def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int, int],
-               owners: Mapping[int, int | None], ts: int) -> tuple[list[Op], int]:
-    """Row deletes for removed entries; and how many were skipped.
+def removed_keys(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int, int],
+                 owners: Mapping[int, int | None]) -> tuple[list[Removed], int]:
+    """The timeline keys removed entries have; and how many were skipped.
 
     A remove of unknown time takes the time from ``tweets`` — only if the tweet stored
     there is the removing author's (else the row is someone else's tweet). A tweet
@@ -649,7 +659,7 @@ def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int,
     (earlier in phase order), so a tweet whose time is nowhere known never reached
     one, and there is nothing to delete.
     """
-    ops: list[Op] = []
+    keys: list[Removed] = []
     skipped = 0
     for user, tweet, created_at, author in sorted(set(removes)):
         owned = owners.get(tweet) in (None, author)
@@ -657,8 +667,21 @@ def remove_ops(removes: Iterable[tuple[int, int, int, int]], times: Mapping[int,
         if when is None:
             skipped += 1
         else:
-            ops.append(("home_del", (ts, user, when, tweet)))
-    return ops, skipped
+            keys.append((user, when, tweet))
+    return keys, skipped
+
+
+def remove_ops(keys: Iterable[Removed], ts: int) -> list[Op]:
+    """The batch's removed keys, one ``home_chunks`` row's ``removes`` a user, at ``ts``.
+
+    ``ts`` is ``T + REMOVE``: the row is the batch's (``batch_ts`` ``T``), so its adds,
+    one tick later, go in the same row.
+    """
+    by_user: dict[int, list[tuple[int, int]]] = {}
+    for user, created_at, tweet in keys:
+        by_user.setdefault(user, []).append((created_at, tweet))
+    return [("home_removes", (user, ts - REMOVE, chunks.encode(np.array(found, np.int64)), ts))
+            for user, found in sorted(by_user.items())]
 
 
 # -- phase ADD, phase TRIM --------------------------------------------------------------------
@@ -673,11 +696,18 @@ class Meta:
     horizon: Key = NO_HORIZON
     size: int = 0
     read_at: int = -1
+    #: An upper bound of the user's ``home_chunks`` rows (a row per batch that touched
+    #: the timeline, until they are merged).
+    chunks: int = 0
 
 
 def meta_users(plan: WritePlan) -> list[int]:
-    """Users whose timeline_meta the batch reads and writes: added to, horizon raised, read."""
-    return sorted({row[0] for row in plan.adds} | set(plan.horizons) | set(plan.activity))
+    """Users whose timeline_meta the batch reads and writes.
+
+    Added to, removed from, wiped, horizon raised, read.
+    """
+    return sorted({row[0] for row in plan.adds} | {row[0] for row in plan.removes}
+                  | set(wipe_users(plan.wipes)) | set(plan.horizons) | set(plan.activity))
 
 
 def decode_meta(rows: list[tuple[Any, ...]]) -> Meta:
@@ -685,7 +715,8 @@ def decode_meta(rows: list[tuple[Any, ...]]) -> Meta:
     if not rows or rows[0][0] is None:
         return Meta()
     read_at = rows[0][3]
-    return Meta((rows[0][0], rows[0][1]), rows[0][2] or 0, -1 if read_at is None else read_at)
+    return Meta((rows[0][0], rows[0][1]), rows[0][2] or 0, -1 if read_at is None else read_at,
+                rows[0][4] or 0)
 
 
 # -- inactive users (DESIGN §4b) ----------------------------------------------------------------
@@ -736,7 +767,7 @@ def go_dormant(adds: Adds, meta: Mapping[int, Meta], inactive_ms: int) -> list[i
     for user, at in zip(by_user[starts].tolist(), newest.tolist(), strict=True):
         m = meta[user]
         if 0 <= m.read_at < at - inactive_ms and m.horizon != DORMANT:
-            m.horizon, m.size = DORMANT, 0
+            m.horizon, m.size, m.chunks = DORMANT, 0, 0
             out.append(user)
     return out
 
@@ -769,25 +800,64 @@ def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> np.ndarray:
     return rows
 
 
-def add_rows(adds: np.ndarray, ts: int) -> np.ndarray:
-    """``home_add``'s bound values for ``(n, 4)`` adds: the rows with ``ts`` appended.
+def capped_adds(adds: np.ndarray, meta: Mapping[int, Meta], limit: int) -> np.ndarray:
+    """The sorted ``(n, 4)`` adds with at most the newest ``limit`` of any user's kept.
 
-    Run after the batch's wipes and removes, one tick later; sent column-wise
-    (:func:`views.stores.cassandra.executor.column_requests`), never as a tuple a row.
+    ``limit`` is the writer's ``cap + trim_slack``: a user's older adds of this batch
+    lie below that many newer ones, so a trim would cut them. The horizon rises to the
+    newest one dropped, as :func:`trim` raises it, and a ``home_chunks`` row holds at
+    most ``limit`` entries (24 bytes each; a catching-up user's batch may carry more
+    than the node takes in one mutation, 16 MiB by default).
     """
-    return np.column_stack((adds.reshape(-1, 4), np.full(len(adds), ts, np.int64)))
+    if len(adds) <= limit:
+        return adds
+    starts = run_starts(adds[:, 0])
+    ends = np.append(starts[1:], len(adds))
+    keep = np.ones(len(adds), bool)
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b - a <= limit:
+            continue
+        cut = (int(adds[b - limit - 1, 1]), int(adds[b - limit - 1, 2]))
+        rows = adds[a:b]
+        keep[a:b] = (rows[:, 1] > cut[0]) | ((rows[:, 1] == cut[0]) & (rows[:, 2] > cut[1]))
+        m = meta[int(adds[a, 0])]
+        m.horizon = max(m.horizon, cut)
+    return adds[keep]
+
+
+def add_ops(adds: np.ndarray, ts: int, meta: Mapping[int, Meta]) -> list[Op]:
+    """The ``(n, 4)`` adds, one ``home_chunks`` row's ``adds`` a user, at ``ts``.
+
+    ``ts`` is ``T + ADD``: after the batch's removes, in the same row (``batch_ts``
+    ``T``). Each user's entries are one blob, cut from the adds column-wise: a
+    catching-up batch carries millions. Counts the row into each user's ``meta``.
+    """
+    adds = adds.reshape(-1, 4)
+    if not len(adds):
+        return []
+    adds = adds[np.argsort(adds[:, 0], kind="stable")]
+    starts = run_starts(adds[:, 0])
+    ends = np.append(starts[1:], len(adds))
+    ops: list[Op] = []
+    for user, a, b in zip(adds[starts, 0].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        ops.append(("home_adds", (user, ts - ADD, chunks.encode(adds[a:b, 1:]), ts)))
+        if user in meta:
+            meta[user].chunks += 1
+    return ops
 
 
 def over_cap(adds: np.ndarray, meta: Mapping[int, Meta], cap: int, slack: int) -> list[int]:
-    """Count the ``(n, 4)`` adds into each size estimate; the users now past ``cap + slack``.
+    """Count the ``(n, 4)`` adds into each size estimate; the users to merge and trim.
 
-    The estimate only grows with adds (removes and replays make it an upper bound),
-    so a timeline is read and trimmed once per ``slack`` adds, not on every batch.
+    Those now past ``cap + slack`` entries or :data:`CHUNKS_MAX` rows. The estimates
+    only grow (removes and replays make them upper bounds), so a timeline is read and
+    merged once per ``slack`` adds or ``CHUNKS_MAX`` batches, not on every batch.
     """
     users, added = np.unique(adds.reshape(-1, 4)[:, 0], return_counts=True)
     for user, n in zip(users.tolist(), added.tolist(), strict=True):
         meta[user].size += n
-    return sorted(u for u, m in meta.items() if m.size > cap + slack)
+    return sorted(u for u, m in meta.items()
+                  if m.size > cap + slack or m.chunks > CHUNKS_MAX)
 
 
 def trim(meta: Meta, head: list[tuple[int, int]], cap: int) -> Key | None:
@@ -800,14 +870,23 @@ def trim(meta: Meta, head: list[tuple[int, int]], cap: int) -> Key | None:
     return cut
 
 
-def trim_ops(cuts: Mapping[int, Key], ts: int) -> list[Op]:
-    """One clustering-range delete per trimmed timeline: every key at or below the cut."""
-    return [("home_trim", (ts, user, c, t)) for user, (c, t) in sorted(cuts.items())]
+def merge_op(user: int, rows: Sequence[tuple[Any, ...]], meta: Meta, cap: int, ts: int) -> Op:
+    """The user's ``home_chunks`` rows up to the batch folded into its row, cut to ``cap``.
+
+    ``rows``: the partition as ``home_get`` read it; ``ts`` is ``T + TRIM``. Sets
+    ``meta`` as :func:`trim` does (the horizon rises to the first entry cut) and its
+    row count to one.
+    """
+    kept, head = chunks.merged(chunks.as_chunks(rows), ts - TRIM, cap)
+    trim(meta, head, cap)
+    meta.chunks = 1
+    return ("home_merge", (ts, user, ts - TRIM, user, ts - TRIM, chunks.encode(kept)))
 
 
 def meta_ops(meta: Mapping[int, Meta], ts: int) -> list[Op]:
     """timeline_meta of every user the batch touched (single writer: no read race)."""
-    return [("meta_set", (u, m.horizon[0], m.horizon[1], min(m.size, _INT_MAX), m.read_at, ts))
+    return [("meta_set", (u, m.horizon[0], m.horizon[1], min(m.size, _INT_MAX), m.read_at,
+                          min(m.chunks, _INT_MAX), ts))
             for u, m in sorted(meta.items())]
 
 

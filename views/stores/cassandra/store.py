@@ -1,7 +1,8 @@
 """The production store: Cassandra through cassandra-driver (DESIGN §6).
 
-Tables (``views/stores/cassandra/cql/``): ``home_timeline`` has one partition per user,
-clustered by ``(created_at DESC, tweet_id DESC)``; ``author_tweets`` one per author
+Tables (``views/stores/cassandra/cql/``): ``home_chunks`` has one partition per user,
+a row per batch that touched the timeline (the keys it removed and the entries it
+added, as blobs), folded at read (:mod:`views.stores.cassandra.chunks`); ``author_tweets`` one per author
 and ``reposts_by_original`` one per reposted tweet, the same way; ``relations`` one
 per user, holding the blocks and mutes that filter that user's timeline (a block is
 written into both users' partitions); the rest are keyed lookups. Statements are prepared once at
@@ -20,7 +21,7 @@ moves (a run of their own, before the repost's row is rewritten, so that a batch
 applied again still finds the old key), then tweets and reposts, graph, blocks and
 mutes, profiles and account deletions, wipes, removes;
 (3) at ``T+1``: adds, and the regenerated caches of returning users; (4) at ``T+2``:
-trims, the caches of users going dormant, and ``timeline_meta``; (5) offsets,
+merges and trims, the caches of users going dormant, and ``timeline_meta``; (5) offsets,
 dead letters, the batch record. Every write is an upsert or delete keyed by its
 primary key with an explicit timestamp, so re-running a batch — after a crash at
 any point — converges to the same rows; offsets are written last, so a reader that
@@ -28,18 +29,23 @@ sees an offset also sees everything the batch wrote. Why timestamps and phases, 
 how ``T`` is chosen: :mod:`views.stores.cassandra.statements`.
 
 **Deletes whose time is unknown.** The join sends ``created_at = 0`` when it no longer
-knows a deleted tweet's time, but a timeline row is addressed by
-``(user, created_at, tweet_id)``. The writer looks the time up in ``tweets`` (one read
+knows a deleted tweet's time, but a timeline entry is keyed by
+``(created_at, tweet_id)``. The writer looks the time up in ``tweets`` (one read
 per deleted tweet, not per follower) rather than keeping a ``home_by_tweet`` index
 (one more write per fanned-out row). **Wipes** (an unfollow, a promotion to
-celebrity) read the user's partition — at most ``cap`` rows plus untrimmed slack —
-and delete the author's rows.
+celebrity) read and fold the user's partition — at most ``cap`` entries plus
+untrimmed slack — and remove the author's entries. A batch's removes and wipes of a
+user are one ``removes`` blob in the batch's row, its adds one ``adds`` blob.
 
 **Trimming** is amortized as in the SQLite store: ``timeline_meta.size`` is an upper
-bound of a timeline's rows (adds raise it; removes and replays leave it high), and
-only a timeline past ``cap + trim_slack`` is read — its ``cap + 1`` newest keys — and
-cut with one clustering-range delete at the last of them (a single range tombstone),
-raising the user's horizon there. Adds at or below a user's horizon are not written:
+bound of a timeline's entries (adds raise it; removes and replays leave it high), and
+``timeline_meta.chunks`` of its rows. Only a timeline past ``cap + trim_slack``
+entries or :data:`~.statements.CHUNKS_MAX` rows is read: its rows up to the batch
+are folded into the batch's row, cut to the newest ``cap``, and the older rows
+deleted with one clustering-range tombstone, in one single-partition batch,
+raising the user's horizon to the first entry cut. A user's adds in one batch past
+``cap + trim_slack`` are cut the same way as they come (:func:`~.statements.capped_adds`):
+a row stays one small mutation. Adds at or below a user's horizon are not written:
 reads go through the query there. Timelines run over the cap by at most the slack
 plus a batch, which costs space, not correctness — entries above the horizon are
 exact however many there are. ``timeline_meta`` and profiles (newest ``created_at``
@@ -48,7 +54,7 @@ wins) are read-then-written: safe because one job writes a keyspace.
 **Inactive users** (DESIGN §4b, as the SQLite store does them):
 ``timeline_meta.read_at`` keeps each user's newest read. A user whom an entry reaches
 more than ``inactive_ms`` after that read goes dormant: the horizon becomes
-:data:`~views.stores.rows.DORMANT` and the partition is dropped (one partition
+:data:`~views.stores.rows.DORMANT` and the ``home_chunks`` partition is dropped (one partition
 tombstone at ``T+2``, above anything the batch added), so fan-out skips the user and
 reads evaluate at read time. A dormant user's next read regenerates the cache after
 phase (2): the newest ``cap`` entries of the followees off the celebrity path, read
@@ -60,13 +66,14 @@ dormant with the partition dropped already.
 timestamp, so the cell keeps the maximum in whatever order writes land, with no read
 first; a dead letter is a conditional insert (IF NOT EXISTS: the first sighting is
 kept); the batch log lies in partitions of 10,000 batch ids, newest first, so
-:meth:`batches` reads one or two partitions. Clustering-range deletes over two
-columns need Cassandra 3.0 or later.
+:meth:`batches` reads one or two partitions.
 
 **Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
 while a batch lands may mix rows from before and after it — say a timeline entry
 whose tweet was deleted in that batch. The read path tolerates it: hydration drops
-deleted tweets, and the next read sees the batch whole. A page's requests do not grow
+deleted tweets, and the next read sees the batch whole. A user's cached page is the
+whole ``home_chunks`` partition, folded and cut in the reader (at most about ``cap +
+trim_slack`` entries in :data:`~.statements.CHUNKS_MAX` rows). A page's requests do not grow
 with its length: the reader's own partitions in one concurrent run
 (:meth:`home_start`), then every table's keys by ``IN``, a request per 100 keys
 (:mod:`~views.stores.cassandra.rows`). :meth:`counts` and
@@ -93,17 +100,14 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 
 from views.delta import Key
 from views.errors import StoreError
+from views.stores.cassandra import chunks, schema
 from views.stores.cassandra import rows as reads
-from views.stores.cassandra import schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.changes import CassandraFeed, Changes, committed_op
 from views.stores.cassandra.config import WRITE_PROFILE, CassandraConfig, parse_url
 from views.stores.cassandra.executor import (
-    Columns,
     all_rows,
-    column_requests,
     execute,
-    gc_paused,
     replica_of,
     requests,
     retrying,
@@ -212,43 +216,25 @@ class CassandraStore(Store):
         return self._session
 
     # -- running statements ------------------------------------------------------------------
-    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE,
-             columns: Sequence[Columns] = ()) -> list[reads.Rows]:
-        """Run ops, and ``columns`` writes, concurrently (bounded); rows of each op, in order.
+    def _run(self, ops: list[cql.Op], profile: object = WRITE_PROFILE) -> list[reads.Rows]:
+        """Run ops concurrently (bounded); the rows of each op, in order.
 
         A partition's writes go as one request (:func:`cql.units`); a failed request is
         run again while :attr:`retry_s` allows (:func:`~.executor.execute`).
         """
-        return self._run_groups(ops, cql.units(ops, self._replica), profile, columns)
+        return self._run_groups(ops, cql.units(ops, self._replica), profile)
 
     def _run_groups(self, ops: list[cql.Op], groups: list[list[int]],
-                    profile: object = WRITE_PROFILE,
-                    columns: Sequence[Columns] = ()) -> list[reads.Rows]:
+                    profile: object = WRITE_PROFILE) -> list[reads.Rows]:
         """:meth:`_run` with the requests given: groups of op indices, a request each."""
-        if not ops and not any(len(rows) for _, rows in columns):
+        if not ops:
             return []
         session = self._require()
-        with gc_paused(bool(columns)):
-            built, names = self._requests(groups, ops, columns)
-            results = execute(session, built, names, profile=profile,
-                              concurrency=self.config.concurrency, retry_s=self.retry_s)
-        return unbatch(groups, results[:len(groups)], len(ops))
-
-    def _requests(self, groups: list[list[int]], ops: Sequence[cql.Op],
-                  columns: Sequence[Columns]) -> tuple[list[Any], list[str]]:
-        """The requests of :meth:`_run`, and the statement each runs.
-
-        The ops' groups first, in order, then ``columns``'.
-        """
-        protocol = self._require().cluster.protocol_version
-        out: list[Any] = requests(groups, ops, self._statements, protocol)
-        names = [ops[group[0]][0] for group in groups]
-        for name, rows in columns:
-            batches = column_requests(self._statements[name], rows,
-                                      cql.PARTITION_KEY[name][1] or 0, self._replica)
-            out += [(batch, ()) for batch in batches]
-            names += [name] * len(batches)
-        return out, names
+        built = requests(groups, ops, self._statements, session.cluster.protocol_version)
+        results = execute(session, built, [ops[group[0]][0] for group in groups],
+                          profile=profile, concurrency=self.config.concurrency,
+                          retry_s=self.retry_s)
+        return unbatch(groups, results, len(ops))
 
     def _rows(self, name: str, params: tuple[Any, ...] = (), *, scan: bool = False,
               profile: object = EXEC_PROFILE_DEFAULT) -> reads.Rows:
@@ -304,17 +290,17 @@ class CassandraStore(Store):
         Returns timeline_meta, and the originals reposts were moved away from.
         """
         found = self._lookup({"tweet_state": cql.lookup_ids(plan),
-                              "home_all": sorted(cql.wipe_users(plan.wipes)),
+                              "home_get": sorted(cql.wipe_users(plan.wipes)),
                               "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
         removes, _, moved = self._write_tweets(plan, found["tweet_state"], ts)
         return self._write_user_rows(plan, found, removes, ts), moved
 
     def _write_tweets(self, plan: WritePlan, stored: dict[int, reads.Rows], ts: int
-                      ) -> tuple[list[cql.Op], int, set[int]]:
+                      ) -> tuple[list[cql.Removed], int, set[int]]:
         """Write the plan's tweets and reposts at ``ts`` (``T + REMOVE``).
 
         ``stored`` are their stored rows; the id conflicts they show go to ``plan.dead``.
-        Returns the plan's timeline removes resolved to row deletes (a remove of unknown
+        Returns the plan's timeline removes resolved to keys (a remove of unknown
         time takes it from the stored tweet, only if the tweet is the removing
         author's), how many had nothing to delete, and the originals reposts were moved
         away from (:func:`cql.moved_originals`, for the change feed).
@@ -322,8 +308,7 @@ class CassandraStore(Store):
         states = {t: s for t, rows in stored.items()
                   if (s := cql.TweetState.decode(rows)) is not None}
         owners = {t: s.author_id for t, s in states.items()}
-        removes, skipped = cql.remove_ops(plan.removes, cql.tweet_times(plan, states), owners,
-                                          ts)
+        removes, skipped = cql.removed_keys(plan.removes, cql.tweet_times(plan, states), owners)
         if skipped:
             log.debug("%d timeline removes name no stored tweet of theirs: nothing to delete",
                       skipped)
@@ -334,20 +319,24 @@ class CassandraStore(Store):
         return removes, skipped, cql.moved_originals(moves)
 
     def _write_user_rows(self, plan: WritePlan, found: dict[str, dict[int, reads.Rows]],
-                         removes: list[cql.Op], ts: int) -> dict[int, cql.Meta]:
+                         removes: list[cql.Removed], ts: int) -> dict[int, cql.Meta]:
         """Write the plan's users' rows at ``ts`` (``T + REMOVE``).
 
         Follows, celebrity edges, blocks and mutes, profiles and deletions, wipes and the
-        resolved ``removes``. ``found`` holds the reads this needs (``home_all`` of the wiped users,
-        ``user_time``, ``meta_get``); returns each user's ``timeline_meta``.
+        resolved ``removes`` (keys), one ``home_chunks`` row a user. ``found`` holds the
+        reads this needs (``home_get`` of the wiped users, ``user_time``, ``meta_get``);
+        returns each user's ``timeline_meta``.
         """
-        wiped = cql.wiped_rows(cql.wipe_users(plan.wipes), found["home_all"])
+        wiped = cql.wiped_rows(cql.wipe_users(plan.wipes), found["home_get"])
+        gone_keys = removes + cql.wiped_keys(wiped, self._claims({t for _, _, t, _ in wiped}))
         stored, gone = cql.stored_users(found["user_time"])
         self._run(cql.graph_ops(plan, ts) + cql.relation_ops(plan.relations.values(), ts)
                   + cql.user_ops(plan.users, stored, ts, plan.deleted_users, gone)
-                  + cql.wipe_ops(wiped, self._claims({t for _, _, t, _ in wiped}), ts)
-                  + removes)
-        return {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+                  + cql.remove_ops(gone_keys, ts))
+        meta = {u: cql.decode_meta(rows) for u, rows in found["meta_get"].items()}
+        for user in {key[0] for key in gone_keys}:
+            meta.setdefault(user, cql.Meta()).chunks += 1
+        return meta
 
     def _claims(self, tweets: set[int]) -> dict[int, tuple[int | None, int | None]]:
         """The stored claims (created_at, author) on these tweet ids (one ``IN`` read a 100)."""
@@ -361,16 +350,19 @@ class CassandraStore(Store):
                     inactive_ms: int) -> tuple[np.ndarray, int]:
         """Reads, regenerations, dormancy, then the adds; after the batch's removes.
 
-        Returns the adds kept (for trimming; ``(n, 4)``) and the timeline rows inserted
-        (regenerated ones included). ``ts`` is the batch's ``T``.
+        Returns the adds written (for trimming; ``(n, 4)``) and the timeline entries the
+        batch added (regenerated ones included, and those past ``cap + trim_slack`` of a
+        user's in this batch, which :func:`cql.capped_adds` trims as they come, as the
+        SQLite store inserts then trims them). ``ts`` is the batch's ``T``.
         """
         back = np.array(self._regenerate(cql.record_reads(plan.activity, meta), meta),
                         np.int64).reshape(-1, 4)
         dormant = cql.go_dormant(plan.adds, meta, inactive_ms)
-        adds = cql.kept_adds(plan, meta)
-        self._run(cql.drop_ops(dormant, ts + cql.TRIM),
-                  columns=[("home_add", cql.add_rows(np.concatenate((back, adds)), ts + cql.ADD))])
-        return adds, len(back) + len(adds)
+        kept = cql.kept_adds(plan, meta)
+        adds = cql.capped_adds(kept, meta, self.cap + self.trim_slack)
+        self._run(cql.drop_ops(dormant, ts + cql.TRIM)
+                  + cql.add_ops(np.concatenate((back, adds)), ts + cql.ADD, meta))
+        return adds, len(back) + len(kept)
 
     def _regenerate(self, users: list[int], meta: dict[int, cql.Meta]
                     ) -> list[tuple[int, int, int, int]]:
@@ -398,15 +390,15 @@ class CassandraStore(Store):
         return rows
 
     def _write_trims(self, adds: np.ndarray, meta: dict[int, cql.Meta], ts: int) -> None:
-        """Trim the timelines whose size estimate passed cap + slack; write timeline_meta."""
+        """Merge and trim the timelines past their bounds; write timeline_meta.
+
+        ``ts`` is ``T + TRIM``; the bounds are :func:`cql.over_cap`'s.
+        """
         users = cql.over_cap(adds, meta, self.cap, self.trim_slack)
-        heads = self._run([("home_head", (u, cql.bounded_limit(self.cap + 1))) for u in users])
-        cuts = {}
-        for user, rows in zip(users, heads, strict=True):
-            cut = cql.trim(meta[user], [(r[0], r[1]) for r in rows], self.cap)
-            if cut is not None:
-                cuts[user] = cut
-        self._run(cql.trim_ops(cuts, ts) + cql.meta_ops(meta, ts))
+        found = self._run([("home_get", (u,)) for u in users])
+        merges = [cql.merge_op(u, rows, meta[u], self.cap, ts)
+                  for u, rows in zip(users, found, strict=True)]
+        self._run(merges + cql.meta_ops(meta, ts))
 
     def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, reads.Rows]]:
         """Single-key reads of the writer, in one bounded run (``IN`` reads where possible)."""
@@ -432,7 +424,7 @@ class CassandraStore(Store):
     def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
         if limit <= 0:
             return []
-        return reads.entries(self._rows(*reads.cached_query(user, below, limit)))
+        return reads.cached_page(self._rows(*reads.cached_query(user)), below, limit)
 
     def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
         """The reader's three partitions in one concurrent run: one round trip.
@@ -442,10 +434,11 @@ class CassandraStore(Store):
         """
         ops = [("horizon_get", (user,)), ("relations_get", (user,))]
         if limit > 0:
-            ops.append(reads.cached_query(user, below, limit))
+            ops.append(reads.cached_query(user))
         meta, relations, *page = self._run(ops, EXEC_PROFILE_DEFAULT)
         return HomeStart(reads.horizon_key(meta), reads.celebrity_rows(relations),
-                         reads.relation_set(relations), reads.entries(page[0]) if page else [])
+                         reads.relation_set(relations),
+                         reads.cached_page(page[0], below, limit) if page else [])
 
     def horizon(self, user: int) -> Key | None:
         return reads.horizon_key(self._rows("horizon_get", (user,)))
@@ -556,8 +549,15 @@ class CassandraStore(Store):
                 for t, p, o, r, raw, s in rows[:max(0, limit)]]
 
     def counts(self) -> dict[str, int]:
-        """Exact row counts by full scans: slow on big tables (use nodetool tablestats)."""
-        return {t: int(self._rows(f"count_{t}", scan=True)[0][0]) for t in cql.COUNTED}
+        """Exact row counts by full scans: slow on big tables (use nodetool tablestats).
+
+        ``home_timeline`` counts timeline entries, each user's ``home_chunks`` folded.
+        """
+        counted = {t: int(self._rows(f"count_{t}", scan=True)[0][0]) for t in cql.COUNTED}
+        by_user: dict[int, list[chunks.Chunk]] = {}
+        for user, ts, removes, adds in self._rows("home_chunks_all", scan=True):
+            by_user.setdefault(user, []).append((ts, removes, adds))
+        return {"home_timeline": sum(len(chunks.fold(c)) for c in by_user.values()), **counted}
 
     def batches(self, limit: int = 100) -> list[BatchInfo]:
         """The newest batches: one row read for the pointer, then one or two partitions."""

@@ -62,11 +62,11 @@ class TaskWriter:
         self.store = store
 
     # -- the tweet stage ---------------------------------------------------------------------
-    def write_tweets(self, plan: WritePlan, ts: int) -> tuple[list[cql.Op], int]:
-        """Write the plan's tweets and dead letters; return its removes as row deletes.
+    def write_tweets(self, plan: WritePlan, ts: int) -> tuple[list[cql.Removed], int]:
+        """Write the plan's tweets and dead letters; return its removes as timeline keys.
 
-        The returned ops are ``home_del`` at ``ts + REMOVE`` (user, created_at, tweet),
-        for the user stage to run; the int is how many removes had nothing to delete.
+        The keys are (user, created_at, tweet), for the user stage to write; the int is
+        how many removes had nothing to delete.
         """
         store = self.store
         found = store._lookup({"tweet_state": cql.lookup_ids(plan)})
@@ -85,9 +85,9 @@ class TaskWriter:
         writer per process serves whatever job runs there.
         """
         store = self.store
-        found = store._lookup({"home_all": sorted(cql.wipe_users(plan.wipes)),
+        found = store._lookup({"home_get": sorted(cql.wipe_users(plan.wipes)),
                                "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
-        removes, _ = cql.remove_ops(plan.removes, {}, {}, ts + cql.REMOVE)
+        removes, _ = cql.removed_keys(plan.removes, {}, {})
         meta = store._write_user_rows(plan, found, removes, ts + cql.REMOVE)
         adds, inserted = store._write_adds(plan, meta, ts, inactive_ms)
         store._write_trims(adds, meta, ts + cql.TRIM)
