@@ -225,12 +225,13 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
 BATCH_MAX: Final = 256
-#: Statements in one batch over several partitions (of one replica set) at most: well
-#: under Cassandra's batch size warning (5 KiB) for timeline rows. Measured here with
-#: one row per partition: 4-13x less client and 4-7x less node CPU per row than a
-#: statement each (``benchmarks/bench_cql_batches.py``). The node logs, at most once
-#: a minute, that an unlogged batch covers several partitions.
-PACK_MAX: Final = 32
+#: Statements in one batch over several partitions (of one replica set) at most: under
+#: Cassandra's batch size warning (5 KiB) for the widest packed row, ``timeline_meta``'s
+#: (32 of them made 5.7 KiB). Measured with one row per partition: 4-13x less client
+#: and 4-7x less node CPU per row than a statement each
+#: (``benchmarks/bench_cql_batches.py``). The node logs, at most once a minute, that
+#: an unlogged batch covers several partitions.
+PACK_MAX: Final = 24
 #: Bytes of blobs (timeline entries, 24 a row) in one batch over several partitions at
 #: most: under the batch size warning too. Cassandra refuses a batch over several
 #: partitions past 50 KiB (``batch_size_fail_threshold``); a single partition's batch
