@@ -11,8 +11,8 @@ clustered by the batch's timestamp ``T``:
 - ``adds``: the entries the batch added, ``(created_at, tweet_id, author_id)`` as
   big-endian int64 triples, written at ``T + ADD``.
 
-The node then writes one blob a user a batch (``benchmarks/results/map-cells-1000.json``:
-0.5-1M entries a node CPU-second at 1,000 entries a user, against 36-46k as rows).
+The node then writes one blob a user a batch (``benchmarks/results/layouts.json``:
+1.4M entries a node CPU-second at 1,000 entries a user, against 45-49k as rows).
 
 **The fold** (:func:`fold`) reads the rows in ``T`` order, each row's removes before
 its adds, and keeps the last word on each key: exactly what a row per entry with
@@ -38,9 +38,6 @@ import numpy as np
 
 from views.delta import Key
 
-#: Bytes of one added entry and of one removed key.
-ADD_BYTES: Final = 24
-KEY_BYTES: Final = 16
 _BIG: Final = np.dtype(">i8")
 #: A timeline's entries: ``(n, 3)`` int64 rows of (created_at, tweet_id, author_id).
 NO_ENTRIES: Final = np.zeros((0, 3), np.int64)
