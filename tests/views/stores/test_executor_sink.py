@@ -49,7 +49,7 @@ from views.local import LocalJoin
 from views.row import arrow_schema
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
-from views.stores.cassandra.sink import ExecutorSink, tweet_stage, user_stage
+from views.stores.cassandra.sink import ExecutorSink, spark_routes, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore, close_task_stores
 from views.stores.contract import BatchStats, Store
 from views.stores.rows import DORMANT, Entry, Relations, UserRow
@@ -105,12 +105,16 @@ def _split(table: pa.Table, key, n: int) -> Iterator[pa.Table]:
 
 def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: int = 3,
                     tweet_tasks_twice: bool = False) -> BatchStats:
-    """What ExecutorSink.__call__ does, with the two shuffles done here."""
+    """What ExecutorSink.__call__ does, with the two shuffles done here.
+
+    Stage two's shuffle key takes the values 0..n-1, which ``_split`` sends to tasks
+    0..n-1 as Spark sends ``ExecutorSink.routes``' values.
+    """
     ts, digest = sink.begin(batch_id)
     routed = []
     for part in _split(_arrow(deltas), _tweet_key, n):
         for _ in range(2 if tweet_tasks_twice else 1):  # a task Spark ran again
-            out = list(tweet_stage(sink.open_store, ts, iter(part.to_batches())))
+            out = list(tweet_stage(sink.open_store, ts, range(n), iter(part.to_batches())))
         routed += out
     table = _no_nulls_where_not_null(pa.Table.from_batches(routed))
     tallies = [SimpleNamespace(**row)
@@ -487,3 +491,16 @@ def test_rival_claims_of_deleted_ids_in_a_later_history_are_served_as_the_sql_sa
     for store in (reference, driver, executors):
         result = compare(log_, store, CAP)
         assert result.divergent == 0, (store, result.samples)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_each_route_lands_in_its_own_task_of_stage_two(spark, n):
+    """``repartition(n, "route")`` sends the p-th route to partition p: one task a route."""
+    from pyspark.sql import functions as F
+
+    routes = spark_routes(spark, n)
+    assert len(set(routes)) == n
+    frame = spark.createDataFrame([(r,) for r in routes] * 5, "route long")
+    placed = (frame.repartition(n, "route")
+              .select("route", F.spark_partition_id().alias("task")).distinct().collect())
+    assert sorted((r.task, r.route) for r in placed) == list(enumerate(routes))

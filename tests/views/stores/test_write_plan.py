@@ -11,12 +11,21 @@ deletions, reads, horizons, offsets) fold to the same plan on either path.
 
 from __future__ import annotations
 
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from views.delta import Delta
+from views.delta import Delta, DeltaKind, unpack_longs
+from views.sink import deltas_from_arrow
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.sink import _TWEET_SIDE, _Routed, _unpack, _user_plan, route_removes
+from views.stores.cassandra.sink import (
+    _TWEET_SIDE,
+    TALLY,
+    _user_plan,
+    deltas_table,
+    removed_deltas,
+    routed,
+)
 from views.stores.contract import Store
 from views.stores.plan import WritePlan
 
@@ -43,6 +52,8 @@ DELTAS = st.one_of(
 
 #: Every other kind, for the test that both paths fold a batch to one plan.
 OTHER_KINDS = st.one_of(
+    st.builds(lambda a, on, pairs: Delta.follows(a, on, [x for p in pairs for x in p]), USERS,
+              st.booleans(), st.lists(st.tuples(USERS, TIMES), min_size=1, max_size=4)),
     st.builds(Delta.timeline_add, USERS, TWEETS, USERS, TIMES),
     st.builds(lambda t, a, at, users: Delta.fanout(t, a, at, users), TWEETS, USERS, TIMES,
               st.lists(USERS, min_size=1, max_size=3)),
@@ -71,14 +82,20 @@ def _ranked(plan: WritePlan) -> tuple:
             plan.horizons, plan.offsets, plan.max_event_time)
 
 
+#: Stage two's tasks: the plans below fold what all of them got, split as stage one splits.
+ROUTES = [7, 3, 5]
+
+
 def _executor_plan(deltas: list[Delta]) -> WritePlan:
-    routed = _Routed()
-    for d in deltas:
-        _unpack(d, routed)
-    return _user_plan(routed.table())[0]
+    return _user_plan(routed(deltas_table(deltas), ROUTES))[0]
 
 
 def _executor_stages(deltas: list[Delta]) -> tuple[WritePlan, WritePlan]:
+    first, routed = _stage_one(deltas)
+    return first, _user_plan(routed)[0]
+
+
+def _stage_one(deltas: list[Delta]) -> tuple[WritePlan, pa.Table]:
     """Stage one's plan (the tweet side) and stage two's, as the tasks fold them.
 
     Stage one resolves its removes against nothing stored: every remove here has its
@@ -86,12 +103,9 @@ def _executor_stages(deltas: list[Delta]) -> tuple[WritePlan, WritePlan]:
     """
     tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
     first = Store.plan(tweet_side)
-    routed = _Routed()
-    route_removes(cql.removed_keys(first.removes, cql.tweet_times(first, {}), {})[0], routed)
-    for d in deltas:
-        if d.kind not in _TWEET_SIDE:
-            _unpack(d, routed)
-    return first, _user_plan(routed.table())[0]
+    removes = cql.removed_keys(first.removes, cql.tweet_times(first, {}), {})[0]
+    rest = [*removed_deltas(removes), *(d for d in deltas if d.kind not in _TWEET_SIDE)]
+    return first, routed(deltas_table(rest), ROUTES)
 
 
 def _tweet_side(plan: WritePlan) -> tuple:
@@ -112,6 +126,37 @@ def test_every_delta_kind_folds_to_one_plan_on_either_path(deltas):
     assert _tweet_side(second)[4] == _tweet_side(plan)[4]  # removes: stage two's rows
     assert _user_side(second) == _user_side(plan)
     assert not (first.adds or first.follows or second.tweets or second.reposts or second.dead)
+
+
+def _users(d: Delta) -> list[int]:
+    """The users whose rows a delta of stage two's writes (their task reads them first)."""
+    longs = list(unpack_longs(d.raw or b""))
+    if d.kind == DeltaKind.FOLLOW:
+        return longs[0::2]
+    if d.kind in (DeltaKind.FANOUT, DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE, DeltaKind.HORIZON):
+        return longs
+    return [d.author_id] if d.kind == DeltaKind.CELEB else [d.user_id]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVERY_KIND, max_size=14))
+def test_every_row_of_a_user_goes_to_one_task_of_stage_two(deltas):
+    """A listing delta crosses the shuffle split by its users' tasks, nothing lost, none twice."""
+    _, rows = _stage_one(deltas)
+    tasks: dict[int, set[int]] = {}
+    listed = []
+    for d, route in zip(deltas_from_arrow(rows), rows.column("route").to_pylist(), strict=True):
+        assert route in ROUTES
+        if d.kind not in (DeltaKind.OFFSET, TALLY):
+            for user in _users(d):
+                tasks.setdefault(user, set()).add(route)
+        if d.raw is not None and d.kind != DeltaKind.BACKFILL:
+            listed += [(d.kind, d.tweet_id, d.author_id, u) for u in _users(d)]
+    assert all(len(routes) == 1 for routes in tasks.values()), tasks
+    whole = [(d.kind, d.tweet_id, d.author_id, u) for d in deltas
+             if d.kind not in _TWEET_SIDE and d.raw is not None and d.kind != DeltaKind.BACKFILL
+             for u in _users(d)]
+    assert sorted(listed) == sorted(whole)
 
 
 @settings(max_examples=300, deadline=None)

@@ -39,9 +39,12 @@ stage                     routed by    writes
                                        ``celebrities`` (by author, no read)
 ========================  ===========  =============================================
 
-Stage 1 runs over the packed deltas (one row per tweet, however many followers);
-it unpacks them into one row per user, and those go through one shuffle to stage 2.
-Stage 2 starts only when stage 1 has finished, so a tweet's hydration row is written
+Stage 1 runs over the batch's deltas (a fan-out is one row, however many followers).
+What it passes on crosses one shuffle to stage 2 still packed: a delta that lists
+users is split only by the task its users fall to (:func:`routed`), so the shuffle
+carries about a row per delta and task, not a row per timeline entry, and stage 2
+folds each task's rows with :func:`~views.stores.plan.fold` as the driver's path
+folds a batch. Stage 2 starts only when stage 1 has finished, so a tweet's hydration row is written
 before any timeline row that shows it, and a returning user's cache is regenerated
 from ``author_tweets`` with the batch's tweets in it, as on the driver path.
 
@@ -62,12 +65,13 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
@@ -87,7 +91,7 @@ Opener = Callable[[], "CassandraStore"]
 
 log = logging.getLogger(__name__)
 
-#: Stage 1's output: deltas one user each (``user_id``), and the shuffle key.
+#: Stage 1's output: deltas of the users of one task of stage 2, and the shuffle key.
 _ROUTED_COLUMNS: Final = (*DELTA_COLUMNS, Column("route", BIGINT))
 ROUTED_DDL: Final = ddl(_ROUTED_COLUMNS)
 #: Stage 2's output, collected to the driver: a tally row per task (``topic`` null),
@@ -106,146 +110,141 @@ _TWEET_SIDE: Final = frozenset({DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_
 #: Kinds routed to stage 1 by tweet id (the rest by their user or author).
 _BY_TWEET: Final = (DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
                     DeltaKind.TL_ADD, DeltaKind.FANOUT)
-#: Kinds that reach stage 2 whole (they carry strings), routed by ``user_id``.
-_KEYED: Final = (DeltaKind.USER, DeltaKind.RELATION, DeltaKind.OFFSET)
-#: Kinds whose users a delta lists in ``raw``: a routed row's ``raw`` lists its one user
-#: (a follow, the follower and the edge's time), so stage 2 folds it as it is.
-_LISTED: Final = (DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE, DeltaKind.HORIZON)
+#: Kinds whose users a delta lists in ``raw`` (user ids): split by the task of each user.
+_LISTED: Final = (DeltaKind.FANOUT, DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE, DeltaKind.HORIZON)
+#: Kinds that go whole to the task of their ``user_id``.
+_BY_USER: Final = (DeltaKind.TL_ADD, DeltaKind.BACKFILL, DeltaKind.ACTIVITY, DeltaKind.USER,
+                   DeltaKind.RELATION)
+#: Every kind stage 1 passes on: the rest of stage 2's, the resolved removes, the tally.
+_ROUTED_KINDS: Final = frozenset({*_LISTED, DeltaKind.FOLLOW, *_BY_USER, DeltaKind.OFFSET,
+                                  DeltaKind.CELEB, DeltaKind.TL_DEL, TALLY})
 _ROUTED_SCHEMA: Final = arrow_schema(_ROUTED_COLUMNS)
+_DELTA_SCHEMA: Final = arrow_schema(DELTA_COLUMNS)
 _TALLY_SCHEMA: Final = arrow_schema(_TALLY_COLUMNS)
 
 
 # -- stage 1: by tweet ------------------------------------------------------------------------
 
-#: Stage 1's columns that rows() takes as a scalar or an array per call.
-_SPREAD: Final = ("kind", "tweet_id", "author_id", "created_at", "flag")
+def spread(users: np.ndarray, n: int) -> np.ndarray:
+    """Which of stage 2's ``n`` tasks takes each user's rows (a fixed mix of the id).
+
+    Any function of the user alone keeps every row of a user in one task; this one
+    spreads consecutive ids evenly.
+    """
+    mixed = users.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(32)) % np.uint64(n)).astype(np.int64)
 
 
-def _spread(parts: list[Any], counts: np.ndarray) -> np.ndarray:
-    """One column: each scalar repeated ``count`` times, each array as it is, in order."""
-    scalar = [not isinstance(p, np.ndarray) for p in parts]
-    out = np.repeat(np.array([p if s else 0 for p, s in zip(parts, scalar, strict=True)],
-                             dtype=np.int64), counts)
-    if not all(scalar):
-        ends = np.cumsum(counts)
-        for i in (i for i, s in enumerate(scalar) if not s):
-            out[ends[i] - counts[i]:ends[i]] = parts[i]
-    return out
+def deltas_table(deltas: Sequence[Delta]) -> pa.Table:
+    """Deltas as rows of ``DELTA_COLUMNS`` (what :func:`deltas_from_arrow` reads back)."""
+    return pa.table({f.name: [getattr(d, f.name) for d in deltas] for f in DELTA_COLUMNS},
+                    schema=_DELTA_SCHEMA)
 
 
-class _Routed:
-    """Stage 1's output rows, gathered column-wise (fan-out rows arrive as arrays)."""
+def routed(table: pa.Table, routes: Sequence[int]) -> pa.Table:
+    """Stage 1's output: deltas that stage 2 writes, each with the route of its users' task.
 
-    def __init__(self) -> None:
-        # Per call of rows(): its users, and each column's value (a scalar or an array
-        # as long as the users). Expanded once, in table(): numpy's per-call overhead
-        # (~10 us a broadcast) was most of stage 1 when taken per delta.
-        self.users: list[np.ndarray] = []
-        self.values: dict[str, list[Any]] = {n: [] for n in _SPREAD}
-        self.keyed: list[Delta] = []  # rows with strings: profiles, relations, offsets, tallies
-
-    def rows(self, kind: int, users: Any, *, tweet: Any = 0, author: Any = 0,
-             created_at: Any = 0, flag: int = 0) -> None:
-        self.users.append(np.asarray(users, dtype=np.int64).reshape(-1))
-        for name, value in zip(_SPREAD, (kind, tweet, author, created_at, flag), strict=True):
-            self.values[name].append(value)
-
-    def table(self) -> pa.Table:
-        counts = np.fromiter((len(u) for u in self.users), np.int64, len(self.users))
-        users = np.concatenate(self.users) if self.users else np.zeros(0, np.int64)
-        arrays = {name: _spread(parts, counts) for name, parts in self.values.items()}
-        arrays.update(user_id=users, route=users)
-        zeros = np.zeros(len(users), np.int64)  # the columns these rows do not use
-        n = len(arrays["kind"])
-        columns = {f.name: pa.nulls(n, f.type) if f.nullable and f.name not in arrays
-                   else pa.array(arrays.get(f.name, zeros), f.type) for f in _ROUTED_SCHEMA}
-        columns["raw"] = _raw(arrays["kind"], users, arrays["created_at"])
-        bulk = pa.table(columns, schema=_ROUTED_SCHEMA)
-        keyed = pa.table({f.name: pa.array([_route(d) if f.name == "route"
-                                            else getattr(d, f.name) for d in self.keyed],
-                                           f.type) for f in _ROUTED_SCHEMA},
-                         schema=_ROUTED_SCHEMA)
-        return pa.concat_tables([bulk, keyed])
-
-
-def _raw(kinds: np.ndarray, users: np.ndarray, created_at: np.ndarray) -> pa.Array:
-    """The ``raw`` of routed rows: the one user of a listing kind, a follow's pair, else null."""
-    follow = kinds == DeltaKind.FOLLOW
-    longs = np.where(np.isin(kinds, _LISTED), 1, 0) + np.where(follow, 2, 0)
-    ends = np.cumsum(longs)
-    values = np.empty(int(ends[-1]) if len(ends) else 0, np.int64)
-    listed = longs > 0
-    values[(ends - longs)[listed]] = users[listed]
-    values[(ends - longs)[follow] + 1] = created_at[follow]
-    offsets = np.concatenate(([0], ends * 8)).astype(np.int32)
-    valid = pa.array(listed, pa.bool_()).buffers()[1]
-    return pa.Array.from_buffers(pa.binary(), len(kinds),
-                                 [valid, pa.py_buffer(offsets), pa.py_buffer(values)])
-
-
-def _route(d: Delta) -> int:
-    return d.partition if d.kind == DeltaKind.OFFSET else d.user_id
-
-
-def _longs(raw: bytes | None) -> np.ndarray:
-    return np.frombuffer(raw or b"", dtype=np.int64)
-
-
-def _unpack(d: Delta, out: _Routed) -> None:
-    """One delta of stage 1's input as rows of one user each (tweet-side kinds excluded)."""
-    kind = d.kind
-    if kind == DeltaKind.TL_ADD:
-        out.rows(kind, d.user_id, tweet=d.tweet_id, author=d.author_id,
-                 created_at=d.created_at)
-    elif kind == DeltaKind.FANOUT:
-        out.rows(DeltaKind.TL_ADD, _longs(d.raw), tweet=d.tweet_id, author=d.author_id,
-                 created_at=d.created_at)
-    elif kind == DeltaKind.BACKFILL:
-        pairs = _longs(d.raw)
-        out.rows(DeltaKind.TL_ADD, np.full(len(pairs) // 2, d.user_id), tweet=pairs[1::2],
-                 author=d.author_id, created_at=pairs[0::2])
-    elif kind in (DeltaKind.TL_WIPE, DeltaKind.CELEB_EDGE):
-        out.rows(kind, _longs(d.raw), author=d.author_id, flag=d.flag)
-    elif kind == DeltaKind.HORIZON:
-        out.rows(kind, _longs(d.raw), tweet=d.tweet_id, created_at=d.created_at)
-    elif kind == DeltaKind.FOLLOW:
-        pairs = _longs(d.raw)
-        out.rows(kind, pairs[0::2], author=d.author_id, created_at=pairs[1::2], flag=d.flag)
-    elif kind == DeltaKind.CELEB:
-        out.rows(kind, d.author_id, author=d.author_id, flag=d.flag)
-    elif kind == DeltaKind.ACTIVITY:  # to the task of the user's timeline (inactive users)
-        out.rows(kind, d.user_id, created_at=d.created_at)
-    elif kind in _KEYED:
-        out.keyed.append(d)
-    else:
-        msg = f"the executor sink has no route for delta kind {kind}"
+    ``routes`` holds a value of the shuffle key per task of stage 2 (:func:`routes_for`):
+    a row whose ``route`` is ``routes[p]`` goes to task ``p``. A fan-out, a follow's
+    edges and the other deltas that list users in ``raw`` cross the shuffle packed, one
+    row per task their users fall to, not a row per user; stage 2 folds them as the
+    driver's path does (:func:`~views.stores.plan.fold`). Column-wise: a batch's rows
+    are many, each small.
+    """
+    to = np.asarray(routes, dtype=np.int64)
+    kinds = table.column("kind").to_numpy()
+    unknown = sorted(set(np.unique(kinds).tolist()) - _ROUTED_KINDS)
+    if unknown:
+        msg = f"the executor sink has no route for delta kind {unknown[0]}"
         raise StoreError(msg)
+    listed = np.isin(kinds, _LISTED)
+    follow = kinds == DeltaKind.FOLLOW
+    whole = table.filter(pa.array(~(listed | follow)))
+    key = np.where(whole.column("kind").to_numpy() == DeltaKind.OFFSET,
+                   whole.column("partition").to_numpy().astype(np.int64),
+                   np.where(whole.column("kind").to_numpy() == DeltaKind.CELEB,
+                            whole.column("author_id").to_numpy(),
+                            whole.column("user_id").to_numpy()))
+    parts = [(whole, to[spread(key, len(to))]),
+             _split(table.filter(pa.array(listed)), 1, to),
+             _split(table.filter(pa.array(follow)), 2, to)]
+    return pa.concat_tables(
+        pa.Table.from_arrays([*(t.column(f.name) for f in DELTA_COLUMNS), pa.array(r)],
+                             schema=_ROUTED_SCHEMA) for t, r in parts)
 
 
-def route_removes(removes: list[cql.Removed], out: _Routed) -> None:
-    """Stage 1's resolved removes (timeline keys) as TL_DEL rows, one user each."""
-    if removes:
-        cols = np.array(removes, dtype=np.int64)
-        out.rows(DeltaKind.TL_DEL, cols[:, 0], created_at=cols[:, 1], tweet=cols[:, 2])
+def _split(rows: pa.Table, width: int, to: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """``rows`` as one row per task their users fall to; and each row's route.
+
+    Each row lists users in ``raw``, ``width`` longs a user, its id first.
+    """
+    raw = rows.column("raw").combine_chunks()
+    if len(raw) == 0:
+        return rows, np.zeros(0, np.int64)
+    offsets = np.frombuffer(raw.buffers()[1], np.int32)[raw.offset:raw.offset + len(raw) + 1]
+    data = raw.buffers()[2]
+    longs = (np.frombuffer(data, np.int64, (offsets[-1] - offsets[0]) // 8, offsets[0])
+             if data is not None else np.zeros(0, np.int64))
+    users = longs.reshape(-1, width)
+    row = np.repeat(np.arange(len(raw)), np.diff(offsets) // (8 * width))
+    task = spread(users[:, 0], len(to))
+    order = np.lexsort((task, row))
+    row, task, users = row[order], task[order], users[order]
+    first = np.ones(len(row), bool)
+    first[1:] = (row[1:] != row[:-1]) | (task[1:] != task[:-1])
+    starts = np.flatnonzero(first)
+    bounds = (np.append(starts, len(row)) * 8 * width).astype(np.int32)
+    split = pa.Array.from_buffers(pa.binary(), len(starts),
+                                  [None, pa.py_buffer(bounds), pa.py_buffer(users.tobytes())])
+    out = rows.take(pa.array(row[starts]))
+    return out.set_column(out.schema.get_field_index("raw"), "raw", split), to[task[starts]]
 
 
-def tweet_stage(open_store: Opener, ts: int,
-                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A task of stage 1: write its tweets, pass everything else on one user per row."""
-    deltas = [d for b in batches for d in deltas_from_arrow(pa.Table.from_batches([b]))]
-    out = _Routed()
-    tweet_side = [d for d in deltas if d.kind in _TWEET_SIDE]
-    if tweet_side:
-        plan = ViewWriter.plan(tweet_side)
+def routes_for(n: int, hashes: Sequence[int]) -> list[int]:
+    """A value of the shuffle key per task: the first ``v`` with ``hashes[v] % n == p``.
+
+    ``hashes[v]`` is Spark's partitioning hash of ``v`` (``hash(v)``, pmod ``n``), so
+    ``repartition(n, "route")`` sends a row of route ``routes[p]`` to partition ``p``.
+    """
+    found: dict[int, int] = {}
+    for value, h in enumerate(hashes):
+        found.setdefault(h % n, value)
+        if len(found) == n:
+            return [found[p] for p in range(n)]
+    msg = f"no value of the shuffle key lands in each of {n} partitions"
+    raise StoreError(msg)
+
+
+def spark_routes(spark: Any, n: int) -> list[int]:
+    """:func:`routes_for` with Spark's partitioning hash (``hash``: Murmur3, seed 42)."""
+    from pyspark.sql import functions as F
+
+    probe = spark.range(0, 64 * n).select(F.expr(f"pmod(hash(id), {n})").alias("p"))
+    return routes_for(n, [row.p for row in probe.collect()])
+
+
+def removed_deltas(removes: list[cql.Removed]) -> list[Delta]:
+    """Stage 1's resolved removes (timeline keys) as TL_DEL deltas, one user each."""
+    return [Delta.timeline_remove(user, tweet, 0, created_at)
+            for user, created_at, tweet in removes]
+
+
+def tweet_stage(open_store: Opener, ts: int, routes: Sequence[int],
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task of stage 1: write its tweets, pass everything else on to its users' tasks."""
+    given = list(batches)  # Spark's schema: DELTA_DDL's, nullability aside
+    table = (pa.Table.from_batches(given).cast(_DELTA_SCHEMA) if given
+             else _DELTA_SCHEMA.empty_table())
+    tweet_side = pa.array(np.isin(table.column("kind").to_numpy(), list(_TWEET_SIDE)))
+    plan = ViewWriter.plan(deltas_from_arrow(table.filter(tweet_side)))
+    extra: list[Delta] = []
+    if plan.rows():
         removes, _ = TaskWriter(open_store()).write_tweets(plan, ts)
-        route_removes(removes, out)
-        out.keyed.append(Delta(TALLY, offset=len(plan.tweets) + len(plan.foreign_deletes)
-                               + len(plan.reposts)
-                               + len(plan.dead), partition=len(plan.dead)))
-    for d in deltas:
-        if d.kind not in _TWEET_SIDE:
-            _unpack(d, out)
-    yield from out.table().to_batches()
+        extra = [*removed_deltas(removes),
+                 Delta(TALLY, offset=len(plan.tweets) + len(plan.foreign_deletes)
+                       + len(plan.reposts) + len(plan.dead), partition=len(plan.dead))]
+    rest = pa.concat_tables([table.filter(pc.invert(tweet_side)), deltas_table(extra)])
+    yield from routed(rest, routes).to_batches()
 
 
 # -- stage 2: by user -------------------------------------------------------------------------
@@ -253,21 +252,17 @@ def tweet_stage(open_store: Opener, ts: int,
 def _user_plan(table: pa.Table) -> tuple[WritePlan, int, int]:
     """Stage 2's rows as a plan of its users; and stage 1's tallies (rows, dead).
 
-    Every row is a plain delta of one user, folded by :func:`~views.stores.plan.fold`
-    as the driver's path folds the batch — the timeline adds, most of a batch's rows,
-    taken column-wise as their fold would take them one by one. The rows come in
-    whatever order the shuffle delivered them; the folds give the same plan for any
-    order (``tests/views/stores/test_write_plan.py``).
+    Every row is a delta of this task's users, folded by :func:`~views.stores.plan.fold`
+    as the driver's path folds the batch. The rows come in whatever order the shuffle
+    delivered them; the folds give the same plan for any order
+    (``tests/views/stores/test_write_plan.py``).
     """
     plan = WritePlan()
-    kinds = table.column("kind").to_numpy()
-    add = kinds == DeltaKind.TL_ADD
-    plan.adds.extend_columns(*(table.column(n).to_numpy()[add]
-                               for n in ("user_id", "created_at", "tweet_id", "author_id")))
-    tally = kinds == TALLY
-    rows = int(table.column("offset").to_numpy()[tally].sum())
-    dead = int(table.column("partition").to_numpy()[tally].sum())
-    for d in deltas_from_arrow(table.filter(pa.array(~add & ~tally))):
+    tally = pc.equal(table.column("kind"), TALLY)
+    counts = table.filter(tally)
+    rows = int(pc.sum(counts.column("offset")).as_py() or 0)
+    dead = int(pc.sum(counts.column("partition")).as_py() or 0)
+    for d in deltas_from_arrow(table.filter(pc.invert(tally))):
         fold(plan, d)
     return plan, rows, dead
 
@@ -318,6 +313,7 @@ class ExecutorSink(Sink):
         self.open_store = store.task_stores()
         self.checkpoint = checkpoint
         self.partitions = partitions
+        self._routes: dict[int, list[int]] = {}
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         start = time.perf_counter()
@@ -325,7 +321,8 @@ class ExecutorSink(Sink):
         n = self.partitions or frame.sparkSession.sparkContext.defaultParallelism
         tallies = (frame.mapInArrow(unpacked_batches, DELTA_DDL)
                    .repartition(n, tweet_route())
-                   .mapInArrow(functools.partial(tweet_stage, self.open_store, ts),
+                   .mapInArrow(functools.partial(tweet_stage, self.open_store, ts,
+                                                 self.routes(frame.sparkSession, n)),
                                ROUTED_DDL)
                    .repartition(n, "route")
                    .mapInArrow(functools.partial(user_stage, self.open_store, ts,
@@ -333,6 +330,12 @@ class ExecutorSink(Sink):
                                TALLY_DDL)
                    .collect())
         self.finish(batch_id, ts, digest, tallies, start)
+
+    def routes(self, spark: Any, n: int) -> list[int]:
+        """Stage 2's shuffle key per task (:func:`spark_routes`), found once per ``n``."""
+        if n not in self._routes:
+            self._routes[n] = spark_routes(spark, n)
+        return self._routes[n]
 
     def begin(self, batch_id: int) -> tuple[int, str]:
         """The batch's write timestamp (durable before any task writes), and its name."""
