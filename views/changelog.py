@@ -17,7 +17,7 @@ from ingest.events import Event
 from ingest.settings import KafkaSettings
 from views.kafka_offsets import EndOffsets
 from views.row import EVENT_COLUMNS, Kind, to_event
-from views.source import KafkaRange, SourceOptions, read_range
+from views.source import KafkaRange, SourceOptions, read_ranges
 
 
 @dataclass
@@ -52,12 +52,12 @@ def read_changelog(kafka: KafkaSettings, idle_timeout: float = 30.0,
     options = SourceOptions(bootstrap=kafka.bootstrap, topic_prefix=kafka.topic_prefix,
                             read_timeout=idle_timeout)
     out = Changelog()
+    ranges = []
     for (topic, part), end in sorted(ends.items()):
         out.ends[(kafka.logical(topic), part)] = end
-        if end <= starts[(topic, part)]:
-            continue
-        for batch in read_range(options, KafkaRange(topic, part, starts[(topic, part)], end)):
-            _collect(batch.to_pydict(), out)
+        ranges.append(KafkaRange(topic, part, starts[(topic, part)], end))
+    for _, batch in read_ranges(options, ranges):
+        _collect(batch.to_pydict(), out)
     return out
 
 

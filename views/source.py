@@ -30,7 +30,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -376,51 +376,88 @@ def _log_to_stderr() -> None:
 
 def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the rows of records [start, end) of one partition."""
-    logical = options.settings().logical(part.topic)
+    for _, batch in read_ranges(options, [part]):
+        yield batch
+
+
+def read_ranges(options: SourceOptions,
+                parts: Sequence[KafkaRange]) -> Iterator[tuple[KafkaRange, pa.RecordBatch]]:
+    """Arrow batches of several ranges, read by one consumer, in the order of ``parts``.
+
+    Each range's batches are in offset order and all come before the next range's.
+
+    One consumer fetches from every partition at once: a consumer each (its connection,
+    metadata and first fetch) cost a reader of many small ranges most of its time. One
+    range's batches come as they are read; several ranges' once all are.
+    """
+    if len({(p.topic, p.partition) for p in parts}) < len(parts):
+        msg = "read_ranges reads a partition once: two ranges name the same one"
+        raise ValueError(msg)
+    wanted = [p for p in parts if p.end > p.start]
+    if not wanted:
+        return
+    stream = len(wanted) == 1
+    rows: dict[tuple[str, int], list[Row]] = {(p.topic, p.partition): [] for p in wanted}
+    logical = {p.topic: options.settings().logical(p.topic) for p in wanted}
     consumer = Consumer(consumer_config(options.bootstrap, **_READ_CONF))
     try:
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        rows: list[Row] = []
-        for records in _records(consumer, part, options.read_timeout):
-            rows.extend(event_row(logical, part.partition, offset, key, value)
-                        for offset, key, value in records)
-            if len(rows) >= options.batch_rows:
-                yield rows_to_batch(rows)
-                rows = []
-        if rows:
-            yield rows_to_batch(rows)
+        consumer.assign([TopicPartition(p.topic, p.partition, p.start) for p in wanted])
+        for part, records in _records(consumer, wanted, options.read_timeout):
+            got = rows[(part.topic, part.partition)]
+            got.extend(event_row(logical[part.topic], part.partition, offset, key, value)
+                       for offset, key, value in records)
+            if stream and len(got) >= options.batch_rows:
+                yield part, rows_to_batch(got)
+                got.clear()
     finally:
         consumer.close()
+    for part in wanted:
+        got = rows[(part.topic, part.partition)]
+        for i in range(0, len(got), options.batch_rows):
+            yield part, rows_to_batch(got[i:i + options.batch_rows])
 
 
-def _records(consumer: Consumer, part: KafkaRange,
-             idle_timeout: float) -> Iterator[list[tuple[int, bytes | None, bytes | None]]]:
-    """Lists of (offset, key, value) of the records in [start, end), in offset order.
+def _records(consumer: Consumer, parts: Sequence[KafkaRange], idle_timeout: float
+             ) -> Iterator[tuple[KafkaRange, list[tuple[int, bytes | None, bytes | None]]]]:
+    """Lists of (offset, key, value) of the records in each range's [start, end).
 
-    Offsets may have gaps (compaction), so the read ends at the first offset ≥ end
-    or once the position passes end - 1. Raises if no record arrives for
-    ``idle_timeout`` seconds while some are still expected.
+    Each range's come in offset order.
+
+    Offsets may have gaps (compaction), so a range ends at the first offset ≥ end or
+    once its position passes end - 1; its partition is paused then. Raises if no record
+    arrives for ``idle_timeout`` seconds while some are still expected.
     """
-    position = part.start
+    by_key = {(p.topic, p.partition): p for p in parts}
+    position = {key: p.start for key, p in by_key.items()}
+    open_ = set(by_key)
     idle_deadline = time.monotonic() + idle_timeout
-    while position < part.end:
-        batch = consumer.consume(num_messages=min(10_000, part.end - position), timeout=0.05)
-        records = []
+    while open_:
+        batch = consumer.consume(num_messages=10_000, timeout=0.05)
+        got: dict[tuple[str, int], list[tuple[int, bytes | None, bytes | None]]] = {}
         for msg in batch:
+            key = (msg.topic() or "", msg.partition() or 0)
             offset = msg.offset()
-            if offset is None or msg.error() is not None:
-                _raise_on_error(msg, part)
+            if key not in open_ or offset is None or msg.error() is not None:
+                if msg.error() is not None:
+                    _raise_on_error(msg, by_key.get(key, parts[0]))
                 continue
-            if position <= offset < part.end:
-                records.append((offset, msg.key(), msg.value()))
-            position = max(position, offset + 1)
-        if records:
+            part = by_key[key]
+            if position[key] <= offset < part.end:
+                got.setdefault(key, []).append((offset, msg.key(), msg.value()))
+            position[key] = max(position[key], offset + 1)
+            if position[key] >= part.end:
+                open_.discard(key)
+                consumer.pause([TopicPartition(*key)])
+        for key, records in got.items():
+            yield by_key[key], records
+        if got:
             idle_deadline = time.monotonic() + idle_timeout
-            yield records
-        elif position < part.end and time.monotonic() >= idle_deadline:
+        elif open_ and time.monotonic() >= idle_deadline:
+            key = min(open_)
+            part = by_key[key]
             text = (f"{part.topic}[{part.partition}]: no record for {idle_timeout:.0f} s at "
-                    f"offset {position} while reading [{part.start}, {part.end}); were the "
-                    f"records deleted, or is the broker down?")
+                    f"offset {position[key]} while reading [{part.start}, {part.end}); were "
+                    f"the records deleted, or is the broker down?")
             raise KafkaReadError(text)
 
 

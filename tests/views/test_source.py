@@ -51,6 +51,7 @@ from views.source import (
     event_row,
     fair_share,
     read_range,
+    read_ranges,
     rows_to_batch,
 )
 
@@ -268,6 +269,25 @@ def test_read_turns_bad_records_into_rows(kafka_settings: KafkaSettings) -> None
     assert [r["kind"] for r in rows] == [Kind.INVALID, Kind.INVALID, Kind.FOLLOW]
     assert [r["offset"] for r in rows] == [0, 1, 2]
     assert rows[0]["raw"] is None and rows[1]["raw"] == b"garbage"
+
+
+@pytest.mark.broker
+def test_one_consumer_reads_ranges_of_several_partitions_exactly_in_the_order_given(
+        kafka_settings: KafkaSettings) -> None:
+    """Each range whole and alone, in offset order, the ranges in the order asked; a
+    partition's records past its range's end are left, an empty range gives nothing."""
+    producer = Producer({"bootstrap.servers": kafka_settings.bootstrap})
+    topic = kafka_settings.topic(FOLLOWS)
+    for i in range(24):
+        producer.produce(topic, key=encode_key(i), value=encode(Follow(i, i + 1, i))[1],
+                         partition=i % 2)
+    assert producer.flush(30) == 0
+    ranges = [KafkaRange(topic, 1, 1, 9), KafkaRange(kafka_settings.topic(TWEETS), 0, 3, 3),
+              KafkaRange(topic, 0, 2, 10)]
+    read = [(part.partition, row["partition"], row["offset"])
+            for part, batch in read_ranges(_options(kafka_settings, batch_rows=3), ranges)
+            for row in batch.to_pylist()]
+    assert read == [(1, 1, o) for o in range(1, 9)] + [(0, 0, o) for o in range(2, 10)]
 
 
 # --- Spark ------------------------------------------------------------------------------------
