@@ -392,26 +392,30 @@ def _recheck_once(kafka: KafkaSettings, store: Store, cap: int, result: VerifyRe
     the log up to its own position, ``ref`` carried forward from one to the next.
     """
     users = result.divergent_users
-    read: list[tuple[Offsets, Offsets | None, dict[int, Served]]] = []
+    seen: list[Offsets] = []  # every position of the view the reads saw, in order
+    groups: list[tuple[Offsets, dict[int, Served]]] = []
     for i in range(0, len(users), _GROUP):
         group = users[i:i + _GROUP]
         for _ in range(_STILL_READS):
-            applied = store.applied_offsets()
+            applied = _position(store, seen)
             rows = {user: served(store, user, cap) for user in group}
-            if store.applied_offsets() == applied:
+            if _position(store, seen) == applied:
                 break
         else:
             msg = (f"the new view committed a batch during every one of {_STILL_READS} "
                    f"reads of {len(group)} users to check again")
             raise StackError(msg)
-        # A store whose batches become visible row by row (Cassandra: the executors write,
-        # then the offsets commit) may have shown part of the next batch: its position is
-        # taken too, once it commits, and a user matches at either.
-        after = None if store.atomic_batches else _next_commit(store, applied)
-        if read and read[-1][0] == applied and read[-1][1] is None and after is None:
-            read[-1][2].update(rows)
+        if groups and groups[-1][0] == applied:
+            groups[-1][1].update(rows)
         else:
-            read.append((applied, after, rows))
+            groups.append((applied, rows))
+    # A store whose batches become visible row by row (Cassandra: the executors write,
+    # then the offsets commit) may have shown part of the next batch: its position is
+    # taken too, and a user matches at either. The reads polled the position between
+    # groups, so a group's next position is the one seen after it; only the last
+    # group's is waited for.
+    read = [(applied, None if store.atomic_batches else _commit_after(store, seen, applied),
+             rows) for applied, rows in groups]
     result.divergent, result.divergent_users, result.samples = 0, [], []
     for applied, after, rows in read:
         since = _advance(ref, kafka, since, applied)
@@ -433,6 +437,25 @@ def _recheck_once(kafka: KafkaSettings, store: Store, cap: int, result: VerifyRe
 Offsets = dict[tuple[str, int], int]
 #: How long a recheck waits for the batch being written to commit (seconds).
 _COMMIT_WAIT_S: Final = 60.0
+
+
+def _position(store: Store, seen: list[Offsets]) -> Offsets:
+    """The view's applied offsets now, noted in ``seen`` when they moved."""
+    now = store.applied_offsets()
+    if not seen or seen[-1] != now:
+        seen.append(now)
+    return now
+
+
+def _commit_after(store: Store, seen: list[Offsets], applied: Offsets) -> Offsets | None:
+    """The position after ``applied``: the next one ``seen``, else the next commit."""
+    later = seen[seen.index(applied) + 1:]
+    if later:
+        return later[0]
+    after = _next_commit(store, applied)
+    if after is not None:
+        seen.append(after)
+    return after
 
 
 def _next_commit(store: Store, applied: Offsets) -> Offsets | None:

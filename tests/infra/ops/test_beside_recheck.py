@@ -175,3 +175,43 @@ def test_the_new_view_is_checked_under_its_own_lateness_bound(tmp_path, kafka_se
                             said.append)
     assert default.divergent > 0
     store.close()
+
+
+class RowByRow(Moving):
+    """A view whose batches show row by row, before their offsets commit (Cassandra's)."""
+
+    atomic_batches = False
+
+
+def test_a_page_with_rows_of_the_next_batch_matches_at_the_next_position_read(
+        tmp_path, kafka_settings, log_, monkeypatch):
+    # The rest of the log is applied, but its offsets commit only once three groups were
+    # read: those groups match the log at the position the next groups are read at, and
+    # only the last group waits for a commit (none comes).
+    whole, half, first, rest = log_
+    store = RowByRow(tmp_path / "v.sqlite", set(), []).open()
+    join = LocalJoin(JoinConfig.with_ratio(CAP, 100), store)
+    join.run(first.events)
+    _offsets(store, half)
+    join.run(rest.events)
+    users = sorted({e.follower_id for e in whole.events if hasattr(e, "follower_id")})
+    assert len(users) > 4 * beside._GROUP
+    reads, waits = [0], []
+
+    def read(*args):
+        reads[0] += 1
+        if reads[0] == 3 * beside._GROUP + 1:
+            _offsets(store, whole.ends)
+        return served(*args)
+
+    def next_commit(store_, applied):
+        waits.append(applied)
+        return None
+
+    monkeypatch.setattr(beside, "served", read)
+    monkeypatch.setattr(beside, "_next_commit", next_commit)
+    result = VerifyResult(divergent=len(users), divergent_users=list(users))
+    beside._recheck(kafka_settings, store, CAP, result)
+    assert (result.divergent, result.samples) == (0, [])
+    assert waits == [{tp: end - 1 for tp, end in whole.ends.items() if end}]
+    store.close()
