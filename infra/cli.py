@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from infra import webclient
 from infra.checks import verifier as verifier_cli
 from infra.errors import InfraError
 from infra.faults import nemesis as nemesis_cli
@@ -252,7 +253,7 @@ def _job_at_a_glance(url: str | None) -> dict[str, Any]:
         return {"metrics": None, "error": "no metrics endpoint recorded: restart the job "
                                           "with `fanout down` and `fanout up`"}
     try:
-        response = httpx.get(url, timeout=3.0)
+        response = webclient.get(url, timeout=3.0)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         return {"metrics": url, "error": f"no answer: {exc}"}
@@ -264,7 +265,7 @@ def _verifier_at_a_glance(url: str | None) -> dict[str, Any]:
     if url is None:
         return {"metrics": None, "error": "no metrics endpoint recorded"}
     try:
-        response = httpx.get(url, timeout=3.0)
+        response = webclient.get(url, timeout=3.0)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         return {"metrics": url, "error": f"no answer: {exc}"}

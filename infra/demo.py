@@ -26,6 +26,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
+from infra import webclient
 from infra.checks.checker import sse_events
 from infra.checks.verify import end_offsets, lagging, verify
 from infra.errors import InfraError
@@ -130,7 +131,7 @@ def catch_up(kafka: KafkaSettings, store: Store, timeout: float = 600.0) -> None
 def _show_timelines(stack: Stack, store: Store, entries: int = 5) -> None:
     """The busiest reader's newest entries, then one entry of each kind over HTTP."""
     busiest = readers_busiest_first(store)
-    with httpx.Client(base_url=stack.api_url, timeout=10) as client:
+    with webclient.client(base_url=stack.api_url, timeout=10) as client:
         for user in busiest:
             answer = client.get(f"/v1/users/{user}/home", params={"limit": entries})
             if answer.status_code == 200:  # else a deleted account: the next one
@@ -174,7 +175,7 @@ def live_event(api_url: str, store: Store, timeout: float = LIVE_TIMEOUT_S) -> b
     done = threading.Event()
 
     def hold() -> None:
-        with httpx.Client(base_url=api_url, timeout=timeout) as client, client.stream(
+        with webclient.client(base_url=api_url, timeout=timeout) as client, client.stream(
                 "GET", f"/v1/users/{reader}/home/stream", params={"limit": 5}) as response:
             for fields in sse_events(response.iter_lines()):
                 if fields:
@@ -188,7 +189,7 @@ def live_event(api_url: str, store: Store, timeout: float = LIVE_TIMEOUT_S) -> b
         first = events.get(timeout=timeout)  # the page as adds: the stream is open
         print(f"GET /v1/users/{reader}/home/stream?limit=5: open ({first.get('event')} "
               "events of the first page)")
-        with httpx.Client(base_url=api_url, timeout=10) as client:
+        with webclient.client(base_url=api_url, timeout=10) as client:
             posted = client.post("/v1/tweets", headers={USER_HEADER: str(author)},
                                  json={"text": "hello, live from fanout's demo"})
         accepted = time.monotonic()

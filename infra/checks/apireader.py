@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import httpx
 
+from infra import webclient
 from infra.checks.logtail import MEANING_TOPICS, LogicalTP
 from infra.errors import InfraError
 from serving.auth import mint
@@ -36,7 +37,7 @@ class ApiReader:
 
     def _http(self) -> httpx.Client:
         if self._client is None:
-            self._client = httpx.Client(base_url=self.url, timeout=self._timeout)
+            self._client = webclient.client(base_url=self.url, timeout=self._timeout)
         return self._client
 
     def close(self) -> None:

@@ -52,6 +52,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
+from infra import webclient
 from serving.auth import USER_HEADER
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class Workload:
 
     def _write_loop(self, seed: float) -> None:
         rng = random.Random(seed)
-        with httpx.Client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+        with webclient.client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
             while not self._stop.is_set():
                 user, n = rng.choice(self.users), self.history.number()
                 began, clock = time.time(), time.monotonic()
@@ -224,7 +225,7 @@ class Workload:
 
     def _read_loop(self, seed: float) -> None:
         rng = random.Random(seed)
-        with httpx.Client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+        with webclient.client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
             while not self._stop.is_set():
                 user = rng.choice(self.users)
                 began, clock = time.time(), time.monotonic()
@@ -444,7 +445,7 @@ class StreamHolder:
             return [self.held[k] for k in sorted(self.held, reverse=True)]
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+        with webclient.client(base_url=self.api_url, timeout=REQUEST_TIMEOUT_S) as client:
             while not self._stop.is_set():
                 try:
                     self._hold(client)
@@ -532,7 +533,7 @@ def check_streams(holders: list[StreamHolder], wait: float = 30.0) -> StreamRepo
         holder.drop_every = 0
     deadline = time.monotonic() + wait
     for holder in holders:
-        with httpx.Client(base_url=holder.api_url, timeout=REQUEST_TIMEOUT_S) as client:
+        with webclient.client(base_url=holder.api_url, timeout=REQUEST_TIMEOUT_S) as client:
             home: list[dict[str, Any]] = []
             while time.monotonic() < deadline:
                 response = client.get(f"/v1/users/{holder.user}/home",

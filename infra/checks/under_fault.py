@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from infra import webclient
 from infra.checks.checker import REQUEST_TIMEOUT_S, History, Op, caller_headers, read_stats
 from infra.errors import InfraError
 from infra.faults.nemesis import MAX_FLAPS, Nemesis
@@ -140,7 +141,7 @@ def probe(api_url: str, seconds: float, users: int,
     probes: list[dict[str, Any]] = []
     deadline = time.monotonic() + seconds
     user = 0
-    with httpx.Client(base_url=api_url, timeout=REQUEST_TIMEOUT_S) as client:
+    with webclient.client(base_url=api_url, timeout=REQUEST_TIMEOUT_S) as client:
         while time.monotonic() < deadline:
             user = user % users + 1
             clock = time.monotonic()

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from infra import webclient
 from infra.errors import LoadRunError
 from infra.services.fanout import FanoutProcess
 from infra.services.process import free_port
@@ -230,7 +231,7 @@ def _probe_targets(followers: dict[int, list[int]], celebrities: set[int], rng: 
 def auth_on(api_url: str, user: int) -> bool:
     """Whether the API wants a bearer token for a home timeline (401 without one)."""
     try:
-        answer = httpx.get(f"{api_url}/v1/users/{user}/home", params={"limit": 1}, timeout=10)
+        answer = webclient.get(f"{api_url}/v1/users/{user}/home", params={"limit": 1}, timeout=10)
     except httpx.HTTPError as exc:
         msg = (f"the API at {api_url} does not answer: {exc}. Is its stack up? "
                "`fanout status` says what runs and `fanout up` starts it (with the same "

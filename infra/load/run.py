@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import psutil
 
 import loadgen
+from infra import webclient
 from infra.errors import LoadRunError
 from infra.load import prep as loadprep
 from infra.services.process import interrupted_by_signals
@@ -384,7 +384,7 @@ class _ProbeThread:
     """The fan-out probe on a thread of its own for the length of one mode's run."""
 
     def __init__(self, api: str, prepared: loadprep.Prepared, plan: LoadPlan) -> None:
-        self.client = httpx.Client(base_url=api, timeout=plan.probe_deadline + 5)
+        self.client = webclient.client(base_url=api, timeout=plan.probe_deadline + 5)
         settings = ProbeSettings(interval=plan.probe_interval, deadline=plan.probe_deadline)
         self.probe = FanoutProbe(self.client, prepared.targets, settings)
         self.stop = threading.Event()

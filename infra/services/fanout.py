@@ -22,6 +22,7 @@ from typing import Final
 
 import httpx
 
+from infra import webclient
 from infra.errors import InfraError
 from infra.services import procs
 from infra.services.process import Heartbeat
@@ -100,7 +101,7 @@ class FanoutProcess:
             return self.ready_file.exists()
         assert self.health is not None
         try:
-            return httpx.get(self.health, timeout=1.0).status_code == 200
+            return webclient.get(self.health, timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 

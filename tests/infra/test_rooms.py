@@ -18,7 +18,7 @@ INFRA = ROOT / "infra"
 
 #: Bottom to top. A module's room is its subpackage, or the module itself at the top.
 ROOMS = (
-    ("infra.errors", "infra.settings"),
+    ("infra.errors", "infra.settings", "infra.webclient"),
     ("infra.services",),
     ("infra.faults",),
     ("infra.stack",),

@@ -22,9 +22,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from infra import webclient
 from infra.errors import LoadRunError
 from infra.load.prep import STARTED, History, api_for, seed, target
 from infra.load.run import api_processes
@@ -84,7 +84,7 @@ def _env() -> dict[str, str]:
 def test_status_the_job_endpoint_and_every_api_scrape_show_the_stack(stack: Stack):
     run = Run(Path(stack.run_dir).parent, Path(stack.run_dir).parent / "history")
     api = stack.api_url
-    posted = httpx.post(f"{api}/v1/tweets", json={"text": "fresh"},
+    posted = webclient.post(f"{api}/v1/tweets", json={"text": "fresh"},
                         headers={"X-User-Id": "1"}, timeout=30)
     assert posted.status_code == 202, posted.text
     job = wait_for(lambda: job_status(run), 300, "`fanout status` to show the job caught up",
@@ -114,18 +114,18 @@ def _log_end_total(run: Run) -> int:
 
 def _fresh_scrape(url: str) -> dict[str, float] | None:
     """A scrape of the job that counts a batch fresher than 30 s, else None."""
-    scraped = samples(httpx.get(url, timeout=10).text)
+    scraped = samples(webclient.get(url, timeout=10).text)
     return scraped if scraped.get("fanout_job_freshness_seconds_bucket{le=30.0}", 0) >= 1 else None
 
 
 def _every_scrape_counts_every_read(api: str) -> set[str]:
     for user in range(READS):  # a new connection each: either worker answers
-        assert httpx.get(f"{api}/v1/users/{user + 1}/tweets", timeout=10).status_code == 200
+        assert webclient.get(f"{api}/v1/users/{user + 1}/tweets", timeout=10).status_code == 200
     key = ("fanout_http_request_duration_seconds_count{method=GET,"
            "route=/v1/users/{user_id}/tweets,status=200}")
-    counts = {samples(httpx.get(f"{api}/metrics", timeout=10).text)[key] for _ in range(6)}
+    counts = {samples(webclient.get(f"{api}/metrics", timeout=10).text)[key] for _ in range(6)}
     assert counts == {READS}, counts
-    return {n.split("{")[0] for n in samples(httpx.get(f"{api}/metrics", timeout=10).text)}
+    return {n.split("{")[0] for n in samples(webclient.get(f"{api}/metrics", timeout=10).text)}
 
 
 def test_fanout_load_compare_writes_a_consistent_report(stack: Stack, tmp_path: Path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from ingest.events import (
     MUTE,
     AccountDelete,
@@ -175,7 +176,7 @@ def settings(filled: Filled) -> ServingSettings:
 @pytest.fixture(scope="module")
 def client(settings: ServingSettings) -> Iterator[httpx.Client]:
     """A client of the API as ``fanout serve`` runs it: the app opens its own store."""
-    with running(create_app(settings)) as base, httpx.Client(base_url=base, timeout=10) as c:
+    with running(create_app(settings)) as base, webclient.client(base_url=base, timeout=10) as c:
         yield c
 
 
@@ -472,7 +473,7 @@ def broken(sqlite_filled: Filled) -> Iterator[httpx.Client]:
     assert sqlite_filled.path is not None
     store = _BrokenStore(sqlite_filled.path).open()
     with running(create_app(_settings(sqlite_filled.url), store)) as base, \
-            httpx.Client(base_url=base) as c:
+            webclient.client(base_url=base) as c:
         yield c
     store.close()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from ingest.events import (
     BLOCK,
     MUTE,
@@ -100,7 +101,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     # is tested in test_celebrity_refresh and test_reads).
     settings = ServingSettings(store_url=f"sqlite:///{path}", timeline_cap=CAP, auth=False,
                                max_page=50, celebrity_refresh_s=0)
-    with running(create_app(settings)) as base, httpx.Client(base_url=base, timeout=10) as c:
+    with running(create_app(settings)) as base, webclient.client(base_url=base, timeout=10) as c:
         w = World(PATHS[request.param], path, c)
         if request.param == "celebrity":
             assert {A, B} <= set(w.harness.store.celebrities())

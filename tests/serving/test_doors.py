@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from infra import webclient
 from ingest.events import AccountDelete, Follow, Post, Repost, UserUpsert
 from serving.app import create_app
 from serving.auth import mint
@@ -83,7 +84,7 @@ def _answers(doors: Doors, raw: bytes) -> dict[str, tuple[bytes, bool]]:
 
 def _page(doors: Doors, path: str, user: int | None = READER) -> httpx.Response:
     name, _, value = _token(user).partition(": ") if user else ("", "", "")
-    return httpx.get(doors["off"][0] + path, headers={name: value} if user else {}, timeout=10)
+    return webclient.get(doors["off"][0] + path, headers={name: value} if user else {}, timeout=10)
 
 
 HOME, TWEETS = f"/v1/users/{READER}/home", f"/v1/users/{AUTHOR}/tweets"

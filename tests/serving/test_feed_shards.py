@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from infra import webclient
 from ingest.events import Follow, Post
 from serving.app import create_app
 from serving.errors import ServingError
@@ -70,8 +70,8 @@ def test_a_process_of_one_shard_streams_its_users_and_serves_every_page(world: W
     writes = Writes(rng)
     mine = [Client(2, 3), Client(2, 5)]
     others = [Client(3, 5), Client(4, 4)]
-    with running(one) as a, running(every) as b, httpx.Client(base_url=a, timeout=5) as http_a, \
-            httpx.Client(base_url=b, timeout=5) as http_b:
+    with running(one) as a, running(every) as b, webclient.client(base_url=a, timeout=5) as http_a, \
+            webclient.client(base_url=b, timeout=5) as http_b:
         for c in mine:
             c.connect(http_a)
         for c in others:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from serving.app import create_app
 from tests.support.api import bearer, open_store, running, serve, settings, unreachable_kafka
 from tests.support.metrics import HOME, batch, scrape, value
@@ -123,7 +124,7 @@ class _Unreadable(SQLiteStore):
 def test_metrics_answer_when_the_store_cannot_be_read(tmp_path: Path):
     store = _Unreadable(tmp_path / "s.sqlite").open()
     app = create_app(settings(store), store, kafka=unreachable_kafka())
-    with running(app) as base, httpx.Client(base_url=base) as client:
+    with running(app) as base, webclient.client(base_url=base) as client:
         families = scrape(client)
     store.close()
     assert value(families["fanout_store_up"], "fanout_store_up") == 0

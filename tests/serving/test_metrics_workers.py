@@ -25,6 +25,7 @@ import pytest
 from prometheus_client import values
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from infra import webclient
 from serving import workers
 from serving.metrics import MULTIPROC_DIR_ENV, shared_dir, worker_exited
 from tests.support.api import closed_port, open_store
@@ -67,7 +68,7 @@ def _await_health(base: str, process: subprocess.Popen[bytes], log: Path) -> Non
     while time.monotonic() < deadline:
         assert process.poll() is None, f"the API exited: {log.read_text()[-2000:]}"
         try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+            if webclient.get(f"{base}/healthz", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -76,7 +77,7 @@ def _await_health(base: str, process: subprocess.Popen[bytes], log: Path) -> Non
 
 
 def _fresh_scrape(base: str) -> dict[str, Any]:
-    with httpx.Client(base_url=base, timeout=10) as client:  # a new connection each time
+    with webclient.client(base_url=base, timeout=10) as client:  # a new connection each time
         return scrape(client)
 
 
@@ -99,7 +100,7 @@ def _own_shares(tmp: Path) -> dict[int, float]:
 def test_every_scrape_counts_every_worker(api):
     base, process, tmp = api
     for user in range(READS):
-        assert httpx.get(f"{base}/v1/users/{user + 1}/home", timeout=10).status_code == 200
+        assert webclient.get(f"{base}/v1/users/{user + 1}/home", timeout=10).status_code == 200
     deadline = time.monotonic() + 15  # other workers copy their page-cache counts each second
     while _page_reads(_fresh_scrape(base)) < READS:
         assert time.monotonic() < deadline, "page-cache reads of every worker within 15s"

@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 
+from infra import webclient
 from infra.services.broker import free_port
 from ingest.events import MUTE, AccountDelete, Delete, Follow, Post, Relation, Repost, UserUpsert
 from serving.app import create_app
@@ -50,8 +51,8 @@ def world(tmp_path: Path) -> Iterator[tuple[Harness, httpx.Client, httpx.Client]
     settings = ServingSettings(store_url=f"sqlite:///{path}", timeline_cap=50, auth=True,
                                auth_secret=SECRET)
     with running(create_app(settings)) as base, \
-            httpx.Client(base_url=base, timeout=10) as anon, \
-            httpx.Client(base_url=base, timeout=10, headers={
+            webclient.client(base_url=base, timeout=10) as anon, \
+            webclient.client(base_url=base, timeout=10, headers={
                 "Authorization": f"Bearer {mint(READER, SECRET.encode(), 600)}"}) as reader:
         yield harness, reader, anon
     harness.store.close()
@@ -163,7 +164,7 @@ def test_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path):
         while answered < 5:
             assert time.monotonic() < deadline, "the workers did not answer within 60 s"
             try:
-                answered += httpx.get(f"http://127.0.0.1:{port}/v1/users/1/home",
+                answered += webclient.get(f"http://127.0.0.1:{port}/v1/users/1/home",
                                       timeout=5).status_code == 200
             except httpx.TransportError:
                 time.sleep(0.2)
@@ -191,7 +192,7 @@ def test_a_celebrity_tweet_deleted_below_the_refresh_window_leaves_no_short_page
                                celebrity_refresh_s=0.05, auth=False)
     try:
         with running(create_app(settings)) as base, \
-                httpx.Client(base_url=base, timeout=10) as client:
+                webclient.client(base_url=base, timeout=10) as client:
             assert _ids(client.get(f"/v1/users/{READER}/home?limit=30")) == \
                 list(range(139, 109, -1))  # the cache now holds the celebrity
             harness.run([Delete(115, AUTHOR, T0 + 99)])  # older than the newest 16
@@ -217,7 +218,7 @@ def test_the_celebrity_cache_proposes_but_the_store_decides(tmp_path: Path) -> N
                                celebrity_refresh_s=60, auth=False)
     try:
         with running(create_app(settings)) as base, \
-                httpx.Client(base_url=base, timeout=10) as client:
+                webclient.client(base_url=base, timeout=10) as client:
             def home() -> list[int]:
                 return _ids(client.get(f"/v1/users/{READER}/home"))
 

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from infra import webclient
 from ingest.consistency import encode_token
 from ingest.events import (
     AccountDelete,
@@ -290,9 +291,9 @@ def world(tmp_path: Path) -> Iterator[World]:
     fast = counting_fast_path(app)
     auth = bearer(READER)
     with running(app) as base, running(routes_app) as routes_base, \
-            httpx.Client(base_url=base, timeout=10, headers=auth) as client, \
-            httpx.Client(base_url=routes_base, timeout=10, headers=auth) as routes, \
-            httpx.Client(base_url=base, timeout=10) as anon:
+            webclient.client(base_url=base, timeout=10, headers=auth) as client, \
+            webclient.client(base_url=routes_base, timeout=10, headers=auth) as routes, \
+            webclient.client(base_url=base, timeout=10) as anon:
         yield World(harness, fast, (client, routes), anon)
     harness.store.close()
 

@@ -33,6 +33,7 @@ import httpx
 import orjson
 import pytest
 
+from infra import webclient
 from ingest.events import (
     AccountDelete,
     Follow,
@@ -216,8 +217,8 @@ def test_clients_that_drop_and_resume_anywhere_hold_the_served_first_page(world:
     writes = Writes(rng)
     clients = [Client(2, 3), Client(2, 3), Client(3, 5), Client(4, 4), Client(4, 1)]
     with running(apps[0]) as a, running(apps[1]) as b, \
-            httpx.Client(base_url=a, timeout=5) as http_a, \
-            httpx.Client(base_url=b, timeout=5) as http_b:
+            webclient.client(base_url=a, timeout=5) as http_a, \
+            webclient.client(base_url=b, timeout=5) as http_b:
         https = [http_a, http_b]
         clients[0].connect(http_a)
         clients[1].connect(http_a)  # the same page as clients[0]: one group
@@ -258,7 +259,7 @@ def test_bad_input_is_a_400_with_a_reason_counted_in_metrics(world: World):
            ({}, {"Last-Event-ID": good[:-3]}, "Last-Event-ID"),
            ({}, {"Last-Event-ID": encode(Window(((T0, 100),)), 3)}, "Last-Event-ID")]
     with running(create_app(stream_settings(world.path))) as base, \
-            httpx.Client(base_url=base, timeout=5) as http:
+            webclient.client(base_url=base, timeout=5) as http:
         for params, headers, name in bad:
             response = http.get("/v1/users/2/home/stream", params=params,
                                 headers=bearer(2) | headers)
@@ -271,7 +272,7 @@ def test_bad_input_is_a_400_with_a_reason_counted_in_metrics(world: World):
 
 def test_the_owners_token_only_and_a_deleted_account(world: World):
     with running(create_app(stream_settings(world.path))) as base, \
-            httpx.Client(base_url=base, timeout=5) as http:
+            webclient.client(base_url=base, timeout=5) as http:
         assert_error(http.get("/v1/users/2/home/stream"), 401)
         assert_error(http.get("/v1/users/2/home/stream", headers=bearer(3)), 403)
         client = Client(2, 3)
@@ -293,7 +294,7 @@ def test_the_owners_token_only_and_a_deleted_account(world: World):
 def test_a_stream_ends_when_its_token_expires(world: World):
     """The token's expiry bounds the connection too; a resume needs a new token."""
     with running(create_app(stream_settings(world.path))) as base, \
-            httpx.Client(base_url=base, timeout=5) as http:
+            webclient.client(base_url=base, timeout=5) as http:
         client = Client(3, 3)
         request = http.build_request("GET", "/v1/users/3/home/stream", params={"limit": 3},
                                      headers=bearer(3, ttl=2))
@@ -316,7 +317,7 @@ def test_a_stream_ends_when_its_token_expires(world: World):
 
 def test_an_old_id_or_one_of_another_view_resets(world: World):
     with running(create_app(stream_settings(world.path, stream_retention_s=60))) as base, \
-            httpx.Client(base_url=base, timeout=5) as http:
+            webclient.client(base_url=base, timeout=5) as http:
         want = _home(http, 2, 3)
         now = int(time.time())
         fresh = [_key(e) for e in want[1:]]  # a client that missed the newest entry

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from infra.checks.verify import lagging, verify
 from infra.services.process import free_port
 from ingest.generator import DEFAULT_SPAN_MS, DEFAULT_START_MS, KINDS, add_reads, generate
@@ -294,7 +295,7 @@ def _writer(base: str, user: int, authors: list[int], writes: int, out: Outcomes
     """Alternate tweets and follows as ``user``; count what failed, keep what was accepted."""
     rng = random.Random(user)
     others = [a for a in authors if a != user]
-    with httpx.Client(base_url=base, timeout=15, headers={"X-User-Id": str(user)}) as client:
+    with webclient.client(base_url=base, timeout=15, headers={"X-User-Id": str(user)}) as client:
         for i in range(writes):
             other = rng.choice(others)
             try:
@@ -333,7 +334,7 @@ def test_api_killed_under_load_loses_no_accepted_write(kafka_settings, tmp_path,
     def answering() -> bool:
         assert api.alive(), f"the API exited:\n{api.log_text()[-3000:]}"
         try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+            return webclient.get(f"{base}/healthz", timeout=2).status_code == 200
         except httpx.TransportError:
             return False
 

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from confluent_kafka import Producer
 from prometheus_client import generate_latest, start_http_server
 
+from infra import webclient
 from infra.checks.logtail import LogTail
 from infra.checks.verifier import VerifierMetrics, first_difference, summary
 from infra.cli import main
@@ -59,7 +59,7 @@ class _Run(Run):
 
 def _applied(run: Run) -> dict[str, Any]:
     """The offsets the view has applied, as the API's /healthz says."""
-    return httpx.get(f"{run.stack()['api_url']}/healthz", timeout=10).json()["applied_offsets"]
+    return webclient.get(f"{run.stack()['api_url']}/healthz", timeout=10).json()["applied_offsets"]
 
 
 def _behind(run: Run) -> int:
@@ -73,7 +73,7 @@ def _behind(run: Run) -> int:
 
 def _verifier(run: Run) -> dict[str, Any]:
     url = run.stack()["verifier_port"]
-    text = httpx.get(f"http://127.0.0.1:{url}/metrics", timeout=10).text
+    text = webclient.get(f"http://127.0.0.1:{url}/metrics", timeout=10).text
     return summary(text)
 
 

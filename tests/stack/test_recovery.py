@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from infra.checks.checker import History, StreamHolder, Workload, check, check_streams, log_ends
 from infra.demo import live_event
 from infra.stack.stack import Stack
@@ -140,7 +141,7 @@ class Writes:
 
 
 def _write(base: str, user: int, stop: threading.Event, out: Writes) -> None:
-    with httpx.Client(base_url=base, timeout=15, headers={"X-User-Id": str(user)}) as client:
+    with webclient.client(base_url=base, timeout=15, headers={"X-User-Id": str(user)}) as client:
         i = 0
         while not stop.is_set():
             i += 1
@@ -247,7 +248,7 @@ def test_e_cassandra_killed_mid_replay_the_job_rides_it_out(cassandra_run: Run) 
 
     def refused() -> httpx.Response | None:
         try:
-            response = httpx.get(f"{base}/v1/users/3/tweets", timeout=30)
+            response = webclient.get(f"{base}/v1/users/3/tweets", timeout=30)
         except httpx.TransportError:
             return None
         return response if response.status_code == 503 else None
@@ -255,14 +256,14 @@ def test_e_cassandra_killed_mid_replay_the_job_rides_it_out(cassandra_run: Run) 
     response = wait_for(refused, 120, "reads to answer 503 while Cassandra is down")
     assert isinstance(response, httpx.Response)
     assert int(response.headers["Retry-After"]) > 0 and response.json()["error"] == "unavailable"
-    health = httpx.get(f"{base}/healthz", timeout=30)
+    health = webclient.get(f"{base}/healthz", timeout=30)
     assert health.status_code == 503 and health.json()["status"] == "degraded", health.text
     again = run.fanout("up", timeout=600)
     assert "cassandra: started" in again.stdout and "job: was running" in again.stdout, \
         again.stdout
     finish(replay)
     run.verify()
-    assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
+    assert webclient.get(f"{base}/healthz", timeout=30).status_code == 200
     _streams_exact(holders)
     # Whether a write landed in the outage depends on where the job was; the retry and
     # its log line are checked in tests/views/stores/test_executor_sink.py.

@@ -23,6 +23,7 @@ import uvicorn
 from confluent_kafka import Consumer, TopicPartition
 from fastapi import FastAPI
 
+from infra import webclient
 from ingest.consistency import decode_token
 from ingest.events import ACTIVITY, Activity, Event, decode
 from ingest.settings import KafkaSettings
@@ -62,7 +63,7 @@ def _wait_until_answering(base: str, server: uvicorn.Server, thread: threading.T
             pytest.fail(f"uvicorn at {base} exited before serving (see its log)")
         if server.started:
             try:
-                httpx.get(f"{base}/healthz", timeout=1.0)
+                webclient.get(f"{base}/healthz", timeout=1.0)
                 return
             except httpx.TransportError:
                 pass
@@ -83,7 +84,7 @@ def serve(config: ServingSettings, store: SQLiteStore,
           kafka: KafkaSettings) -> Iterator[httpx.Client]:
     """A client of the app served over real HTTP."""
     with running(create_app(config, store, kafka=kafka)) as base, \
-            httpx.Client(base_url=base, timeout=30) as client:
+            webclient.client(base_url=base, timeout=30) as client:
         yield client
 
 

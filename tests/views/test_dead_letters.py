@@ -14,11 +14,10 @@ import json
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from infra import cli
+from infra import cli, webclient
 from infra.checks.verify import verify
 from ingest.events import MAX_ID
 from ingest.generator import generate
@@ -152,7 +151,7 @@ def test_every_bad_record_class_is_dead_lettered(spark, kafka_settings, tmp_path
     app = create_app(ServingSettings(store_url=f"sqlite:///{store_path}", auth=False),
                      kafka=kafka_settings)
     with running(app) as base:
-        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        metrics = webclient.get(f"{base}/metrics", timeout=10).text
     counter = re.search(r"^fanout_dead_letters_total (\S+)$", metrics, re.MULTILINE)
     assert counter is not None, metrics
     assert float(counter.group(1)) == len(BAD)

@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from infra import webclient
 from infra.cli import main
 from infra.stack.stack import Stack
 from ingest.settings import KafkaSettings
@@ -197,7 +198,7 @@ def _scraped_once(url: str, name: str, value: float) -> dict[str, float]:
     """The endpoint's samples once ``name`` shows ``value``."""
     return _until(f"{name} = {value}", lambda: (
         lambda got: got if got.get(name) == value else None)(
-        samples(httpx.get(url, timeout=5).text)))
+        samples(webclient.get(url, timeout=5).text)))
 
 
 @pytest.mark.broker
@@ -231,7 +232,7 @@ def test_the_exporter_serves_a_query_from_its_progress_log_and_kafka(kafka_setti
 
 def _refused(url: str) -> bool:
     try:
-        httpx.get(url, timeout=1)
+        webclient.get(url, timeout=1)
     except httpx.TransportError:
         return True
     return False

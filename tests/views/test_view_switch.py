@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from unittest.mock import MagicMock
 
-import httpx
 from pyspark.sql import SparkSession
 
+from infra import webclient
 from ingest.events import Follow, Post, UserUpsert
 from ingest.settings import KafkaSettings
 from serving.app import create_app
@@ -124,7 +124,7 @@ def test_the_api_switches_every_request_at_once_to_the_view_the_pointer_names(tm
     with running(create_app(settings)) as base:
 
         def read() -> None:
-            with httpx.Client(base_url=base, timeout=10) as client:
+            with webclient.client(base_url=base, timeout=10) as client:
                 while not stop.is_set():
                     body = client.get("/v1/users/1/home").json()
                     seen.append(",".join(e["tweet_id"] for e in body["entries"]))
@@ -141,7 +141,7 @@ def test_the_api_switches_every_request_at_once_to_the_view_the_pointer_names(tm
         time.sleep(0.3)
         stop.set()
         reader.join()
-        health = httpx.get(f"{base}/healthz").json()
+        health = webclient.get(f"{base}/healthz").json()
     assert health["store"] == b
     assert set(seen) == {"100", "200"}, set(seen)  # never empty, never a mix
     first_new = seen.index("200")

@@ -42,6 +42,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import webclient
 from infra.checks.checker import History, Report, Workload, check, log_ends, read_stats
 from infra.stack.stack import Stack
 from ingest.events import TWEETS
@@ -392,7 +393,7 @@ def test_d_two_cassandra_nodes_killed(run, stack, tmp_path, begun):
         # The probe is a quorum read: with the replicas' deaths not yet noticed, the
         # coordinator waits out its read timeout before saying so.
         try:
-            answer = httpx.get(f"{stack.api_url}/healthz", timeout=30)
+            answer = webclient.get(f"{stack.api_url}/healthz", timeout=30)
         except httpx.HTTPError:
             return 0
         if answer.status_code == 503:
