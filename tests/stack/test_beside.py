@@ -34,6 +34,7 @@ import httpx
 import pytest
 from cassandra import InvalidRequest
 
+from infra import webclient
 from infra.checks.verify import end_offsets, wait_caught_up
 from infra.services.fanout import session_members
 from infra.services.procs import cmdline
@@ -59,10 +60,15 @@ PROFILE = ("social:home=6,tweets=2,post=3,reply=2,repost=2,unrepost=0,delete=0,f
 
 
 class BesideRun(Run):
-    """The recovery tests' run, with small batches (a rebuild takes several) and 2 workers."""
+    """The recovery tests' run, with batches of at most 2,000 records and 2 API workers.
+
+    The history is about 8,700 records, so a rebuild takes several batches and the kill
+    after its first lands midway. A batch costs a few seconds on a Cassandra keyspace
+    whatever its size: at 500 records a batch, the build under load took ~40 of them.
+    """
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "FANOUT_MAX_RECORDS_PER_BATCH": "500",
+        return {**super().env(), "FANOUT_MAX_RECORDS_PER_BATCH": "2000",
                 "FANOUT_API_WORKERS": "2", "FANOUT_VERIFIER": "off"}
 
     def background(self, *args: str) -> subprocess.Popen[str]:
@@ -94,7 +100,7 @@ def _read(base: str, before: dict[int, dict], stop: threading.Event, out: Reads)
         for user in users:
             started = time.perf_counter()
             try:  # a new connection each time: the kernel spreads them over the workers
-                response = httpx.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
+                response = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
             except httpx.TransportError as exc:
                 out.bad.append(f"user {user}: {exc!r}")
                 continue
@@ -113,7 +119,7 @@ def _read(base: str, before: dict[int, dict], stop: threading.Event, out: Reads)
                 # shows in the API's celebrity cache within its refresh (bounded staleness,
                 # serving.celebrities): a missing entry counts if it is still missing then.
                 time.sleep(CELEBRITY_REFRESH_S * 3)
-                again = httpx.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
+                again = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
                 still = _missing(before[user], again.json()) if again.status_code == 200 \
                     else missing
                 if still:
@@ -132,7 +138,7 @@ def _missing(before: dict, page: dict) -> list[str]:
 def _write(base: str, stop: threading.Event, tweets: list[int]) -> None:
     """Post a tweet every 0.2 s as users 1..50; keep the ids the API accepted."""
     i = 0
-    with httpx.Client(base_url=base, timeout=15) as client:
+    with webclient.client(base_url=base, timeout=15) as client:
         while not stop.is_set():
             i += 1
             user = i % 50 + 1
@@ -268,7 +274,7 @@ def _built_beside_under_load(run: BesideRun, up_env: dict[str, str] | None = Non
     with store_from_url(stack["store_url"], cap=60) as live:
         assert wait_caught_up(live, end_offsets(kafka), 300), "the live view did not catch up"
     base = stack["api_url"]
-    before = {u: httpx.get(f"{base}/v1/users/{u}/home?limit={PAGE}").json()
+    before = {u: webclient.get(f"{base}/v1/users/{u}/home?limit={PAGE}").json()
               for u in _full_users(base, READERS)}
     assert len(before) == READERS, f"only {len(before)} users have a full first page"
 
@@ -347,7 +353,7 @@ def _full_users(base: str, n: int) -> list[int]:
     """Up to ``n`` users whose first home page is full."""
     found = []
     for user in range(1, 301):
-        page = httpx.get(f"{base}/v1/users/{user}/home?limit={PAGE}").json()
+        page = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}").json()
         if len(page.get("entries", ())) == PAGE:
             found.append(user)
             if len(found) == n:
