@@ -42,7 +42,10 @@ from tests.support.api import bearer, open_store, running, settings
 from views.delta import Delta
 from views.stores.sqlite import SQLiteStore
 
-MAX_EXAMPLES = 200
+#: Examples per operation and mode. Each is a request over HTTP validated against the
+#: schema, about 50 ms of the test process's CPU beside the other worker; Hypothesis
+#: draws new ones on every run (no example database), so runs add to each other.
+MAX_EXAMPLES = 50
 DEADLINE = timedelta(seconds=5)
 FALLBACK_USER = 42
 #: Opaque tokens: any string fits their schema, only ones the API issued are valid.
