@@ -2,7 +2,7 @@
 
 httpx builds a TLS context for every client it makes, ``httpx.get`` included, and
 loads the CA bundle into it: 55 to 100 ms of CPU each on a 2-core box, where a client
-given a context made once costs 0.3 ms. The stack's commands and checks make clients
+given a context made once costs 0.3 ms (``benchmarks/micro``, ``test_http_client``). The stack's commands and checks make clients
 by the hundred (``/healthz`` polls while a service starts, a probe or a stream
 client per connection, ``fanout status``), so they make them here. The context is
 httpx's own default (``SSL_CERT_FILE``, ``SSL_CERT_DIR`` or certifi's bundle), made

@@ -8,8 +8,10 @@ ego-twitter and 20,000 generated tweets (``bench_parts.events``): the decode (a 
 record to a source row, packed into key buckets, what the job's ``mapInArrow`` runs),
 the join (:func:`views.join.apply_batch` over one micro-batch of every author), the
 state codec (every author's state encoded and decoded) and the SQLite store's apply
-of a burst batch (``bench_store_apply``: 2,000 tweets into 78 timelines each). Each
-checks what it computed, so a benchmark of a broken piece fails instead of timing it.
+of a burst batch (``bench_store_apply``: 2,000 tweets into 78 timelines each), and an
+HTTP client made as httpx makes one (a TLS context and the CA bundle loaded each time)
+against one given the process's shared context (``infra.webclient``). Each checks what
+it computed, so a benchmark of a broken piece fails instead of timing it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from bench_decode import records
 from bench_parts import events
 from bench_store_apply import _batch
 
+from infra import webclient
 from views.codec import decode_state, encode_state
 from views.join import AuthorState, Change, JoinConfig, apply_batch
 from views.packed import Packer
@@ -101,3 +105,14 @@ def test_store_apply(benchmark: Any, tmp_path: Path) -> None:
         store.close()
     assert stats.timeline_adds == 2_000 * 78
     benchmark.extra_info["timeline_adds"] = stats.timeline_adds
+
+
+@pytest.mark.parametrize("made_by", ["httpx", "webclient"])
+def test_http_client(benchmark: Any, made_by: str) -> None:
+    make = httpx.Client if made_by == "httpx" else webclient.client
+
+    def client() -> bool:
+        with make(timeout=5.0) as http:
+            return http.timeout.read == 5.0
+
+    assert benchmark(client)

@@ -63,7 +63,7 @@ def test_each_micro_benchmark_checks_what_it_computes():
                           "-p", "no:cacheprovider", "--benchmark-disable"], cwd=ROOT,
                          capture_output=True, text=True, check=False, timeout=290)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "4 passed" in out.stdout
+    assert "6 passed" in out.stdout
 
 
 def test_the_shared_arguments_take_each_scripts_defaults_and_add_only_what_is_asked():
