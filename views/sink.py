@@ -66,6 +66,13 @@ def deltas_from_arrow(table: pa.Table) -> list[Delta]:
     return [Delta(*row) for row in zip(*columns, strict=True)]
 
 
+def deltas_table(deltas: Iterable[Delta]) -> pa.Table:
+    """Deltas as delta rows (``DELTA_COLUMNS``): what :func:`deltas_from_arrow` reads back."""
+    rows = list(deltas)
+    return pa.table({f.name: [getattr(d, f.name) for d in rows] for f in DELTA_COLUMNS},
+                    schema=arrow_schema(DELTA_COLUMNS))
+
+
 def unpacked_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``: packed deltas in, one delta row each out (``DELTA_DDL``).
 

@@ -42,11 +42,11 @@ from ingest.generator import History, generate
 from serving.timeline import home_top
 from tests.support.cassandra import fresh_keyspace
 from views.changelog import Changelog
-from views.delta import DELTA_COLUMNS, DELTA_FIELDS, Delta, DeltaKind
+from views.delta import Delta, DeltaKind
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.row import arrow_schema
+from views.sink import deltas_table
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import WRITE_PROFILE
 from views.stores.cassandra.sink import ExecutorSink, spark_routes, tweet_stage, user_stage
@@ -58,7 +58,6 @@ from views.stores.sqlite import SQLiteStore
 pytestmark = [pytest.mark.timeout(600)]
 
 CAP = 12
-_DELTA_SCHEMA = arrow_schema(DELTA_COLUMNS)
 _BY_TWEET = {DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
              DeltaKind.TL_ADD, DeltaKind.FANOUT}
 
@@ -73,11 +72,6 @@ class Recording(SQLiteStore):
     def apply(self, deltas, batch_id=-1) -> BatchStats:
         self.recorded.append(list(deltas))
         return super().apply(self.recorded[-1], batch_id)
-
-
-def _arrow(deltas: list[Delta]) -> pa.Table:
-    return pa.table({f: [getattr(d, f) for d in deltas] for f in DELTA_FIELDS},
-                    schema=_DELTA_SCHEMA)
 
 
 def _no_nulls_where_not_null(table: pa.Table) -> pa.Table:
@@ -112,7 +106,7 @@ def _apply_in_tasks(sink: ExecutorSink, deltas: list[Delta], batch_id: int, n: i
     """
     ts, digest = sink.begin(batch_id)
     routed = []
-    for part in _split(_arrow(deltas), _tweet_key, n):
+    for part in _split(deltas_table(deltas), _tweet_key, n):
         for _ in range(2 if tweet_tasks_twice else 1):  # a task Spark ran again
             out = list(tweet_stage(sink.open_store, ts, range(n), iter(part.to_batches())))
         routed += out

@@ -16,13 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from views.delta import Delta, DeltaKind, unpack_longs
-from views.sink import deltas_from_arrow
+from views.sink import deltas_from_arrow, deltas_table
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.sink import (
     _TWEET_SIDE,
     TALLY,
     _user_plan,
-    deltas_table,
     removed_deltas,
     routed,
 )

@@ -76,7 +76,7 @@ import pyarrow.compute as pc
 from views.delta import DELTA_COLUMNS, DELTA_DDL, Delta, DeltaKind
 from views.errors import StoreError
 from views.row import BIGINT, INT, STRING, Column, arrow_schema, ddl
-from views.sink import OnBatch, Sink, deltas_from_arrow, unpacked_batches
+from views.sink import OnBatch, Sink, deltas_from_arrow, deltas_table, unpacked_batches
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.tasks import TaskWriter
 from views.stores.contract import BatchStats, ViewWriter
@@ -135,12 +135,6 @@ def spread(users: np.ndarray, n: int) -> np.ndarray:
     return ((mixed >> np.uint64(32)) % np.uint64(n)).astype(np.int64)
 
 
-def deltas_table(deltas: Sequence[Delta]) -> pa.Table:
-    """Deltas as rows of ``DELTA_COLUMNS`` (what :func:`deltas_from_arrow` reads back)."""
-    return pa.table({f.name: [getattr(d, f.name) for d in deltas] for f in DELTA_COLUMNS},
-                    schema=_DELTA_SCHEMA)
-
-
 def routed(table: pa.Table, routes: Sequence[int]) -> pa.Table:
     """Stage 1's output: deltas that stage 2 writes, each with the route of its users' task.
 
@@ -160,9 +154,10 @@ def routed(table: pa.Table, routes: Sequence[int]) -> pa.Table:
     listed = np.isin(kinds, _LISTED)
     follow = kinds == DeltaKind.FOLLOW
     whole = table.filter(pa.array(~(listed | follow)))
-    key = np.where(whole.column("kind").to_numpy() == DeltaKind.OFFSET,
+    whole_kinds = kinds[~(listed | follow)]
+    key = np.where(whole_kinds == DeltaKind.OFFSET,
                    whole.column("partition").to_numpy().astype(np.int64),
-                   np.where(whole.column("kind").to_numpy() == DeltaKind.CELEB,
+                   np.where(whole_kinds == DeltaKind.CELEB,
                             whole.column("author_id").to_numpy(),
                             whole.column("user_id").to_numpy()))
     parts = [(whole, to[spread(key, len(to))]),
