@@ -28,6 +28,8 @@ from pathlib import Path
 from harness import ROOT, argument_parser, save
 from pipeline import built_store, percentile, scratch, timed_ms
 
+from infra import webclient
+
 sys.path.insert(0, str(ROOT))
 
 from infra.services.broker import free_port  # noqa: E402
@@ -84,7 +86,7 @@ def _http(path: Path, readers, rounds: int) -> dict:
            "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, "-m", "serving"], env=env, cwd=ROOT)
     try:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        client = webclient.client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         deadline = time.monotonic() + 60
         while True:
             try:

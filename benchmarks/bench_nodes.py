@@ -64,6 +64,8 @@ import psutil
 from harness import ROOT, WRK_THREADS_LUA, argument_parser, save
 from pipeline import percentile, scratch
 
+from infra import webclient
+
 sys.path.insert(0, str(ROOT))
 
 from infra.services.sparkcluster import EXECUTOR_CLASS  # noqa: E402
@@ -294,7 +296,7 @@ def replay(run: Path, history: Path, stack: Stack, census: Census, idle: dict[st
     say(label, f"replay produced {produced[1]} events in {producing}s; waiting for the view")
     kafka = KafkaSettings.from_env(stack.env())
     ends = log_ends(kafka)
-    with httpx.Client(base_url=stack.api_url, timeout=10) as client:
+    with webclient.client(base_url=stack.api_url, timeout=10) as client:
         caught = wait_caught_up(client, ends, label, timeout=3600)
     cpu = delta(census.cpu(), cpu0)
     window, events = caught - t0, sum(ends.values())
@@ -335,7 +337,7 @@ class AppliedPoller:
 
     def __init__(self, api: str, interval: float = 0.05) -> None:
         self.seen: list[tuple[float, dict[int, int]]] = []
-        self._client = httpx.Client(base_url=api, timeout=5)
+        self._client = webclient.client(base_url=api, timeout=5)
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -424,7 +426,7 @@ def first_pages(api: str, keys: list[str], n: int, seed: int) -> dict[str, Any]:
     """First pages of ``n`` distinct users, one at a time: none is in a page cache yet."""
     who = random.Random(seed).sample(range(1, len(keys) + 1), min(n, len(keys)))
     times, bad = [], 0
-    with httpx.Client(base_url=api, timeout=30) as client:
+    with webclient.client(base_url=api, timeout=30) as client:
         for user in who:
             t0 = time.perf_counter()
             got = client.get(f"/v1/users/{user}/home", params={"limit": 20},
@@ -484,7 +486,7 @@ def threaded_loop(api: str, keys: list[str], threads: int, seconds: float,
 
     def reader(n: int) -> None:
         draw = random.Random(seed * 1000 + n)
-        with httpx.Client(base_url=api, timeout=30) as client:
+        with webclient.client(base_url=api, timeout=30) as client:
             while time.monotonic() < deadline:
                 user = draw.randint(1, len(keys))
                 t0 = time.perf_counter()

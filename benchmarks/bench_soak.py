@@ -34,6 +34,8 @@ from bench_nodes import FANOUT, BenchError, _env, fanout, say
 from harness import ROOT, argument_parser, save
 from pipeline import scratch
 
+from infra import webclient
+
 sys.path.insert(0, str(ROOT))
 
 from infra.checks.checker import (  # noqa: E402
@@ -74,7 +76,7 @@ def nines(verifier: str | None) -> dict[str, float]:
     if not verifier:
         return {}
     try:
-        text = httpx.get(verifier, timeout=5).text
+        text = webclient.get(verifier, timeout=5).text
     except httpx.HTTPError:
         return {}
     found = {}

@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 from bench_http import Server, checkout, open_loop, warm_up, wrk
 from harness import ROOT, argument_parser, save
 from pipeline import percentile, scratch
+
+from infra import webclient
 
 sys.path.insert(0, str(ROOT))
 
@@ -92,7 +93,7 @@ def deep_pages(port: int, users: int, n: int, seed: int) -> dict[str, Any]:
     """``n`` first reads of distinct users' 200-entry pages, one at a time."""
     who = random.Random(seed).sample(range(1, users + 1), min(n, users))
     times, entries = [], []
-    with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30) as client:
+    with webclient.client(base_url=f"http://{HOST}:{port}", timeout=30) as client:
         for user in who:
             t0 = time.perf_counter()
             got = client.get(f"/v1/users/{user}/home", params={"limit": 200})
@@ -142,7 +143,7 @@ def hit_rate(run: Path, url: str, args: argparse.Namespace, work: Path) -> dict[
         out = fanout(run, "load", "--target", target, "--rate", str(args.load_rate),
                      "--duration", str(args.load_seconds), "--warmup", "5",
                      "--name", f"store-reads-{int(time.time())}", "--reports", str(work))
-        metrics = httpx.get(f"{target}/metrics", timeout=10).text
+        metrics = webclient.get(f"{target}/metrics", timeout=10).text
     counts = {o: sum(float(v) for v in re.findall(
         rf'^fanout_page_cache_reads_total{{[^}}]*outcome="{o}"[^}}]*}} ([0-9.e+]+)$',
         metrics, re.M)) for o in ("hit", "miss")}

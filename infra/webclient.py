@@ -31,12 +31,15 @@ def client(**options: Any) -> httpx.Client:
 
 
 def get(url: str, **options: Any) -> httpx.Response:
-    """``httpx.get`` on a client with the shared TLS context: a new connection each call."""
-    with client(timeout=options.pop("timeout", 5.0)) as http:
-        return http.get(url, **options)
+    """``httpx.get`` with the shared TLS context: a new client and connection each call."""
+    return _once("GET", url, **options)
 
 
 def post(url: str, **options: Any) -> httpx.Response:
-    """``httpx.post`` on a client with the shared TLS context."""
-    with client(timeout=options.pop("timeout", 5.0)) as http:
-        return http.post(url, **options)
+    """``httpx.post`` with the shared TLS context."""
+    return _once("POST", url, **options)
+
+
+def _once(method: str, url: str, **options: Any) -> httpx.Response:
+    with client(timeout=options.pop("timeout", 5.0)) as http:  # httpx's default timeout
+        return http.request(method, url, **options)
