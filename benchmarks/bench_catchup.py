@@ -12,8 +12,11 @@ start to the view having applied every record of the log (its applied offsets, r
 from the store every 0.25 s). Then ``fanout verify --sample 200`` (it must find 0
 divergent) and ``fanout down``. Reported a shape: ``up_s``, ``replay_s``,
 ``caught_up_s`` (replay start → caught up), events/s over that, and each shape's
-``caught_up_s`` against SQLite's of the same round. Right after the catch-up (before
-the verify), a fresh API (``--workers`` processes, auth off, its page cache empty, as
+``caught_up_s`` against SQLite's of the same round. With ``--graph`` (an edge list,
+e.g. ``../shared/data/ego-twitter/follows.txt.gz``), the history replayed is that graph
+with profiles and ``--tweets`` posts by follower-weighted authors (``fanout replay
+GRAPH --generate-tweets N``) instead of the generated one. Right after the catch-up (before
+the verify; skipped at ``--read-seconds 0``), a fresh API (``--workers`` processes, auth off, its page cache empty, as
 after a restart or a switch of views) takes wrk's random home reads (``limit=20``,
 ``--connections``) for ``--read-seconds``, twice: ``reads_first`` and ``reads_next``.
 On a shape with a local Cassandra node, ``node_cpu`` is where the node's CPU went from
@@ -52,6 +55,9 @@ ap = argument_parser(__doc__.splitlines()[0], name="catchup", users=2000, follow
                      tweets=20000, rounds=1)
 ap.add_argument("--shapes", default=",".join(SHAPES),
                 help="stack shapes, in the order run (default: %(default)s)")
+ap.add_argument("--graph", type=Path, default=None,
+                help="replay this edge list with --tweets generated posts instead of a "
+                     "generated history (--users and --follows are then not used)")
 ap.add_argument("--verify-sample", type=int, default=200)
 ap.add_argument("--read-seconds", type=float, default=20.0,
                 help="each of the two wrk runs on a fresh API after the catch-up")
@@ -97,7 +103,7 @@ def written_rows(run: Path) -> int:
     return sum(int(n) for n in re.findall(r"batch \d+: (\d+) (?:rows|deltas) \(", text))
 
 
-def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
+def one(shape: str, history: list[str], work: Path, args: Any) -> dict[str, Any]:
     run = work / shape
     started = time.perf_counter()
     fanout(run, "up", *SHAPES[shape], "--no-verifier", "--timeout", "900")
@@ -109,7 +115,7 @@ def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
         node = stack.pids.get("cassandra")
         before = threads_cpu(node) if node else {}
         started = time.perf_counter()
-        replayed = fanout(run, "replay", "--no-progress", str(history))
+        replayed = fanout(run, "replay", "--no-progress", *history)
         replay_s = time.perf_counter() - started
         counted = re.search(r"replayed ([\d,]+) events", replayed)
         assert counted is not None, replayed[-2000:]
@@ -121,7 +127,8 @@ def one(shape: str, history: Path, work: Path, args: Any) -> dict[str, Any]:
                       flush=True)
         caught_up_s = time.perf_counter() - started
         cpu = {"node_cpu": node_cpu(before, threads_cpu(node), written_rows(run))} if node else {}
-        reads = first_reads(stack.env()["FANOUT_STORE"], work / shape, args)
+        reads = (first_reads(stack.env()["FANOUT_STORE"], work / shape, args)
+                 if args.read_seconds > 0 else {})
         out = fanout(run, "verify", "--sample", str(args.verify_sample))
         found = re.search(r"verify: (\d+) users checked, (\d+) divergent", out)
         if found is None or found[2] != "0":
@@ -153,9 +160,13 @@ def main() -> int:
         raise SystemExit(f"unknown shapes {sorted(unknown)}: expected some of {sorted(SHAPES)}")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in shapes}
     with scratch("fanout-catchup-") as work:
-        history = work / "history"
-        fanout(work / "gen", "generate", "--users", str(args.users), "--follows",
-               str(args.follows), "--tweets", str(args.tweets), "--out", str(history))
+        if args.graph is not None:
+            history = [str(args.graph.resolve()), "--generate-tweets", str(args.tweets),
+                       "--seed", str(args.seed)]
+        else:
+            history = [str(work / "history")]
+            fanout(work / "gen", "generate", "--users", str(args.users), "--follows",
+                   str(args.follows), "--tweets", str(args.tweets), "--out", history[0])
         for round_ in range(args.rounds):
             for shape in shapes:
                 print(f"[{shape}] round {round_ + 1}: up, replay, catch up", flush=True)
@@ -167,10 +178,12 @@ def main() -> int:
             s: [round(r["caught_up_s"] / b["caught_up_s"], 2)
                 for r, b in zip(rs, runs["sqlite"], strict=True)]
             for s, rs in runs.items() if s != "sqlite"}
-        result["first_reads_share_of_sqlite"] = {
-            s: [round(r["reads_first"]["requests_per_s"] / b["reads_first"]["requests_per_s"], 3)
-                for r, b in zip(rs, runs["sqlite"], strict=True)]
-            for s, rs in runs.items() if s != "sqlite"}
+        if args.read_seconds > 0:
+            result["first_reads_share_of_sqlite"] = {
+                s: [round(r["reads_first"]["requests_per_s"]
+                          / b["reads_first"]["requests_per_s"], 3)
+                    for r, b in zip(rs, runs["sqlite"], strict=True)]
+                for s, rs in runs.items() if s != "sqlite"}
     result["median_caught_up_s"] = {s: statistics.median(r["caught_up_s"] for r in rs)
                                     for s, rs in runs.items()}
     print(json.dumps({k: result[k] for k in ("median_caught_up_s", "against_sqlite",
