@@ -524,7 +524,8 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
     keys = {"home_chunks": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
             "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
-            "reposts_by_original": "original_id", "relations": "user_id", "tweets": "tweet_id"}
+            "reposts_by_original": "original_id", "relations": "user_id", "tweets": "tweet_id",
+            "users": "user_id"}
     for name, (table, arg) in cql.PARTITION_KEY.items():
         assert f" {table} " in cql.STATEMENTS[name] and name not in cql.NOT_IDEMPOTENT
         assert arg is None or _bound_columns(cql.STATEMENTS[name])[arg] == keys[table], name
@@ -532,14 +533,15 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
 
 def test_lookups_read_many_keys_per_request() -> None:
     keys = list(range(cql.IN_MAX + 1))
-    queries = {"meta_get": keys, "home_get": [7, 8], "tweet_state": []}
+    queries = {"meta_get": keys, "relations_get": [7, 8], "tweet_state": []}
     ops = cql.lookup_ops(queries)
     assert ops == [("meta_get_in", (keys[:cql.IN_MAX],)), ("meta_get_in", ([cql.IN_MAX],)),
-                   ("home_get", (7,)), ("home_get", (8,))]
+                   ("relations_get", (7,)), ("relations_get", (8,))]
     results = [[(3, -1, -1, 2)], [], [(5, 6, 7), (4, 6, 9)], []]
     found = cql.lookup_rows(queries, results)
     assert found["meta_get"][3] == [(-1, -1, 2)] and found["meta_get"][cql.IN_MAX] == []
-    assert found["home_get"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []} and found["tweet_state"] == {}
+    assert found["relations_get"] == {7: [(5, 6, 7), (4, 6, 9)], 8: []}
+    assert found["tweet_state"] == {}
     for one, many in cql.LOOKUP_IN.items():  # the same columns, the key first
         columns, text = cql.STATEMENTS[one].split(" FROM ")[0], cql.STATEMENTS[many]
         key = text.split("WHERE ")[1].split(" IN")[0]
@@ -677,15 +679,16 @@ def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
         first = {n: names.index(n) for n in reversed(names)}
         last = {n: i for i, n in enumerate(names)}
         assert last["clock_set"] < first["tweet_live"]
-        assert first["home_get"] < first["tweet_live"] and last["tweet_live"] < first["home_adds"]
-        assert last["home_adds"] < last["home_get"] < first["home_merge"] < first["offset_set"]
+        assert first["home_get_in"] < first["tweet_live"]
+        assert last["tweet_live"] < first["home_adds"]
+        assert last["home_adds"] < last["home_get_in"] < first["home_merge"] < first["offset_set"]
         assert first["offset_set"] < first["batch_set"]
         stamps = dict(store.executed)
         base = stamps["clock_set"][0]
         assert stamps["tweet_live"][-1] == base + cql.REMOVE
         assert stamps["repost_add"][-1] == stamps["relation_on"][-1] == base + cql.REMOVE
         assert stamps["user_gone"][0] == base + cql.REMOVE
-        assert first["home_get"] < first["repost_set"] < first["home_adds"]
+        assert first["home_get_in"] < first["repost_set"] < first["home_adds"]
         assert stamps["home_adds"][-1] == base + cql.ADD
         assert stamps["home_merge"][0] == base + cql.TRIM
         # What the node stored carries those timestamps.

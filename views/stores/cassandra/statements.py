@@ -171,6 +171,7 @@ STATEMENTS: Final[dict[str, str]] = {
     "meta_get_in": "SELECT user_id, horizon_created_at, horizon_tweet_id, size, read_at, "
                    "chunks FROM timeline_meta WHERE user_id IN ?",
     "user_time_in": "SELECT user_id, created_at, deleted FROM users WHERE user_id IN ?",
+    "home_get_in": "SELECT user_id, batch_ts, removes, adds FROM home_chunks WHERE user_id IN ?",
     "tweet_state_in": "SELECT tweet_id, created_at, deleted, author_id, original_id "
                       "FROM tweets WHERE tweet_id IN ?",
     # -- the read path's hydration and merges, many partitions per request ------------
@@ -221,6 +222,7 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
     "tweet_take": ("tweets", 0), "repost_set": ("tweets", 0),
     "repost_add": ("reposts_by_original", 0), "repost_del": ("reposts_by_original", 1),
     "relation_on": ("relations", 0), "relation_off": ("relations", 1),
+    "user_set": ("users", 0), "user_gone": ("users", 1),
 }
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
@@ -244,7 +246,7 @@ PACK_BYTES: Final = 4096
 #: request for a hundred partitions costs the node and the driver a fraction of a
 #: hundred requests; on a cluster the coordinator gathers the replicas' answers.
 LOOKUP_IN: Final = {"meta_get": "meta_get_in", "user_time": "user_time_in",
-                    "tweet_state": "tweet_state_in"}
+                    "tweet_state": "tweet_state_in", "home_get": "home_get_in"}
 IN_MAX: Final = 100
 
 

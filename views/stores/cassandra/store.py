@@ -395,9 +395,8 @@ class CassandraStore(Store):
         ``ts`` is ``T + TRIM``; the bounds are :func:`cql.over_cap`'s.
         """
         users = cql.over_cap(adds, meta, self.cap, self.trim_slack)
-        found = self._run([("home_get", (u,)) for u in users])
-        merges = [cql.merge_op(u, rows, meta[u], self.cap, ts)
-                  for u, rows in zip(users, found, strict=True)]
+        found = self._lookup({"home_get": users})["home_get"]
+        merges = [cql.merge_op(u, found[u], meta[u], self.cap, ts) for u in users]
         self._run(merges + cql.meta_ops(meta, ts))
 
     def _lookup(self, queries: dict[str, list[int]]) -> dict[str, dict[int, reads.Rows]]:
