@@ -153,6 +153,12 @@ def _activity_log(settings: ServingSettings, writer: SharedProducer) -> Activity
     return ActivityLog(lambda: writer, settings.activity_every_s)
 
 
+#: Longest a produce request may go unanswered, and a connection take to be made, before
+#: the API's producer drops the connection and sends the records again on a fresh one
+#: (milliseconds; a quarter of the delivery timeout if that is less).
+STALLED_MS = 10_000
+
+
 def write_producer(settings: ServingSettings, kafka: KafkaSettings) -> SharedProducer:
     """The producer the write routes share: a 503 at the write timeout, delivery tried on."""
     # The request answers 503 at the write timeout; the record is tried on for the
@@ -161,9 +167,20 @@ def write_producer(settings: ServingSettings, kafka: KafkaSettings) -> SharedPro
     # land twice (librdkafka#4953). One request in flight per broker: an out-of-order
     # answer behind a failed request bumps the epoch too. Linger 1 ms: writes wait one
     # by one.
+    # A request's own timeout is librdkafka's socket.timeout.ms (60 s by default),
+    # capped by its oldest record's delivery timeout: a request sent into a cut-off link
+    # stays in flight on its dead TCP connection past the heal (the retransmits back
+    # off) until its records time out in flight, and holds every write behind it. So a
+    # request is given up after STALLED_MS and its records go again, with the same
+    # sequence numbers, on a new connection; the broker answers a slow acks=all write
+    # (an in-sync replica cut off) before that, with a retriable timeout.
+    stalled = max(1_000, min(STALLED_MS, settings.delivery_timeout_ms // 4))
     return SharedProducer(kafka, connect_timeout=settings.write_timeout_ms / 1000,
                           cooldown=settings.retry_after_s, probe_every=settings.broker_check_s,
                           message_timeout_ms=settings.delivery_timeout_ms,
+                          socket_timeout_ms=stalled,
+                          socket_connection_setup_timeout_ms=stalled,
+                          request_timeout_ms=stalled // 2,
                           max_in_flight_requests_per_connection=1, linger_ms=1)
 
 

@@ -137,6 +137,8 @@ class Report:
     indeterminate: list[int]
     not_in_views: list[int]
     refusals: list[tuple[float, float, int]]  # (from, to, writes refused) per window
+    #: Each duplicated write, said whole: its answer, when it was sent, where it landed.
+    doubled: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -152,7 +154,8 @@ class Report:
                 f"{len(self.lost)}, duplicated {len(self.duplicated)}, phantom "
                 f"{len(self.phantom)}, not in the views {len(self.not_in_views)}, "
                 f"indeterminate (not 202, yet in the log) {len(self.indeterminate)}; "
-                f"windows of refused writes: {windows}")
+                f"windows of refused writes: {windows}"
+                + "".join(f"\n  duplicated: {line}" for line in self.doubled))
 
 
 def caller_headers(user: int, token: str | None) -> dict[str, str]:
@@ -316,14 +319,26 @@ def check(history: History, bootstrap: str, topic: str, store: Any) -> Report:
         if (where.partition, where.offset) not in found.get(n, set()):
             lost.append(n)
     in_views = store.tweets([op.tweet_id for op in acked.values()]) if acked else {}
+    duplicated = sorted(n for n, at in found.items() if len(at) > 1)
     return Report(
         attempted=len(sent), acknowledged=len(acked), lost=sorted(lost),
-        duplicated=sorted(n for n, at in found.items() if len(at) > 1),
+        duplicated=duplicated,
         phantom=sorted(n for n in found if n not in sent),
         indeterminate=sorted(n for n in found if n in sent and n not in acked),
         not_in_views=sorted(n for n, op in acked.items()
                             if op.tweet_id not in in_views or in_views[op.tweet_id].deleted),
-        refusals=refusal_windows(history.writes))
+        refusals=refusal_windows(history.writes),
+        doubled=[_doubled(n, sent.get(n), found[n]) for n in duplicated])
+
+
+def _doubled(n: int, op: Op | None, at: set[tuple[int, int]]) -> str:
+    """One duplicated write: its answer, when it was sent, and its positions in the log."""
+    where = ", ".join(f"{partition}@{offset}" for partition, offset in sorted(at))
+    if op is None:
+        return f"write {n}, never sent, at {where}"
+    answer = f"answered {op.status}" if op.status else "no answer"
+    return (f"write {n}, {answer} after {op.took:.2f}s, sent at {op.began:.3f} "
+            f"(token {op.token or '-'}), at {where}")
 
 
 def refusal_windows(writes: list[Op]) -> list[tuple[float, float, int]]:

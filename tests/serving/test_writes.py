@@ -32,7 +32,7 @@ from ingest.events import (
 )
 from ingest.settings import KafkaSettings
 from ingest.snowflake import EPOCH_MS, Snowflake
-from serving.app import write_producer
+from serving.app import STALLED_MS, write_producer
 from serving.writes import NOT_ONLY_SPACE
 from tests.support.api import (
     assert_error,
@@ -440,6 +440,14 @@ def test_a_write_record_is_tried_past_a_failover_with_one_request_in_flight(tmp_
         producer = write_producer(config, unreachable_kafka()).config
         assert producer["message.timeout.ms"] == 45_000
         assert producer["max.in.flight.requests.per.connection"] == 1
+        # A request stalled on a dead connection is given up and sent again well inside
+        # the delivery timeout, and the broker's own ack timeout comes before that.
+        assert producer["socket.timeout.ms"] == STALLED_MS
+        assert producer["socket.connection.setup.timeout.ms"] == STALLED_MS
+        assert producer["request.timeout.ms"] < producer["socket.timeout.ms"]
+        short = write_producer(settings(store, write_timeout_ms=500, delivery_timeout_ms=2_000),
+                               unreachable_kafka()).config
+        assert short["socket.timeout.ms"] <= short["message.timeout.ms"] // 2
         assert producer["enable.idempotence"] is True
         with pytest.raises(ValueError, match="shorter than write_timeout_ms"):
             settings(store, write_timeout_ms=5_000, delivery_timeout_ms=1_000)

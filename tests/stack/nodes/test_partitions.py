@@ -44,11 +44,13 @@ the first 202 and to a caught-up view after the heal).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +69,7 @@ from infra.faults.nemesis import LOG_FILE, Nemesis
 from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
+from serving.app import STALLED_MS
 from serving.auth import mint
 from tests.support.hosts import HOSTS_REFUSED
 from tests.support.paths import ROOT
@@ -106,6 +109,8 @@ class Faulted:
     caught_up_s: float
     verified: str
     logged: list[dict[str, object]]
+    #: How long each produce request the API gave up on had been in flight (ms).
+    stalled_ms: list[int]
 
     @property
     def window(self) -> Window:
@@ -166,6 +171,8 @@ def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object], flo
     replaying = _replay(run) if replay else None
     nemesis = Nemesis(run.run_dir, echo=False)
     logged_before = _logged(run)
+    api_log = run.run_dir / "logs" / "serve.log"
+    api_log_from = api_log.stat().st_size if api_log.exists() else 0
     try:
         wait_for(lambda: acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
         windows = [hold(nemesis, name, apply, stack.api_url, history, seconds, USERS)
@@ -183,7 +190,7 @@ def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object], flo
     with store_from_url(stack.store_url, cap=800) as store:
         report = check(history, kafka.bootstrap, kafka.topic(TWEETS), store)
     result = Faulted(windows, history, report, caught_up, verified,
-                     _logged(run)[len(logged_before):])
+                     _logged(run)[len(logged_before):], _stalled_ms(api_log, api_log_from))
     shown = "\n".join(w.render(history) for w in windows)
     print(f"\n{shown}\n{report.render()}\nverify (view caught up) "
           f"{caught_up:.0f}s after the replay: {verified.strip().splitlines()[-1]}")
@@ -199,6 +206,17 @@ def _replay(run: Run) -> subprocess.Popen[str]:
         [sys.executable, "-m", "infra.cli", "--run-dir", str(run.run_dir), "replay",
          str(run.history), "--speedup", str(SPEEDUP), "--no-progress", "--max-failures", "-1"],
         cwd=ROOT, env=run.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _stalled_ms(api_log: Path, offset: int) -> list[int]:
+    """The in-flight time of each produce request the API's producer timed out (librdkafka
+    logs each), from ``offset`` of its log on."""
+    if not api_log.exists():
+        return []
+    with api_log.open("rb") as lines:
+        lines.seek(offset)
+        text = lines.read().decode("utf-8", "replace")
+    return [int(ms) for ms in re.findall(r"Timed out ProduceRequest in flight \(after (\d+)ms", text)]
 
 
 def _logged(run: Run) -> list[dict[str, object]]:
@@ -247,6 +265,10 @@ def test_cut_off_from_the_brokers_writes_answer_503_promptly_and_none_is_lost(cu
     assert [p for p in cut_off.probes if p["status"] == 503], render_probes(cut_off.probes)
     assert all(p["reason"] for p in cut_off.probes if p["status"] == 503), (
         render_probes(cut_off.probes))
+    # A request sent into the cut stays on its dead connection past the heal unless the
+    # producer gives it up: held to its records' delivery timeout, they time out in
+    # flight, the idempotent producer bumps its epoch, and a record can land twice.
+    assert all(ms < STALLED_MS + 5_000 for ms in cut_off.stalled_ms), cut_off.stalled_ms
 
 
 def test_cut_off_from_the_brokers_reads_go_on(cut_off):
