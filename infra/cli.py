@@ -167,11 +167,7 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_view_flags(p: argparse.ArgumentParser) -> None:
-    env = ViewSettings.env_help
-    p.add_argument("--celebrity-threshold", type=int, default=None,
-                   help=f"followers that make an author a celebrity ({env('celebrity_threshold')})")
-    p.add_argument("--timeline-cap", type=int, default=None,
-                   help=f"cached entries per home timeline ({env('timeline_cap')})")
+    ViewSettings.add_flags(p, "celebrity_threshold", "timeline_cap")
 
 
 def _view_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ingest.errors import BrokerUnavailable, IngestError
 from ingest.events import Event, UserUpsert
 from ingest.producer import ChangelogProducer
 from ingest.replay import DryRunProducer, Sink, replay
-from ingest.settings import BOOTSTRAP_ENV, TOPIC_PREFIX_ENV, KafkaSettings
+from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -263,10 +263,7 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
                         "graph (most SNAP graphs), whose node 0 is otherwise an invalid "
                         "id (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated content")
-    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                   help=f"Kafka bootstrap servers (default: ${BOOTSTRAP_ENV})")
-    p.add_argument("--topic-prefix", default=None,
-                   help=f"prefix of the topic names (default: ${TOPIC_PREFIX_ENV} or none)")
+    KafkaSettings.add_flags(p, "bootstrap", "topic_prefix")
     p.add_argument("--flush-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="how long to wait for acknowledgements at the end (default: 60)")
     p.add_argument("--max-failures", type=int, default=1_000, metavar="N",

@@ -12,8 +12,10 @@ package may import ``ingest``; DESIGN §2).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final, Self
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final, Literal, Self, get_args, get_origin
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +65,37 @@ class FanoutSettings(BaseSettings):
     def env_help(cls, field: str) -> str:
         """``env NAME; default VALUE`` of a field, for a flag's ``--help``."""
         return f"env {cls.env_names()[field]}; default {_shown(cls.model_fields[field].default)}"
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *fields: str,
+                  **named: str) -> None:
+        """A flag for each field, built from the field.
+
+        The flag is ``--field-name`` (or the one ``named`` gives it), of the field's type,
+        helped by its description and :meth:`env_help`. A flag not given is None, so
+        :meth:`from_env` falls back to the environment.
+        """
+        for field in (*fields, *named):
+            info = cls.model_fields[field]
+            flag = named.get(field) or "--" + field.replace("_", "-")
+            text = f"{info.description or ''} ({cls.env_help(field)})".lstrip()
+            if info.annotation is bool:
+                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
+                                    action=argparse.BooleanOptionalAction)
+            elif get_origin(info.annotation) is Literal:
+                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
+                                    choices=get_args(info.annotation))
+            elif (kind := _FLAG_TYPES.get(info.annotation)) is not None:
+                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
+                                    type=kind)
+            else:
+                msg = f"{cls.__name__}.{field}: no flag for a {info.annotation}"
+                raise TypeError(msg)
+
+
+#: What a flag of a field of each plain type parses its value with.
+_FLAG_TYPES: Mapping[object, Callable[[str], object]] = {int: int, float: float, str: str,
+                                                         Path: Path}
 
 
 def _shown(value: object) -> object:

@@ -12,23 +12,11 @@ from serving.settings import AUTH_SECRET_ENV, ServingSettings
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m serving",
-                                     description="Serve fanout's home timelines over HTTP.")
-    env = ServingSettings.env_help
-    parser.add_argument("--host", help=f"interface to bind ({env('host')})")
-    parser.add_argument("--port", type=int, help=f"TCP port ({env('port')})")
-    parser.add_argument("--store", dest="store_url",
-                        help=f"store URL, sqlite:///path or cassandra://hosts/keyspace "
-                             f"({env('store_url')})")
-    parser.add_argument("--max-page", dest="max_page", type=int,
-                        help=f"largest page a request may ask for ({env('max_page')})")
-    parser.add_argument("--workers", type=int,
-                        help=f"API processes sharing the port, 0: one per core ({env('workers')})")
-    parser.add_argument("--access-log", dest="access_log", action=argparse.BooleanOptionalAction,
-                        help=f"log every request ({env('access_log')})")
-    parser.add_argument("--auth", dest="auth", action=argparse.BooleanOptionalAction,
-                        help=f"require bearer tokens for writes and home timelines "
-                             f"({env('auth')}; the secret is ${AUTH_SECRET_ENV})")
+    parser = argparse.ArgumentParser(
+        prog="python -m serving", description="Serve fanout's home timelines over HTTP; "
+        f"with auth on, the secret is ${AUTH_SECRET_ENV}.")
+    ServingSettings.add_flags(parser, "host", "port", "max_page", "workers", "access_log",
+                              "auth", store_url="--store")
     return parser
 
 

@@ -62,12 +62,16 @@ DEFAULT_CHECKPOINT_DIR: Final = DEFAULT_RUN_DIR / CHECKPOINTS
 class ViewSettings(FanoutSettings):
     """Where the views go and how the join behaves (DESIGN §4–§6)."""
 
-    store_url: str = Field(DEFAULT_STORE_URL, validation_alias=env_alias(STORE_ENV, "store_url"))
+    store_url: str = Field(DEFAULT_STORE_URL, validation_alias=env_alias(STORE_ENV, "store_url"),
+                           description="Where the views go: sqlite:///path or "
+                                       "cassandra://hosts/keyspace.")
     timeline_cap: int = Field(DEFAULT_TIMELINE_CAP, ge=1,
-                              validation_alias=env_alias(TIMELINE_CAP_ENV, "timeline_cap"))
+                              validation_alias=env_alias(TIMELINE_CAP_ENV, "timeline_cap"),
+                              description="Cached entries per home timeline.")
     celebrity_threshold: int = Field(
         DEFAULT_CELEBRITY_THRESHOLD, ge=1,
-        validation_alias=env_alias(CELEBRITY_THRESHOLD_ENV, "celebrity_threshold"))
+        validation_alias=env_alias(CELEBRITY_THRESHOLD_ENV, "celebrity_threshold"),
+        description="Followers that make an author a celebrity.")
     demote_ratio: float = Field(0.8, gt=0, le=1,
                                 validation_alias=env_alias("FANOUT_DEMOTE_RATIO", "demote_ratio"))
     inactive_days: float = Field(

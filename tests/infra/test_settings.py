@@ -85,3 +85,29 @@ def test_help_of_flags_comes_from_the_settings(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(env FANOUT_TIMELINE_CAP; default 800)" in text
     assert "(env FANOUT_CELEBRITY_THRESHOLD; default 1000)" in text
+
+
+def test_a_flag_is_made_from_its_field_name_type_description_and_variable():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ServingSettings.add_flags(parser, "port", "access_log", store_url="--store")
+    flags = {a.dest: a for a in parser._actions}
+    assert flags["port"].option_strings == ["--port"] and flags["port"].type is int
+    assert flags["port"].help == ("TCP port of the API (0: any free port). "
+                                  "(env FANOUT_API_PORT; default 8080)")
+    assert flags["store_url"].option_strings == ["--store"]
+    assert flags["access_log"].option_strings == ["--access-log", "--no-access-log"]
+    # Not given, a flag is None, and the field falls back to the environment.
+    args = parser.parse_args(["--no-access-log", "--port", "9"])
+    settings = ServingSettings.from_env({STORE_ENV: "sqlite:///e"}, **vars(args))
+    assert (settings.port, settings.access_log, settings.store_url) == (9, False, "sqlite:///e")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--port", "nine"])
+    ViewSettings.add_flags(parser, "checkpoint_dir", "kafka_source")
+    args = parser.parse_args(["--checkpoint-dir", "cp", "--kafka-source", "python"])
+    assert (args.checkpoint_dir, args.kafka_source) == (Path("cp"), "python")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kafka-source", "flink"])
+    with pytest.raises(TypeError, match="no flag"):
+        ServingSettings.add_flags(argparse.ArgumentParser(), "auth_secret")
