@@ -79,18 +79,18 @@ class FanoutSettings(BaseSettings):
             info = cls.model_fields[field]
             flag = named.get(field) or "--" + field.replace("_", "-")
             text = f"{info.description or ''} ({cls.env_help(field)})".lstrip()
+            how: dict[str, Any]
             if info.annotation is bool:
-                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
-                                    action=argparse.BooleanOptionalAction)
+                how = {"action": argparse.BooleanOptionalAction}
             elif get_origin(info.annotation) is Literal:
-                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
-                                    choices=get_args(info.annotation))
-            elif (kind := _FLAG_TYPES.get(info.annotation)) is not None:
-                parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
-                                    type=kind)
+                how = {"choices": get_args(info.annotation)}
+            elif info.annotation in _FLAG_TYPES:
+                how = {"type": _FLAG_TYPES[info.annotation]}
             else:
                 msg = f"{cls.__name__}.{field}: no flag for a {info.annotation}"
                 raise TypeError(msg)
+            parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
+                                **how)
 
 
 #: What a flag of a field of each plain type parses its value with.

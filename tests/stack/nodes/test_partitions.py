@@ -171,7 +171,7 @@ def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object], flo
     replaying = _replay(run) if replay else None
     nemesis = Nemesis(run.run_dir, echo=False)
     logged_before = _logged(run)
-    api_log = run.run_dir / "logs" / "serve.log"
+    api_log = stack.log_of("api")
     api_log_from = api_log.stat().st_size if api_log.exists() else 0
     try:
         wait_for(lambda: acked(history, 0) >= 20, 120, "20 writes answered 202 before the fault")
