@@ -53,6 +53,11 @@ PAGE = 20
 #: The API's celebrity cache refresh (FANOUT_CELEBRITY_REFRESH_S, its default).
 CELEBRITY_REFRESH_S = 0.5
 READERS = 16
+#: The reader's pause between two reads: about 10 reads a second, each on a connection
+#: of its own. Read flat out, the reader and the API workers answering it took most of
+#: a core from the job being built, and the build, its catch-up and its check under load
+#: took minutes longer; a seam between two views would still span several reads.
+READ_PAUSE_S = 0.1
 #: The load's social mix without deletions, blocks or unfollows: timelines only grow,
 #: so a page that was full stays full.
 PROFILE = ("social:home=6,tweets=2,post=3,reply=2,repost=2,unrepost=0,delete=0,follow=0,"
@@ -98,6 +103,7 @@ def _read(base: str, before: dict[int, dict], stop: threading.Event, out: Reads)
     users = sorted(before)
     while not stop.is_set():
         for user in users:
+            stop.wait(READ_PAUSE_S)
             started = time.perf_counter()
             try:  # a new connection each time: the kernel spreads them over the workers
                 response = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
