@@ -147,6 +147,15 @@ class RingNode(LocalCassandra):
                 "auto_bootstrap: false\n")
 
 
+def start_groups(which: list[int], *, seeded: bool) -> list[list[int]]:
+    """The nodes ``which`` in the groups that start one after another, each side by side.
+
+    ``seeded``: another node of the ring runs and is a seed to every node started.
+    Otherwise the first node starts alone, the seed of the rest.
+    """
+    return [which] if seeded else [g for g in (which[:1], which[1:]) if g]
+
+
 class CassandraRing:
     """``nodes`` Cassandra nodes on 127.0.0.1..N sharing one CQL and one storage port."""
 
@@ -188,14 +197,16 @@ class CassandraRing:
         return self.started[node]
 
     def start(self, which: list[int] | None = None) -> CassandraRing:
-        """Start nodes ``which`` (default all): the first alone, the rest side by side.
+        """Start nodes ``which`` (default all) side by side; the first alone when none runs.
 
-        The first node of a new ring starts alone so that the others find a live seed
-        (each lists every node as a seed, so any live one serves later).
+        With no node of the ring running, the first starts alone so that the others
+        find a live seed. Each lists every node as a seed, so a node the ring kept
+        running serves: nodes started again beside one start together.
         """
         which = self.node_ids if which is None else sorted(which)
-        first, rest = which[:1], which[1:]
-        for group in (first, rest):
+        seeded = any(running_pid(self.node(n).data_dir) is not None
+                     for n in self.node_ids if n not in which)
+        for group in start_groups(which, seeded=seeded):
             errors: list[BaseException] = []
             threads = [threading.Thread(target=self._start_one, args=(n, errors))
                        for n in group]

@@ -15,7 +15,7 @@ import pytest
 
 from infra.checks.checker import History, Op, read_stats, refusal_windows
 from infra.services.cassandra import Ports
-from infra.services.cassandraring import CassandraRing, RingNode, initial_token
+from infra.services.cassandraring import CassandraRing, RingNode, initial_token, start_groups
 from infra.services.kafkacluster import CLUSTER_FILE, KafkaCluster, min_insync
 from infra.stack.multinode import NodesError, make_multinode
 from infra.stack.stack import Stack
@@ -80,6 +80,14 @@ def test_a_ring_url_names_every_node_and_its_replication(tmp_path):
     port = ring.port
     assert url == f"cassandra://127.0.0.1,127.0.0.2,127.0.0.3:{port}/fanout?rf=3&retry=900"
     assert CassandraRing(tmp_path / "c", tmp_path / "logs", nodes=3).port == port
+
+
+def test_a_ring_starts_its_first_node_alone_unless_a_node_it_kept_runs():
+    assert start_groups([1, 2, 3], seeded=False) == [[1], [2, 3]]
+    assert start_groups([2, 3], seeded=False) == [[2], [3]]
+    assert start_groups([3], seeded=False) == [[3]]
+    # Nodes started again beside a running one (a seed to each) start together.
+    assert start_groups([1, 3], seeded=True) == [[1, 3]]
 
 
 def _stack(tmp_path: Path) -> Stack:
