@@ -89,6 +89,14 @@ class FanoutProcess:
 
     def start(self) -> FanoutProcess:
         self.spawn()
+        return self.await_ready()
+
+    def await_ready(self) -> FanoutProcess:
+        """Wait until the spawned process is ready (:meth:`start`'s second half).
+
+        Between :meth:`spawn` and this the caller may start other services, so that
+        they come up together; on failure the process is stopped and the error raised.
+        """
         try:
             self._await()
         except BaseException:

@@ -110,12 +110,16 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
             moved |= _ensure_spark(stack, started)
         create_topics(_kafka(stack))
         refused = None if stack.running("job") else job_refusal(stack)
-        if refused is None:
-            _ensure_job(stack, started, restart=moved, timeout=timeout)
+        # The job takes longest to come up (a JVM, Spark, its first batch): the API and
+        # the verifier start while it does, and only then is it waited for.
+        job = _spawn_job(stack, started, restart=moved, timeout=timeout) \
+            if refused is None else None
         api_url = stack.api_url
         _ensure_api(stack, started, restart=moved, port=port)
         _ensure_verifier(stack, started, restart=moved or stack.api_url != api_url,
                          turn=verifier)
+        if job is not None:
+            job.await_ready()
     except BaseException:
         for name in reversed(started):
             stop_service(stack, name)
@@ -261,18 +265,23 @@ def _apply_schema(url: str) -> None:
         log.info("store %s: applied %s", url, [s.label for s in done])
 
 
-def _ensure_job(stack: Stack, started: list[str], *, restart: bool, timeout: float) -> None:
-    """Run the view job; its metrics port is the recorded one while free, else a free one.
+def _spawn_job(stack: Stack, started: list[str], *, restart: bool,
+               timeout: float) -> FanoutProcess | None:
+    """Start the view job, not waiting for it: the caller awaits the returned process.
 
-    The port is recorded in ``stack.json`` for ``fanout status``; the job is told it
-    through :meth:`Stack.env` like every other setting.
+    None when it runs already and stays. Its metrics port is the recorded one while
+    free, else a free one: recorded in ``stack.json`` for ``fanout status``, and told
+    to the job through :meth:`Stack.env` like every other setting.
     """
     if _stays(stack, "job", restart):
-        return
+        return None
     stack.job_metrics_port = _placed(stack.job_metrics_port, "the view job's metrics")
-    _start_ready(stack, started, "job", "the view job", timeout=timeout,
-                 watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
-                 or _died(stack, "spark-master") or _died(stack, "spark-worker"))
+    job = _service(stack, "job", "the view job", timeout=timeout,
+                   watch=lambda: _died(stack, "broker") or _died(stack, "cassandra")
+                   or _died(stack, "spark-master") or _died(stack, "spark-worker"))
+    job.spawn()
+    stack.record("job", job, started)
+    return job
 
 
 def _stays(stack: Stack, name: str, restart: bool) -> bool:
@@ -294,13 +303,12 @@ def _placed(port: int, whose: str) -> int:
     return moved
 
 
-def _start_ready(stack: Stack, started: list[str], name: str, what: str, *, timeout: float,
-                 watch: Callable[[], str | None]) -> None:
-    """Start the ``fanout name`` service and wait until it writes its ready file."""
+def _service(stack: Stack, name: str, what: str, *, timeout: float,
+             watch: Callable[[], str | None]) -> FanoutProcess:
+    """The ``fanout name`` service, ready once it writes its ready file."""
     run_dir = Path(stack.run_dir)
-    service = FanoutProcess(run_dir, name, stack.env(), ready_file=run_dir / f"{name}.ready",
-                            what=what, timeout=timeout, watch=watch)
-    stack.record(name, service.start(), started)
+    return FanoutProcess(run_dir, name, stack.env(), ready_file=run_dir / f"{name}.ready",
+                         what=what, timeout=timeout, watch=watch)
 
 
 def _ensure_api(stack: Stack, started: list[str], *, restart: bool,
@@ -333,8 +341,9 @@ def _ensure_verifier(stack: Stack, started: list[str], *, restart: bool,
     if _stays(stack, "verifier", restart):
         return
     stack.verifier_port = _placed(stack.verifier_port, "the live verifier's")
-    _start_ready(stack, started, "verifier", "the live verifier", timeout=60,
-                 watch=lambda: _died(stack, "api"))
+    verifier = _service(stack, "verifier", "the live verifier", timeout=60,
+                        watch=lambda: _died(stack, "api"))
+    stack.record("verifier", verifier.start(), started)
 
 
 def _died(stack: Stack, name: str) -> str | None:
