@@ -96,9 +96,11 @@ def _run(args: argparse.Namespace, stack: Stack, run_dir: Path, clock: _Clock) -
             return 1
         # As `fanout verify` reads: in a process per core, each reopening the store.
         opener = functools.partial(store_from_url, stack.store_url, cap=store.cap)
-        result = clock.step("verify against the SQL",
+        depth = args.verify_entries or None
+        what = f"the first {depth} entries of" if depth else "the whole of"
+        result = clock.step(f"verify {what} every home timeline against the SQL",
                             lambda: verify(kafka, store, store.cap, opener=opener,
-                                           progress=True))
+                                           progress=True, entries=depth))
         print(result.render())
         if result.users_checked == 0:
             print("verify checked no user: the view is empty")
