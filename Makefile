@@ -72,10 +72,19 @@ say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
 	while kill -0 $$pid 2>/dev/null; do sleep 1; n=$$((n + 1)); \
 	  [ $$((n % 5)) -ne 0 ] || echo "  $(1): $$n s so far"; done; wait $$pid
 
-$(STAMP): pyproject.toml
+# The Kafka and Cassandra jars need only Maven and Python's standard library
+# (python -m infra.services.jars), so they are fetched while pip installs the packages;
+# Spark's Kafka connector waits for pyspark, whose own jars it leaves out (`fanout
+# jars`, below). A first install takes pip's time, not pip's and Maven's in turn.
+$(STAMP): pyproject.toml | java
 	$(PYTHON) -m venv $(VENV)
 	$(call say_while,installing pip,$(PY) -m pip install --quiet --upgrade pip)
-	$(call say_while,installing the packages,$(PY) -m pip install --quiet -e '.[test]')
+	@$(PYTHON) -m infra.services.jars kafka cassandra & jars=$$!; \
+	echo "installing the packages (the Kafka and Cassandra jars meanwhile)"; \
+	$(PY) -m pip install --quiet -e '.[test]' & pip=$$!; n=0; \
+	while kill -0 $$pip 2>/dev/null; do sleep 1; n=$$((n + 1)); \
+	  [ $$((n % 5)) -ne 0 ] || echo "  installing the packages: $$n s so far"; done; \
+	wait $$pip || { kill $$jars 2>/dev/null; exit 1; }; wait $$jars
 	touch $(STAMP)
 
 java:

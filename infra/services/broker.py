@@ -31,14 +31,13 @@ from confluent_kafka.admin import AdminClient
 
 from infra.errors import InfraError
 from infra.services.jars import KAFKA, classpath
+from infra.services.ports import PortTaken, on_other_ports
 from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
     Heartbeat,
-    PortTaken,
     free_port,
     log_tail,
-    on_other_ports,
     port_free,
     terminate,
 )

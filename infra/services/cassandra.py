@@ -31,13 +31,12 @@ from typing import IO, Final
 from infra.errors import InfraError
 from infra.services import procs
 from infra.services.jars import CASSANDRA, classpath
+from infra.services.ports import PortTaken, on_other_ports
 from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
-    PortTaken,
     free_port,
     log_tail,
-    on_other_ports,
     port_free,
     terminate,
     timer_slack,

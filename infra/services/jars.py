@@ -5,8 +5,10 @@ This module owns where the JVM services' jars come from (DESIGN §9, §10). Each
 and its runtime dependencies from Maven Central into ``<cache>/<name>-<version>/``
 once (a throwaway pom and ``maven-dependency-plugin:copy-dependencies``, the plugin
 pinned because Maven 3.8's default is old), and every later call reuses that folder
-offline. The install step (``make install`` → ``fanout jars``) fills the cache, so
-nothing downloads at test time. The cache is ``FANOUT_JAR_CACHE``, by default
+offline. The install step fills the cache, so nothing downloads at test time: ``make``
+fetches the Kafka and Cassandra sets with ``python -m infra.services.jars`` (this module
+needs only the standard library) while pip installs the packages, then ``fanout jars``
+the connector, which needs pyspark installed to know what to leave out. The cache is ``FANOUT_JAR_CACHE``, by default
 ``~/.cache/fanout/jars``; a folder is complete only once its ``.complete`` marker is
 written, so an interrupted download is redone, never half-used.
 """
@@ -18,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -186,3 +189,14 @@ def _cmd_jars(args: argparse.Namespace) -> int:
         folder = resolve(SETS[name])
         print(f"{name}: {folder} ({len(list(folder.glob('*.jar')))} jars)")
     return 0
+
+
+if __name__ == "__main__":
+    # `make` runs this with the system's Python while pip fills the virtualenv: the
+    # standard library only (no `fanout` yet), the command's output and exit status.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        sys.exit(_cmd_jars(argparse.Namespace(names=sys.argv[1:])))
+    except JarError as exc:
+        print(f"fanout jars: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -19,17 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Final, TypeVar
-
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
-
-from infra.errors import InfraError
+from typing import IO, Final
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 LOOPBACK: Final = "127.0.0.1"
 
@@ -52,37 +46,6 @@ HEARTBEAT_S: Final = 5.0
 
 _PR_SET_TIMERSLACK: Final = 29
 _PR_GET_TIMERSLACK: Final = 30
-
-
-class PortTaken(InfraError):
-    """A service lost a port it was given to another process before it could bind it."""
-
-
-def on_other_ports(start: Callable[[int], _T], attempts: int, what: str, *,
-                   lost: Callable[[], Exception], undo: Callable[[], object] = lambda: None,
-                   ) -> _T:
-    """``start(attempt)``, run again while it raises :class:`PortTaken`: ``attempts`` at most.
-
-    A port found free can be taken before the JVM binds it. ``start`` picks its ports
-    (other ones from attempt 2), spawns the service and waits for it, and raises
-    :class:`PortTaken` when the service's log says a port was taken. When the start
-    fails for good, ``undo`` stops what it started; after the last port lost, the
-    error ``lost()`` makes is raised (saying what to do), any other failure as it is.
-    """
-    def say(state: RetryCallState) -> None:
-        log.warning("%s found a port taken at start (attempt %d of %d); trying other ports",
-                    what, state.attempt_number, attempts)
-
-    policy = Retrying(stop=stop_after_attempt(attempts), reraise=True, before_sleep=say,
-                      retry=retry_if_exception_type(PortTaken))
-    try:
-        return policy(lambda: start(policy.statistics["attempt_number"]))
-    except PortTaken:
-        undo()
-        raise lost() from None
-    except BaseException:
-        undo()
-        raise
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -32,7 +32,8 @@ from typing import IO, Any, Final
 from infra.errors import InfraError
 from infra.services import procs
 from infra.services.hosts import Host
-from infra.services.process import JIT_OPTIONS, PortTaken, free_port, on_other_ports
+from infra.services.ports import PortTaken, on_other_ports
+from infra.services.process import JIT_OPTIONS, free_port
 from infra.services.spark_home import lean_home
 
 log = logging.getLogger(__name__)
