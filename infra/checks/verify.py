@@ -130,13 +130,10 @@ def verify(kafka: KafkaSettings, store: Store, cap: int, *, sample: int | None =
            wait: float = 0.0, seed: int = 0, max_samples: int = 5, progress: bool = False,
            entries: int | None = None, opener: Callable[[], Store] | None = None,
            workers: int | None = None,
-           lateness: int | None = DEFAULT_LATENESS_MS, again: bool = True) -> VerifyResult:
+           lateness: int | None = DEFAULT_LATENESS_MS) -> VerifyResult:
     """Compare served timelines with the recomputed query; see the module docstring.
 
     ``entries``, ``opener``, ``workers`` and ``lateness`` are :func:`compare`'s.
-    ``again``: users who differ while the view has applied records past the log as
-    read are compared once more with the log read anew (a caller that compares them
-    at exact positions of the view itself, as ``rebuild --beside`` does, says False).
     """
     start = time.perf_counter()
     with _reader_pool(opener, workers) as pool:
@@ -147,7 +144,7 @@ def verify(kafka: KafkaSettings, store: Store, cap: int, *, sample: int | None =
         result = compare(log_, store, cap, sample=sample, seed=seed, max_samples=max_samples,
                          progress=progress, entries=entries, opener=opener, workers=workers,
                          lateness=lateness, pool=pool)
-        if again and result.divergent_users and _ahead(store, log_.ends):
+        if result.divergent_users and _ahead(store, log_.ends):
             # Records that reached the log after it was read (a write answered 503 whose
             # record landed later, say) were applied before the pages were: the users
             # who differ are compared again with the log read anew.
