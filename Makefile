@@ -74,15 +74,14 @@ say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
 
 # uv installs the packages from PyPI into the virtualenv: from empty caches 44 s here,
 # against 130 s for pip, which downloads one package at a time and builds pyspark's
-# 430 MB wheel at zlib's pace. The Kafka and Cassandra jars need only Maven and
-# Python's standard library (python -m infra.services.jars), so they are fetched
-# meanwhile; Spark's Kafka connector waits for pyspark, whose own jars it leaves out
-# (`fanout jars`, below).
+# 430 MB wheel at zlib's pace. Fetching the jars needs only Maven and Python's
+# standard library (python -m infra.services.jars), so they are fetched meanwhile;
+# `fanout jars`, below, then finds them in the cache.
 $(STAMP): pyproject.toml | java
 	$(PYTHON) -m venv $(VENV)
 	$(call say_while,installing uv,$(PY) -m pip install --quiet 'uv>=0.9')
-	@$(PYTHON) -m infra.services.jars kafka cassandra & jars=$$!; \
-	echo "installing the packages (the Kafka and Cassandra jars meanwhile)"; \
+	@$(PYTHON) -m infra.services.jars & jars=$$!; \
+	echo "installing the packages (the jars meanwhile)"; \
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]' & pip=$$!; n=0; \
 	while kill -0 $$pip 2>/dev/null; do sleep 1; n=$$((n + 1)); \
 	  [ $$((n % 5)) -ne 0 ] || echo "  installing the packages: $$n s so far"; done; \

@@ -6,9 +6,9 @@ and its runtime dependencies from Maven Central into ``<cache>/<name>-<version>/
 once (a throwaway pom and ``maven-dependency-plugin:copy-dependencies``, the plugin
 pinned because Maven 3.8's default is old), and every later call reuses that folder
 offline. The install step fills the cache, so nothing downloads at test time: ``make``
-fetches the Kafka and Cassandra sets with ``python -m infra.services.jars`` (this module
-needs only the standard library) while pip installs the packages, then ``fanout jars``
-the connector, which needs pyspark installed to know what to leave out. The cache is ``FANOUT_JAR_CACHE``, by default
+fetches every set with ``python -m infra.services.jars`` (this module needs only the
+standard library) while the packages install. What pyspark ships is left out of the
+connector's class path when it is used (:func:`classpath`), not when it is fetched. The cache is ``FANOUT_JAR_CACHE``, by default
 ``~/.cache/fanout/jars``; a folder is complete only once its ``.complete`` marker is
 written, so an interrupted download is redone, never half-used.
 """
@@ -192,7 +192,7 @@ def _cmd_jars(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    # `make` runs this with the system's Python while pip fills the virtualenv: the
+    # `make` runs this with the system's Python while uv fills the virtualenv: the
     # standard library only (no `fanout` yet), the command's output and exit status.
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

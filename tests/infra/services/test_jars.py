@@ -1,7 +1,7 @@
 """The jar fetch runs before the packages are installed (infra.services.jars).
 
-``make`` fetches the Kafka and Cassandra jars with ``python -m infra.services.jars``
-while pip installs the packages, so that module and what it imports must need the
+``make`` fetches the jars with ``python -m infra.services.jars`` while uv installs
+the packages, so that module and what it imports must need the
 standard library alone; run here with site-packages switched off (``-S``).
 """
 
