@@ -52,3 +52,28 @@ def test_a_service_is_ready_by_a_file_or_by_a_url_not_both(tmp_path: Path) -> No
         FanoutProcess(tmp_path, "job", {})
     with pytest.raises(ValueError, match="ready file or by a health URL"):
         FanoutProcess(tmp_path, "job", {}, ready_file=tmp_path / "r", health="http://x/")
+
+
+def test_services_spawned_side_by_side_are_each_awaited_after(tmp_path: Path) -> None:
+    """``fanout up`` spawns the job, starts the API and the verifier, then awaits the job."""
+    first, second = (tmp_path / "first", tmp_path / "second")
+    first.mkdir(), second.mkdir()
+    services = [_api(first), _api(second)]
+    for service in services:
+        service.spawn()
+    try:
+        assert [s.await_ready() for s in services] == services
+        assert all(s.ready() for s in services)
+    finally:
+        for service in services:
+            service.stop()
+
+
+def test_a_service_that_exits_while_awaited_names_its_log(tmp_path: Path) -> None:
+    api = _api(tmp_path)
+    api.env = {**api.env, "FANOUT_STORE": "nosuchstore://anywhere"}
+    api.spawn()
+    with pytest.raises(ServiceError, match=r"the API exited before it was ready; see its log "
+                                           r".*serve\.log"):
+        api.await_ready()
+    assert "nosuchstore" in api.log_path.read_text()
