@@ -66,11 +66,12 @@ jars: $(STAMP) java
 class-archive: jars
 	$(VENV)/bin/fanout class-archive
 
-# An install says nothing for a while: say_while prints a line every 5 s until the
-# command ends, and ends with its exit status.
-say_while = @echo "$(2)"; $(2) & pid=$$!; n=0; \
-	while kill -0 $$pid 2>/dev/null; do sleep 1; n=$$((n + 1)); \
-	  [ $$((n % 5)) -ne 0 ] || echo "  $(1): $$n s so far"; done; wait $$pid
+# An install says nothing for a while: heartbeat prints "WHAT: N s so far" every 5 s
+# while the process whose pid is in shell variable $(1) runs; say_while runs a command
+# so, and ends with its exit status.
+heartbeat = n=0; while kill -0 $$$(1) 2>/dev/null; do sleep 1; n=$$((n + 1)); \
+	  [ $$((n % 5)) -ne 0 ] || echo "  $(2): $$n s so far"; done
+say_while = @echo "$(2)"; $(2) & pid=$$!; $(call heartbeat,pid,$(1)); wait $$pid
 
 # uv installs the packages from PyPI into the virtualenv: from empty caches 44 s here,
 # against 130 s for pip, which downloads one package at a time and builds pyspark's
@@ -82,9 +83,8 @@ $(STAMP): pyproject.toml | java
 	$(call say_while,installing uv,$(PY) -m pip install --quiet 'uv>=0.9')
 	@$(PYTHON) -m infra.services.jars & jars=$$!; \
 	echo "installing the packages (the jars meanwhile)"; \
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]' & pip=$$!; n=0; \
-	while kill -0 $$pip 2>/dev/null; do sleep 1; n=$$((n + 1)); \
-	  [ $$((n % 5)) -ne 0 ] || echo "  installing the packages: $$n s so far"; done; \
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]' & pip=$$!; \
+	$(call heartbeat,pip,installing the packages); \
 	wait $$pip || { kill $$jars 2>/dev/null; exit 1; }; wait $$jars
 	touch $(STAMP)
 
