@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -337,35 +337,29 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for the view to catch up")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--entries", type=int, default=None, metavar="N",
+    p.add_argument("--entries", type=_count("--entries", 1, "entries"), default=None,
+                   metavar="N",
                    help="check only the first N entries of each timeline (its first pages; "
                         "default: the whole cached timeline)")
-    p.add_argument("--workers", type=_workers, default=None, metavar="N",
+    p.add_argument("--workers", type=_count("--workers", 1, "processes"), default=None,
+                   metavar="N",
                    help="processes reading the served timelines beside the recomputation "
                         "(default: one per core)")
     p.set_defaults(func=_cmd_verify)
 
 
-def _workers(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        msg = f"--workers takes a count of processes, at least 1; got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
-
-
-def _depth(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        msg = f"--verify-entries takes a count of entries, 0 for whole timelines; got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
+def _count(flag: str, least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least``, else a message naming ``flag``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = least - 1
+        if n < least:
+            msg = f"{flag} takes a count of {what}, at least {least}; got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return n
+    return parse
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -412,7 +406,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tweets", type=int, default=20_000)
     p.add_argument("--celebrity-threshold", type=int, default=300)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--verify-entries", type=_depth, default=100, metavar="N",
+    p.add_argument("--verify-entries", default=100, metavar="N",
+                   type=_count("--verify-entries", 0, "entries (0: whole timelines)"),
                    help="verify the first N entries of every user's home timeline (default "
                         "100, the first pages a client reads: about 10 s here; 0: whole "
                         "timelines, as `fanout verify` does, about 40 s)")

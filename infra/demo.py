@@ -7,8 +7,8 @@ replays it into the changelogs as fast as possible, waits (with progress) until 
 view job has applied every record, prints the busiest user's home timeline and one
 entry of each kind (post, reply, repost) fetched over HTTP, one post arriving live on
 a follower's home stream (``GET …/home/stream``: posted over HTTP, the ``add`` event
-timed from the 202), the result of ``verify``, and stops everything — also when a
-step fails.
+timed from the 202), the result of ``verify`` (every user's first ``--verify-entries``
+entries; 0: whole timelines), and stops everything — also when a step fails.
 """
 
 from __future__ import annotations

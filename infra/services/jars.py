@@ -8,9 +8,10 @@ pinned because Maven 3.8's default is old), and every later call reuses that fol
 offline. The install step fills the cache, so nothing downloads at test time: ``make``
 fetches every set with ``python -m infra.services.jars`` (this module needs only the
 standard library) while the packages install. What pyspark ships is left out of the
-connector's class path when it is used (:func:`classpath`), not when it is fetched. The cache is ``FANOUT_JAR_CACHE``, by default
-``~/.cache/fanout/jars``; a folder is complete only once its ``.complete`` marker is
-written, so an interrupted download is redone, never half-used.
+connector's class path when it is used (:func:`classpath`), not when it is fetched.
+The cache is ``FANOUT_JAR_CACHE``, by default ``~/.cache/fanout/jars``; a folder is
+complete only once its ``.complete`` marker is written, so an interrupted download is
+redone, never half-used.
 """
 
 from __future__ import annotations
