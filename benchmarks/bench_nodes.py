@@ -74,7 +74,7 @@ from ingest.events import Post  # noqa: E402
 from ingest.producer import ChangelogProducer, Position  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.snowflake import Snowflake  # noqa: E402
-from serving.auth import mint  # noqa: E402
+from serving.callers import mint  # noqa: E402
 from serving.settings import ServingSettings  # noqa: E402
 from views.kafka_offsets import EndOffsets  # noqa: E402
 

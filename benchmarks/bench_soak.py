@@ -52,7 +52,7 @@ from infra.services.hosts import require_netns  # noqa: E402
 from infra.stack.stack import Stack  # noqa: E402
 from ingest.events import TWEETS  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
-from serving.auth import mint  # noqa: E402
+from serving.callers import mint  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
 
 NODES = ("node-1", "node-2", "node-3")

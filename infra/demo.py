@@ -40,7 +40,7 @@ from ingest.progress import progress as progress_bar
 from ingest.replay import replay
 from ingest.settings import KafkaSettings
 from ingest.social import SOCIAL
-from serving.auth import USER_HEADER
+from serving.callers import USER_HEADER
 from serving.settings import AUTH_ENV
 from views.settings import CELEBRITY_THRESHOLD_ENV
 from views.stores import store_from_url

@@ -9,7 +9,7 @@ from one background thread, so a read never waits for Kafka. A returning user's
 first read is always appended: it comes after far more than ``every_s`` (which is
 kept well below the inactive threshold) since the last record.
 A monitor's read (``X-Fanout-Monitor``, the live verifier's) is not appended: a
-monitor reading a timeline is not its user coming back (:data:`serving.reads.MONITOR_HEADER`).
+monitor reading a timeline is not its user coming back (:data:`serving.callers.MONITOR_HEADER`).
 
 A record that cannot be produced (the broker down) is counted in ``/metrics``
 (``fanout_activity_records{outcome="failed"}``) and logged by the producer; the read

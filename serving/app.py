@@ -41,6 +41,7 @@ from ingest.snowflake import Snowflake
 from ingest.writer import SharedProducer
 from serving.activity import ActivityLog
 from serving.auth import Auth
+from serving.callers import MONITOR_HEADER
 from serving.celebrities import CelebrityCache
 from serving.errors import ConfigError, Forbidden, Unavailable
 from serving.freshness import Freshness
@@ -51,7 +52,7 @@ from serving.middleware import BodyLimit, ContainErrors
 from serving.pagecache import PageCache
 from serving.pageversions import PageVersions
 from serving.query import only_query
-from serving.reads import MONITOR_HEADER, FastPath, FastReads, Pages, Read, sent_headers
+from serving.reads import FastPath, FastReads, Pages, Read, sent_headers
 from serving.render import iso_millis
 from serving.settings import STREAM_MAX_LIMIT, ServingSettings
 from serving.shapes import NEW_COUNT_CAP, NewCount, TimelinePage

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_token(args: argparse.Namespace) -> int:
     """Print the token on stdout (only it, for ``$(fanout token 42)``); 2 on bad input."""
     # Imported here: registering the subcommand must not load FastAPI for every command.
-    from serving.auth import mint
+    from serving.callers import mint
     from serving.errors import BadRequest, ConfigError
     from serving.ids import parse_id
 

@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.activity import ActivityLog
+from serving.callers import MONITOR_HEADER
 from serving.celebrities import CelebrityCache
 from serving.cursor import Since, decode_cursor, decode_since
 from serving.errors import BadRequest
@@ -68,10 +69,6 @@ _ROUTE = re.compile(r"/v1/users/([0-9]{1,19})/(home|tweets)")
 _LIMIT = re.compile(r"[1-9][0-9]{0,5}")
 _JSON: Final = (b"content-type", b"application/json")
 _CACHE_CONTROL: Final = CACHE_CONTROL.encode()
-#: A request header that marks a home read as a monitor's (the live verifier's,
-#: ``infra.checks.verifier``): answered like any read, but not appended to the activity log,
-#: since a monitor reading a timeline is not its user coming back.
-MONITOR_HEADER: Final = "x-fanout-monitor"
 
 
 class _Route(NamedTuple):

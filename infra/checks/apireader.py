@@ -16,8 +16,7 @@ import httpx
 from infra import webclient
 from infra.checks.logtail import MEANING_TOPICS, LogicalTP
 from infra.errors import InfraError
-from serving.auth import mint
-from serving.reads import MONITOR_HEADER
+from serving.callers import MONITOR_HEADER, mint
 from views.reference import HomeRow
 
 #: Lifetime of the bearer tokens the verifier mints for its reads (seconds).

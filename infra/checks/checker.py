@@ -53,7 +53,7 @@ import httpx
 import orjson
 
 from infra import webclient
-from serving.auth import USER_HEADER
+from serving.callers import USER_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     from infra.stack.stack import Stack
     from ingest.events import TWEETS
     from ingest.settings import KafkaSettings
-    from serving.auth import mint
+    from serving.callers import mint
     from serving.settings import AUTH_SECRET_ENV
     from views.settings import DEFAULT_RUN_DIR, ViewSettings
     from views.stores import store_from_url

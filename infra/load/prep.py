@@ -241,7 +241,7 @@ def auth_on(api_url: str, user: int) -> bool:
 
 
 def _tokens(load: LoadTarget, workload: Workload, targets: list[Target]) -> dict[int, str]:
-    from serving.auth import mint
+    from serving.callers import mint
 
     secret = load.env.get(AUTH_SECRET_ENV) or os.environ.get(AUTH_SECRET_ENV)
     if not secret:

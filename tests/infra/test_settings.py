@@ -12,7 +12,7 @@ from infra import cli
 from infra.settings import run_dir_views
 from infra.stack.stack import AUTH_SECRET_FILE, Stack
 from ingest.settings import KafkaSettings
-from serving.auth import verify
+from serving.callers import verify
 from serving.settings import ServingSettings
 from views.settings import DEFAULT_STORE_URL, STORE_ENV, ViewSettings
 

@@ -410,7 +410,7 @@ def test_workload_files_tokens_and_ranges(tmp_path: Path):
 
 
 def test_bearer_tokens_minted_by_loadgen_are_accepted_by_the_api():
-    from serving.auth import verify
+    from serving.callers import verify
 
     secret = b"0123456789abcdef-secret"
     token = mint(42, secret, ttl=60, now=1_000_000)

@@ -19,7 +19,7 @@ import pytest
 from infra import webclient
 from ingest.events import AccountDelete, Follow, Post, Repost, UserUpsert
 from serving.app import create_app
-from serving.auth import mint
+from serving.callers import mint
 from serving.settings import ServingSettings
 from tests.support.api import (
     CountingFastPath,

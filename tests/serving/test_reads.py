@@ -27,7 +27,7 @@ from infra import webclient
 from infra.services.broker import free_port
 from ingest.events import MUTE, AccountDelete, Delete, Follow, Post, Relation, Repost, UserUpsert
 from serving.app import create_app
-from serving.auth import mint
+from serving.callers import mint
 from serving.pageversions import page_versions
 from serving.settings import ServingSettings
 from serving.shapes import parse_page

@@ -28,7 +28,7 @@ from ingest.consistency import decode_token
 from ingest.events import ACTIVITY, Activity, Event, decode
 from ingest.settings import KafkaSettings
 from serving.app import create_app
-from serving.auth import mint
+from serving.callers import mint
 from serving.reads import FastPath
 from serving.settings import ServingSettings
 from views.kafka_offsets import consumer_config

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from infra.checks.checker import StreamHolder, check_streams
 from serving.app import create_app
-from serving.auth import mint
+from serving.callers import mint
 from tests.support.api import SECRET, running
 from tests.support.streams import World, Writes, stream_settings
 

@@ -47,7 +47,7 @@ from infra.checks.checker import History, Report, Workload, check, log_ends, rea
 from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
-from serving.auth import mint
+from serving.callers import mint
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
 from tests.support.stack import Run

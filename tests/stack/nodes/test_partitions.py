@@ -70,7 +70,7 @@ from infra.stack.stack import Stack
 from ingest.events import TWEETS
 from ingest.settings import KafkaSettings
 from serving.app import STALLED_MS
-from serving.auth import mint
+from serving.callers import mint
 from tests.support.hosts import HOSTS_REFUSED
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
