@@ -7,14 +7,16 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist) for the tests that start no whole stack. With 2, the
-# default, `make test` runs those on two workers (each with its own Kafka node,
-# Cassandra node and SparkSession; they wait on their nodes more than they compute, so
-# two halve their time), then every whole-stack test in one process, one stack at a
-# time, with both cores to itself (tests/plugins/workers.py). 0 runs everything in one
-# process. Both steps always run; `make test` fails if either failed. A step whose
-# PYTEST_ARGS select none of its tests passes (pytest's exit status 5).
-TEST_WORKERS ?= 2
+# `make test` runs every whole-stack test in one process, one stack at a time, and
+# beside it, in a CPU control group of an eighth of the weight, the tests that start no
+# whole stack: those take the cores the stacks' waits leave idle (tests/steps.py says
+# why, and runs the two one after the other where no group can be made). TEST_WORKERS
+# is the pytest-xdist workers of the second step: beside the stacks two gain nothing
+# over one (the box is busy), each with its own Kafka node, Cassandra node and
+# SparkSession. 0 runs everything in one process. Both steps always run; `make test`
+# fails if either failed. A step whose PYTEST_ARGS select none of its tests passes
+# (pytest's exit status 5).
+TEST_WORKERS ?= 1
 # The suite starts hundreds of Python processes (each `fanout` command, the API's
 # workers, the job's Python workers, the verifier) and the demo a dozen; each imports
 # the project's modules. Where PYTHONDONTWRITEBYTECODE is set, as some images and
@@ -39,13 +41,7 @@ test: install
 ifeq ($(TEST_WORKERS),0)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 else
-	@status=0; \
-	echo "== the tests without a whole stack, on $(TEST_WORKERS) workers"; \
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --stacks without $(PYTEST_ARGS) \
-	  || [ $$? -eq 5 ] || status=1; \
-	echo "== the whole-stack tests, one stack at a time"; \
-	$(VENV)/bin/pytest --stacks only $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
-	exit $$status
+	$(PY) -m tests.steps --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 endif
 
 # The static checks (docs/style.md §14), a step of their own before the suite in CI.

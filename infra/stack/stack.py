@@ -247,18 +247,6 @@ def job_lock(checkpoint_dir: Path) -> Iterator[None]:
         yield
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def stop_service(stack: Stack, name: str, timeout: float = 30.0) -> bool:
     """Stop one service of ``stack`` if it runs; forget its pid. True if it was running."""
     pid = stack.pids.pop(name, None)

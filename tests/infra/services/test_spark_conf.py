@@ -125,7 +125,8 @@ def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
     # 100 batches kept 65x the live state on disk at 1M users.
     assert spark.conf.get("spark.sql.streaming.minBatchesToRetain") == str(MIN_BATCHES_TO_RETAIN)
     checkpoint = tmp_path / "ck"
-    query = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+    # rate-micro-batch makes a batch each trigger; "rate" only when a second has passed.
+    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 50).load()
              .writeStream.format("noop").trigger(processingTime="50 milliseconds")
              .option("checkpointLocation", str(checkpoint)).start())
     try:
