@@ -1,22 +1,21 @@
-"""How the suite is split: the tests that start no whole stack, then the stacks.
+"""How the suite is split: the tests that start no whole stack, and the stacks.
 
 Every test that starts a whole stack, makes hosts or holds a slow link names the one
 ``xdist_group`` ``stack`` in its module's ``pytestmark``. ``make test`` runs the suite
-in two steps (``--stacks``, below):
+in two steps (``--stacks``, below), side by side (:mod:`tests.steps`):
 
-1. ``--stacks without`` on two pytest-xdist workers (``--dist loadfile``): the unit
-   tests, each worker with its own Kafka node, Cassandra node and SparkSession on
-   random ports. They wait on their nodes more than they compute, so two workers on two
-   cores take about half the time of one.
-2. ``--stacks only`` in one process: every whole-stack test, one stack at a time, the
-   files' order, with both cores to itself. Stacks hold timing windows (a rebuild beside
-   under load, a Cassandra node's restart) that assume nothing else runs: beside the
-   unit tests' nodes they have failed.
+1. ``--stacks only`` in one process: every whole-stack test, one stack at a time, in
+   the files' order. Stacks hold timing windows (a rebuild beside under load, a
+   Cassandra node's restart) that assume nothing else competes for the cores at an
+   equal weight: beside the unit tests' nodes at an equal weight they have failed.
+2. ``--stacks without``: the unit tests, with a Kafka node, a Cassandra node and a
+   SparkSession of their own on random ports, in a CPU control group of an eighth of
+   the weight, so that they use what the stacks leave idle.
 
 ``--stacks all`` (the default) runs both kinds in the files' order. Under ``-n 2
 --dist loadgroup`` the group is one unit of work, so one worker runs every stack while
-the other runs the rest: the arrangement whose stacks failed on two cores, which is why
-``make test`` runs two steps instead. Without xdist the group is a plain marker.
+the other runs the rest at an equal weight: the arrangement whose stacks failed on two
+cores. Without xdist the group is a plain marker.
 """
 
 from __future__ import annotations
