@@ -141,6 +141,25 @@ def _beside(command: list[str], group: LowWeightGroup) -> Iterator[subprocess.Po
             sys.stdout.flush()
 
 
+def _foreground(command: list[str]) -> int:
+    """``command``'s exit status, waited for through Ctrl-C, then raised again.
+
+    The terminal sends Ctrl-C to the step too, and pytest answers it by stopping what
+    its tests started (stacks, nodes); ``subprocess.call`` would SIGKILL it meanwhile.
+    """
+    process = subprocess.Popen(command)
+    interrupted = False
+    while True:
+        try:
+            status = process.wait()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
+    return status
+
+
 def _wait(process: subprocess.Popen[bytes]) -> int:
     """Wait for ``process``, saying every :data:`PROGRESS_S` that it still runs."""
     began = time.monotonic()
@@ -161,16 +180,16 @@ def run(workers: int, args: list[str]) -> int:
               f"second could not be made ({exc}); as root with a cgroup cpu controller "
               f"mounted, they run side by side", flush=True)
         print("== the tests without a whole stack", flush=True)
-        unit = subprocess.call(unit_step(workers, args))
+        unit = _foreground(unit_step(workers, args))
         print("== the whole-stack tests, one stack at a time", flush=True)
-        stacks = subprocess.call(stack_step(args))
+        stacks = _foreground(stack_step(args))
         return 0 if passed(unit) and passed(stacks) else 1
     try:
         print("== the whole-stack tests, one stack at a time; beside them, at an eighth "
               "of the CPU weight, the tests without a whole stack (their output follows "
               "the stacks')", flush=True)
         with _beside(unit_step(workers, args), group) as beside:
-            stacks = subprocess.call(stack_step(args))
+            stacks = _foreground(stack_step(args))
             unit = _wait(beside)
     finally:
         group.remove()
@@ -189,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="pytest-xdist workers for the tests without a whole stack")
     known, rest = parser.parse_known_args(argv)
-    return run(known.workers, rest)
+    try:
+        return run(known.workers, rest)
+    except KeyboardInterrupt:
+        print("== interrupted: both steps stopped what they had started", flush=True)
+        return 130
 
 
 if __name__ == "__main__":
