@@ -6,7 +6,7 @@ served timelines against the SQL recomputed from the topics with ``infra.checks.
 The tests run on both stores — a SQLite file, and a fresh keyspace on the session's
 Cassandra node (``cassandra_hosts`` in ``tests/plugins/cassandra.py``) — except the
 one-shot replay, which the restart test covers on Cassandra (a replay in two halves,
-then ``verify``): each Spark run costs minutes on this machine.
+then ``verify``): each Spark run costs seconds (the restart on Cassandra, ~10 s here).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from views.job import job_sink, start_query
 from views.settings import ViewSettings
 from views.stores.base import DORMANT, Store
 
-pytestmark = [pytest.mark.xdist_group("stack"),
-              pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
+#: Not a whole stack: the session's Kafka node, SparkSession and Cassandra node, so it runs
+#: with the tests that start none (tests/plugins/workers.py).
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.timeout(900)]
 BIG = 2**63 - 1
 
 
