@@ -56,7 +56,8 @@ class LowWeightGroup:
 
     @classmethod
     def make(cls) -> LowWeightGroup:
-        """A new group under cgroup v2's root or v1's cpu hierarchy; OSError if neither."""
+        """A new group under cgroup v2's root (whose children get the cpu controller, if
+        they had not) or v1's cpu hierarchy; OSError if neither can be written."""
         name = f"fanout-tests-{os.getpid()}"
         if "cpu" in _read(V2_ROOT / "cgroup.controllers").split():
             if "cpu" not in _read(V2_ROOT / "cgroup.subtree_control").split():
