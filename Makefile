@@ -11,9 +11,10 @@ PYTEST_ARGS ?=
 # beside it, in a CPU control group of an eighth of the weight, the tests that start no
 # whole stack: those take the cores the stacks' waits leave idle (tests/steps.py says
 # why, and runs the two one after the other where no group can be made). TEST_WORKERS
-# is the pytest-xdist workers of the second step: beside the stacks two gain nothing
-# over one (the box is busy), each with its own Kafka node, Cassandra node and
-# SparkSession. 0 runs everything in one process. Both steps always run; `make test`
+# is the pytest-xdist workers of the second step, each with its own Kafka node,
+# Cassandra node and SparkSession: one, since that step is bound by the CPU (alone, three
+# workers took as long as two) and finishes beside the stacks with minutes to spare.
+# 0 runs everything in one process. Both steps always run; `make test`
 # fails if either failed. A step whose PYTEST_ARGS select none of its tests passes
 # (pytest's exit status 5).
 TEST_WORKERS ?= 1
