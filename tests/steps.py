@@ -71,9 +71,11 @@ class LowWeightGroup:
         group.path.mkdir()
         try:
             (group.path / group.weight_file).write_text(str(group.weight))
-        except OSError:
-            group.path.rmdir()
-            raise
+            subprocess.run(["true"], preexec_fn=group.enter, check=True)  # noqa: PLW1509
+        except (OSError, subprocess.SubprocessError) as exc:  # a process cannot enter it
+            group.remove()
+            msg = f"{group.path}: {exc}"
+            raise OSError(msg) from exc
         return group
 
     def enter(self) -> None:

@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from tests import steps
 from tests.steps import NO_TESTS, LowWeightGroup, passed, stack_step, unit_step
 
 
@@ -43,3 +45,14 @@ def test_a_process_started_in_the_group_and_its_children_are_in_it_until_removed
     finally:
         group.remove()
     assert not group.path.exists()
+
+
+def test_without_a_group_the_steps_run_one_after_the_other_and_none_selected_passes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(steps, "V1_ROOT", tmp_path / "no-v1")
+    monkeypatch.setattr(steps, "V2_ROOT", tmp_path / "no-v2")
+    assert steps.run(1, ["-q", "-p", "no:cacheprovider", str(Path(__file__)),
+                         "-k", "no_test_is_named_so"]) == 0
+    said = capfd.readouterr().out
+    assert "run one after the other" in said and "no cgroup cpu controller" in said, said
+    assert said.index("== the tests without a whole stack") < said.index("== the whole-stack")
