@@ -69,6 +69,7 @@ _ROUTE = re.compile(r"/v1/users/([0-9]{1,19})/(home|tweets)")
 _LIMIT = re.compile(r"[1-9][0-9]{0,5}")
 _JSON: Final = (b"content-type", b"application/json")
 _CACHE_CONTROL: Final = CACHE_CONTROL.encode()
+_MONITOR_HEADER: Final = MONITOR_HEADER.encode()
 
 
 class _Route(NamedTuple):
@@ -352,7 +353,7 @@ class FastPath:
                     return None
             read = Read(view.store, user, cursor, int(limit) if limit else self.default_page,
                         None, view, since)
-            read.monitor = MONITOR_HEADER.encode() in named
+            read.monitor = _MONITOR_HEADER in named
         except Exception:  # noqa: BLE001 - any doubt: the route decides
             return None
         tag = named.get(b"if-none-match")
