@@ -41,10 +41,12 @@ _KEYSPACE_EXISTS: Final = ("SELECT keyspace_name FROM system_schema.keyspaces "
                            "WHERE keyspace_name = ?")
 _TABLE_EXISTS: Final = ("SELECT table_name FROM system_schema.tables "
                         "WHERE keyspace_name = ? AND table_name = 'schema_version'")
-_RECORD: Final = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
-#: Seconds a DDL statement may take, schema agreement included (the driver's wait is
-#: at most Cluster.max_schema_agreement_wait, 10 s, on top of the request itself).
+#: Not prepared: a prepare goes to any node, and the table may be new to it.
+_RECORD: Final = "INSERT INTO schema_version (version, name, applied_at) VALUES (%s, %s, %s)"
+#: Seconds a DDL statement may take.
 DDL_TIMEOUT: Final = 120.0
+#: Seconds the live nodes may take to agree on the schema at each of apply_schema's waits.
+AGREEMENT_WAIT: Final = 60.0
 
 
 class SchemaError(StoreError):
@@ -116,33 +118,54 @@ def pending(steps: list[Step], applied: dict[int, str]) -> list[Step]:
 
 # -- against a cluster -------------------------------------------------------------------------
 
-def applied_versions(session: Any, keyspace: str) -> dict[int, str] | None:
-    """Map applied step versions to names; None when the keyspace does not exist."""
+def applied_versions(session: Any, keyspace: str, host: Any = None) -> dict[int, str] | None:
+    """Map applied step versions to names; None when the keyspace does not exist.
+
+    ``host`` asks one node (the one that applies the schema), any node when None.
+    """
     keyspace = _checked(keyspace)
-    if not list(session.execute(session.prepare(_KEYSPACE_EXISTS), (keyspace,))):
+    if not list(session.execute(session.prepare(_KEYSPACE_EXISTS), (keyspace,), host=host)):
         return None
-    if not list(session.execute(session.prepare(_TABLE_EXISTS), (keyspace,))):
+    if not list(session.execute(session.prepare(_TABLE_EXISTS), (keyspace,), host=host)):
         return {}
-    rows = session.execute(f"SELECT version, name FROM {keyspace}.schema_version")
+    rows = session.execute(f"SELECT version, name FROM {keyspace}.schema_version", host=host)
     return {int(version): str(name) for version, name in rows}
 
 
 def apply_schema(session: Any, keyspace: str, replication_map: str,
                  steps: list[Step] | None = None) -> list[Step]:
-    """Create the keyspace and apply the missing steps; return the steps applied."""
+    """Create the keyspace and apply the missing steps; return the steps applied.
+
+    Every statement goes to one coordinator, which applies them in order, and the
+    cluster (through the coordinator) is asked to agree on the schema only where a node other than the
+    coordinator must know it: once the keyspace exists (``USE`` goes to every node),
+    once ``schema_version`` does (its rows are read and written at a quorum), before a
+    step that moves data and at the end. Waiting for agreement after each statement,
+    as the driver does by default, cost a 3-node ring about a second a table.
+    """
     steps = load_steps() if steps is None else steps
-    _ddl(session, keyspace_cql(keyspace, replication_map))
-    session.set_keyspace(keyspace)
-    _ddl(session, VERSION_TABLE)
-    todo = pending(steps, applied_versions(session, keyspace) or {})
-    record = session.prepare(_RECORD)
-    for step in todo:
-        for statement in step.statements:
-            _ddl(session, statement)
-        if step.version in DATA_STEPS:  # before recording: an interrupted copy runs again
-            DATA_STEPS[step.version](session)
-        session.execute(record, (step.version, step.name, int(time.time() * 1000)))
-        log.info("schema step %s applied to keyspace %s", step.label, keyspace)
+    coordinator = _coordinator(session)
+    cluster = session.cluster
+    waited, cluster.max_schema_agreement_wait = cluster.max_schema_agreement_wait, 0
+    try:
+        _ddl(session, keyspace_cql(keyspace, replication_map), coordinator)
+        _agree(session, coordinator, "CREATE KEYSPACE " + keyspace)
+        session.set_keyspace(keyspace)
+        _ddl(session, VERSION_TABLE, coordinator)
+        _agree(session, coordinator, "CREATE TABLE schema_version")  # its rows: a quorum
+        todo = pending(steps, applied_versions(session, keyspace, coordinator) or {})
+        for step in todo:
+            for statement in step.statements:
+                _ddl(session, statement, coordinator)
+            if step.version in DATA_STEPS:  # before recording: an interrupted copy runs again
+                _agree(session, coordinator, f"schema step {step.label}")
+                DATA_STEPS[step.version](session)
+            session.execute(_RECORD, (step.version, step.name, int(time.time() * 1000)),
+                            host=coordinator)
+            log.info("schema step %s applied to keyspace %s", step.label, keyspace)
+        _agree(session, coordinator, f"the schema steps of keyspace {keyspace}")
+    finally:
+        cluster.max_schema_agreement_wait = waited
     return todo
 
 
@@ -209,7 +232,7 @@ def copy_home_timelines(session: Any) -> None:
     for user, entries in itertools.groupby(rows, key=lambda r: r[0]):
         session.execute(insert, (user, encode(np.array([r[1:] for r in entries], np.int64))))
         users += 1
-    _ddl(session, "DROP TABLE IF EXISTS home_timeline")
+    session.execute("DROP TABLE IF EXISTS home_timeline", timeout=DDL_TIMEOUT)
     log.info("schema step 8: %d users' home timelines copied into home_chunks", users)
 
 
@@ -230,12 +253,44 @@ def require_current(session: Any, keyspace: str) -> None:
         raise SchemaError(msg)
 
 
-def _ddl(session: Any, statement: str) -> None:
-    result = session.execute(statement, timeout=DDL_TIMEOUT)
-    if not getattr(result.response_future, "is_schema_agreed", True):
-        msg = (f"the cluster did not agree on the schema after: {statement[:80]}…; check that "
-               "every node is up (nodetool describecluster), then run the step again")
-        raise SchemaError(msg)
+def _ddl(session: Any, statement: str, host: Any) -> None:
+    session.execute(statement, timeout=DDL_TIMEOUT, host=host)
+
+
+def _agree(session: Any, coordinator: Any, after: str) -> None:
+    """Wait until every live node holds the coordinator's schema; raise if not in time.
+
+    The coordinator is asked (as the driver asks its control connection's node after
+    each statement): its own version is the new one as soon as a statement it
+    coordinated returns, and its ``system.peers_v2`` has each peer's as gossip brings it.
+    """
+    deadline = time.monotonic() + AGREEMENT_WAIT
+    while len(set(_schema_versions(session, coordinator))) > 1:
+        if time.monotonic() > deadline:
+            msg = (f"the cluster did not agree on the schema after {after} within "
+                   f"{AGREEMENT_WAIT:.0f}s; check that every node is up (nodetool "
+                   "describecluster), then run the step again")
+            raise SchemaError(msg)
+        time.sleep(0.1)
+
+
+def _schema_versions(session: Any, coordinator: Any) -> list[Any]:
+    """The schema versions of the coordinator and of each peer the driver sees up."""
+    up = {str(host.address) for host in session.cluster.metadata.all_hosts() if host.is_up}
+    local = session.execute("SELECT schema_version FROM system.local", host=coordinator)
+    peers = session.execute("SELECT native_address, schema_version FROM system.peers_v2",
+                            host=coordinator)
+    return [row[0] for row in local] + [row[1] for row in peers if str(row[0]) in up]
+
+
+def _coordinator(session: Any) -> Any:
+    """A node that is up and that the session has connections to: it applies the schema."""
+    pooled = {pool.host for pool in session.get_pools()}
+    for host in sorted(session.cluster.metadata.all_hosts(), key=str):
+        if host.is_up and host in pooled:
+            return host
+    msg = "no Cassandra node of the session is up to apply the schema"
+    raise SchemaError(msg)
 
 
 def apply_at(url: str, wait: float = 60.0) -> list[Step]:
