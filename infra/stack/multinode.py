@@ -28,6 +28,7 @@ import logging
 import signal
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -163,9 +164,9 @@ def _get_json_file(path: Path) -> dict[str, object]:
 def ensure_nodes(stack: Stack, started: list[str]) -> bool:
     """Start the nodes of ``stack`` that are not running; True if the Spark master moved.
 
-    Kafka first (the job and the API need it), then Cassandra (with the schema
-    applied), then Spark. ``started`` gets the name of each node started, so that a
-    failed ``up`` stops what it started.
+    Kafka first (the job and the API need it), then Cassandra, then Spark while the
+    schema is applied (mostly waits on the ring, and the job needs both). ``started``
+    gets the name of each node started, so that a failed ``up`` stops what it started.
     """
     from infra.services.cassandraring import CassandraRing
     from infra.services.kafkacluster import KafkaCluster
@@ -180,11 +181,16 @@ def ensure_nodes(stack: Stack, started: list[str]) -> bool:
         stack.save()
     ring = CassandraRing(run_dir / "cassandra", run_dir / "logs", nodes=stack.nodes,
                          heap_mb=CASSANDRA_HEAP_MB, hosts=nodes)
-    if _ensure_cluster(stack, started, "cassandra", "cassandra", ring):
+    ring_started = _ensure_cluster(stack, started, "cassandra", "cassandra", ring)
+    if ring_started:
         stack.store_url = ring.url(KEYSPACE, f"retry={STORE_RETRY_S}")
         stack.save()
-        _apply_schema(stack.store_url)
-    return _ensure_spark(stack, started, _spark_hosts(network))
+    with ThreadPoolExecutor(1, thread_name_prefix="schema") as pool:
+        schema = pool.submit(_apply_schema, stack.store_url) if ring_started else None
+        moved = _ensure_spark(stack, started, _spark_hosts(network))
+        if schema is not None:
+            schema.result()
+    return moved
 
 
 def _network(stack: Stack) -> HostNetwork | None:
