@@ -14,8 +14,13 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "tools"))
 
 from jfr_top import by_thread, hot_methods, parse, read  # noqa: E402
 
-#: Two threads of one pool spin in ``spin``; main only waits for them.
+#: Two threads of one pool spin in ``spin`` for a second of CPU each (not of the clock:
+#: on a busy machine they would get less CPU than main compiling the class); main only
+#: waits for them.
 BUSY = """
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
+
 public class Busy {
     static long spin(long n) {
         long x = 0;
@@ -26,8 +31,9 @@ public class Busy {
         Thread[] pool = new Thread[2];
         for (int t = 0; t < 2; t++) {
             pool[t] = new Thread(() -> {
-                long end = System.nanoTime() + 1_000_000_000L, s = 0;
-                while (System.nanoTime() < end) { s += spin(100_000); }
+                ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+                long end = cpu.getCurrentThreadCpuTime() + 1_000_000_000L, s = 0;
+                while (cpu.getCurrentThreadCpuTime() < end) { s += spin(100_000); }
                 System.out.println(s);
             }, "spinner-" + (t + 3));
             pool[t].start();
