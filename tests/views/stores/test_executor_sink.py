@@ -5,7 +5,7 @@ in-process on a share of a batch split the way Spark's hash repartitioning split
 so that many batches run in seconds. Every batch is applied twice: through the
 driver path (``CassandraStore.apply``) into one keyspace and through the stages into
 another; every table the read path uses must then read the same. The Spark path
-itself runs in ``tests/views/test_pipeline.py`` and ``tests/stack/test_faults.py``.
+itself runs in ``tests/views/test_pipeline.py`` and ``tests/views/test_faults.py``.
 """
 
 from __future__ import annotations
