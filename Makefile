@@ -12,12 +12,12 @@ PYTEST_ARGS ?=
 # whole stack: those take the cores the stacks' waits leave idle (tests/steps.py says
 # why, and runs the two one after the other where no group can be made). TEST_WORKERS
 # is the pytest-xdist workers of the second step, each with its own Kafka node,
-# Cassandra node and SparkSession: one, since that step is bound by the CPU (alone, three
-# workers took as long as two) and finishes beside the stacks with minutes to spare.
-# 0 runs everything in one process. Both steps always run; `make test`
+# Cassandra node and SparkSession: two, one for each core the stacks' waits leave idle
+# (that step holds the job's kill tests too, which wait on JVM starts). 0 runs
+# everything in one process. Both steps always run; `make test`
 # fails if either failed. A step whose PYTEST_ARGS select none of its tests passes
 # (pytest's exit status 5).
-TEST_WORKERS ?= 1
+TEST_WORKERS ?= 2
 # The suite starts hundreds of Python processes (each `fanout` command, the API's
 # workers, the job's Python workers, the verifier) and the demo a dozen; each imports
 # the project's modules. Where PYTHONDONTWRITEBYTECODE is set, as some images and

@@ -5,8 +5,9 @@ The suite has two steps (``--stacks``, :mod:`tests.plugins.workers`):
 - the whole-stack tests (``pytest --stacks only``), one stack at a time in one process:
   on this 2-core box they keep it about half busy, since their scenarios wait out
   paced replays, network faults and restarts;
-- the rest (``pytest --stacks without``): about 550 CPU-seconds that wait on nothing
-  but the test's own nodes.
+- the rest (``pytest --stacks without``), on two xdist workers: mostly CPU (about 550
+  CPU-seconds), plus the view job's kill tests on the session's nodes
+  (``tests/views/test_faults.py``, ``test_cluster.py``), which wait on its JVM starts.
 
 So the second step runs beside the first, in a CPU control group of its own whose
 weight is an eighth of any other process group's. It takes the cores the stacks leave
@@ -208,7 +209,7 @@ def _said(status: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.steps", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--workers", type=int, default=2,
                         help="pytest-xdist workers for the tests without a whole stack")
     known, rest = parser.parse_known_args(argv)
     try:
