@@ -6,8 +6,9 @@ The suite has two steps (``--stacks``, :mod:`tests.plugins.workers`):
   on this 2-core box they keep it about half busy, since their scenarios wait out
   paced replays, network faults and restarts;
 - the rest (``pytest --stacks without``), on two xdist workers: mostly CPU (about 550
-  CPU-seconds), plus the view job's kill tests on the session's nodes
-  (``tests/views/test_faults.py``, ``test_cluster.py``), which wait on its JVM starts.
+  CPU-seconds), plus the view job's kill and outage tests on the session's nodes and
+  brokers of their own (``tests/views/test_faults.py``, ``test_cluster.py``,
+  ``test_outages.py``), which wait on JVM starts.
 
 So the second step runs beside the first, in a CPU control group of its own whose
 weight is an eighth of any other process group's. It takes the cores the stacks leave

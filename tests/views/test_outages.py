@@ -49,8 +49,6 @@ from views.settings import ViewSettings
 from views.source import KafkaStreamReader, SourceOptions
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.xdist_group("stack")]  # its worker group: tests/plugins/workers.py
-
 CAP = 40
 #: How long the broker stays frozen: more than one attempt's timeout (10 s).
 FREEZE_S = 12.0
