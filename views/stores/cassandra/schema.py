@@ -137,11 +137,13 @@ def apply_schema(session: Any, keyspace: str, replication_map: str,
     """Create the keyspace and apply the missing steps; return the steps applied.
 
     Every statement goes to one coordinator, which applies them in order, and the
-    cluster (through the coordinator) is asked to agree on the schema only where a node other than the
-    coordinator must know it: once the keyspace exists (``USE`` goes to every node),
-    once ``schema_version`` does (its rows are read and written at a quorum), before a
-    step that moves data and at the end. Waiting for agreement after each statement,
-    as the driver does by default, cost a 3-node ring about a second a table.
+    nodes are asked (through the coordinator) to agree on the schema only where a node
+    other than the coordinator must know it: once the keyspace exists (``USE`` goes to
+    every node), once ``schema_version`` does (its rows are read and written at a
+    quorum), before a step that moves data, and at the end. Waiting for agreement after
+    each statement, as the driver does by default, cost a 3-node ring about a second a
+    table (``benchmarks/bench_schema.py``). A coordinator lost midway fails the apply;
+    run it again (the steps are re-runnable).
     """
     steps = load_steps() if steps is None else steps
     coordinator = _coordinator(session)
