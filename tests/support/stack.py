@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,7 @@ class Run:
         result = self.fanout("verify", "--wait", "300", check=False, timeout=600)
         assert result.returncode == 0, f"verify failed:\n{result.stdout}\n{result.stderr[-3000:]}"
         assert "0 divergent" in result.stdout, result.stdout
+        assert users_checked(result.stdout) > 0, result.stdout
         return result.stdout
 
     def kafka(self) -> KafkaSettings:
@@ -91,6 +93,14 @@ class Run:
         leftover = tagged(self.tag)  # `down` waits for every process of each service
         kill(leftover)
         assert not leftover, f"processes left after `fanout down`: {leftover}"
+
+
+def users_checked(verified: str) -> int:
+    """How many users ``fanout verify``'s output says it compared: a verify of none
+    holds nothing to the SQL, whatever it says of divergence."""
+    found = re.search(r"verify: (\d+) users checked", verified)
+    assert found, f"no `verify: N users checked` line in:\n{verified[-3000:]}"
+    return int(found.group(1))
 
 
 def finish(replay: subprocess.Popen[str], timeout: float = 400) -> str:

@@ -50,7 +50,7 @@ from ingest.settings import KafkaSettings
 from serving.callers import mint
 from tests.support.paths import ROOT
 from tests.support.process import wait_for
-from tests.support.stack import Run
+from tests.support.stack import Run, users_checked
 from views.stores import store_from_url
 
 pytestmark = [pytest.mark.xdist_group("stack"),
@@ -190,6 +190,7 @@ def _finish(s: Scenario) -> Report:
     assert report.ok, report.render()
     assert report.acknowledged > 20, f"too few writes answered 202: {report.render()}"
     assert "divergent" in verified.stdout
+    assert users_checked(verified.stdout) > 0, verified.stdout
     return report
 
 

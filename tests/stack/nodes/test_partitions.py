@@ -134,7 +134,13 @@ def isolated(hosts_run: Run) -> Faulted:
 @pytest.fixture(scope="module")
 def in_turn(hosts_run: Run) -> Faulted:
     """Writers and readers; the job and the API cut off from the brokers' port, then a
-    one-way partition, a flapping host, a lossy one and a slow one, in turn."""
+    one-way partition, a flapping host, a lossy one and a slow one, in turn.
+
+    Run without :func:`isolated` (``-k``), the stack's view would hold no follows, and
+    ``verify`` no user: the history is replayed first, unpaced."""
+    if not hosts_run.history.exists():
+        _generate(hosts_run)
+        hosts_run.fanout("replay", "--no-progress", str(hosts_run.history), timeout=300)
     return _scenario(hosts_run, [
         ("cut-root", lambda n: n.cut_root(), FAULT_S),
         ("one-way node-2 -> node-3", lambda n: n.one_way("node-2", "node-3"), SHORT_FAULT_S),
@@ -199,13 +205,18 @@ def _scenario(run: Run, faults: list[tuple[str, Callable[[Nemesis], object], flo
 
 def _replay(run: Run) -> subprocess.Popen[str]:
     """A small history, generated now and replayed paced, through the fault."""
-    run.fanout("generate", "--out", str(run.history), "--users", str(USERS), "--follows",
-               str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", "1", "--start",
-               str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS), "--mix", "posts")
+    _generate(run)
     return subprocess.Popen(
         [sys.executable, "-m", "infra.cli", "--run-dir", str(run.run_dir), "replay",
          str(run.history), "--speedup", str(SPEEDUP), "--no-progress", "--max-failures", "-1"],
         cwd=ROOT, env=run.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _generate(run: Run) -> None:
+    """The small history, starting now (the API's writers post as its users)."""
+    run.fanout("generate", "--out", str(run.history), "--users", str(USERS), "--follows",
+               str(FOLLOWS), "--tweets", str(TWEETS_PER_HISTORY), "--seed", "1", "--start",
+               str(int(time.time() * 1000)), "--span-days", str(SPAN_DAYS), "--mix", "posts")
 
 
 def _stalled_ms(api_log: Path, offset: int) -> list[int]:
