@@ -3,7 +3,9 @@
 The other packages' names and shared defaults live with their settings
 (:mod:`ingest.settings`, :mod:`views.settings`, :mod:`serving.settings`); this module
 declares the ones only ``infra`` reads: where the run directory is, where the API of a
-stack answers, which Spark master the job runs on, and the live verifier's settings.
+stack answers, which Spark master the job runs on, and the live verifier's settings
+(``fanout load``'s own are in :mod:`infra.load.settings`, the job submitter's in
+:mod:`infra.services.submit`).
 Nothing here reads the environment: the ``fanout`` entry point does, and hands the
 result down. It sits below every room of ``infra``, so a stack can ask whether it runs
 the verifier, or whether its views are stale, without importing the checks or the

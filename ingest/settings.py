@@ -13,12 +13,14 @@ package may import ``ingest``; DESIGN §2).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, Self, get_args, get_origin
 
 from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ingest.events import TOPICS
 
@@ -37,17 +39,32 @@ def env_alias(name: str, field: str) -> AliasChoices:
 
 
 class FanoutSettings(BaseSettings):
-    """Frozen settings whose fields each name their variable first in :func:`env_alias`."""
+    """Frozen settings whose fields each name their variable first in :func:`env_alias`.
+
+    The environment is read for each field's variable alone, by its exact name
+    (:class:`_Variables`): pydantic-settings' own source also reads a field's name in any
+    case, so ``PORT`` or ``HOST``, which hosting platforms set, would have set the API's.
+    """
 
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    @classmethod
+    def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Given values, then each field's variable (no dotenv or secrets files)."""
+        return init_settings, _Variables(settings_cls)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **flags: Any) -> Self:
         """Flags (by field name; None means not given) over ``environ`` over the defaults.
 
         ``environ`` is the process's environment, or that over a fallback one (``fanout``
-        points its subcommands at the run directory's stack so); pydantic-settings still
-        reads ``os.environ`` for what neither gives.
+        points its subcommands at the run directory's stack so); what neither gives is
+        read from the field's variable in ``os.environ`` (:class:`_Variables`).
         """
         given: dict[str, Any] = {name: environ[var] for name, var in cls.env_names().items()
                                  if var in environ}
@@ -68,13 +85,15 @@ class FanoutSettings(BaseSettings):
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *fields: str,
-                  **named: str) -> None:
-        """A flag for each field, built from the field.
+                  **named: str) -> dict[str, argparse.Action]:
+        """A flag for each field, built from the field; each field's flag, by field.
 
         The flag is ``--field-name`` (or the one ``named`` gives it), of the field's type,
         helped by its description and :meth:`env_help`. A flag not given is None, so
-        :meth:`from_env` falls back to the environment.
+        :meth:`from_env` falls back to the environment. The flags returned take what is
+        the parser's rather than the field's: a ``metavar``, or Locust's ``is_secret``.
         """
+        flags: dict[str, argparse.Action] = {}
         for field in (*fields, *named):
             info = cls.model_fields[field]
             flag = named.get(field) or "--" + field.replace("_", "-")
@@ -89,8 +108,25 @@ class FanoutSettings(BaseSettings):
             else:
                 msg = f"{cls.__name__}.{field}: no flag for a {info.annotation}"
                 raise TypeError(msg)
-            parser.add_argument(flag, dest=field, default=None, help=text.replace("%", "%%"),
-                                **how)
+            flags[field] = parser.add_argument(flag, dest=field, default=None,
+                                               help=text.replace("%", "%%"), **how)
+        return flags
+
+
+class _Variables(PydanticBaseSettingsSource):
+    """The process environment's value of each field's variable (its first alias)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        variable = self.settings_cls.env_names()[field_name]  # type: ignore[attr-defined]
+        return os.environ.get(variable), variable, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, variable, _ = self.get_field_value(field, name)
+            if value is not None:
+                found[variable] = value
+        return found
 
 
 #: What a flag of a field of each plain type parses its value with.

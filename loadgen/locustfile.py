@@ -12,6 +12,8 @@ Each user repeats one action drawn from the mix (``--fanout-profile``; see
 ``--fanout-workload``). Closed loop by default, as Locust is; with
 ``--fanout-rate R`` the process's users share an open-loop schedule of R actions/s
 (:mod:`loadgen.openloop`) and each request is timed from its intended send time.
+Each ``--fanout-*`` flag falls back to its ``LOCUST_FANOUT_*`` variable, then to its
+default (:class:`loadgen.settings.LocustSettings`); a master's settings are its workers'.
 
 Every request's latency goes into HdrHistograms through Locust's ``request`` event
 (:mod:`loadgen.recording`); workers ship them encoded to the master with their
@@ -68,12 +70,11 @@ from loadgen.errors import LoadgenError
 from loadgen.openloop import Pacer, Schedule, corrected, per_process_rate
 from loadgen.push import PushLog, StreamTally
 from loadgen.recording import Recorder
+from loadgen.settings import SECRET_FIELD, LocustSettings
 from loadgen.streamer import STREAM, Connect, Habits, StreamClient
 from loadgen.summary import Expected, summarize, table
 from loadgen.wire import Connection, WireError
 from loadgen.workload import (
-    DEFAULT_PROFILE,
-    PROFILES,
     Mix,
     Workload,
     ZipfPicker,
@@ -94,72 +95,34 @@ PUSHED = frozenset({POST, REPLY})
 @events.init_command_line_parser.add_listener
 def _arguments(parser: LocustArgumentParser) -> None:
     g = parser.add_argument_group("fanout", "fanout workload (each flag falls back to the "
-                                            "LOCUST_FANOUT_* variable named in its help)")
-    g.add_argument("--fanout-users", default="1-2000", env_var="LOCUST_FANOUT_USERS",
-                   help="user ids to act as, lo-hi (LOCUST_FANOUT_USERS; default 1-2000)")
-    g.add_argument("--fanout-workload", default="", env_var="LOCUST_FANOUT_WORKLOAD",
-                   help="workload JSON from `fanout load` (users ranked by activity); "
-                        "overrides --fanout-users (LOCUST_FANOUT_WORKLOAD)")
-    g.add_argument("--fanout-profile", default=DEFAULT_PROFILE, env_var="LOCUST_FANOUT_PROFILE",
-                   help=f"action mix: one of {', '.join(PROFILES)}, optionally with "
-                        "overrides, e.g. social:repost=2,page=0.5 (LOCUST_FANOUT_PROFILE; "
-                        f"default {DEFAULT_PROFILE})")
-    g.add_argument("--fanout-rate", type=float, default=0.0, env_var="LOCUST_FANOUT_RATE",
-                   help="open loop: total actions/s over all processes, each timed from "
-                        "its intended send time; 0 = closed loop (LOCUST_FANOUT_RATE)")
-    g.add_argument("--fanout-arrivals", choices=("constant", "poisson"), default="constant",
-                   env_var="LOCUST_FANOUT_ARRIVALS",
-                   help="open-loop schedule (LOCUST_FANOUT_ARRIVALS; default constant)")
-    g.add_argument("--fanout-think", type=float, default=0.0, env_var="LOCUST_FANOUT_THINK",
-                   help="closed loop: mean think time in s between actions, uniform on "
-                        "[0, 2x] (LOCUST_FANOUT_THINK; default 0)")
-    g.add_argument("--fanout-warmup", type=float, default=0.0, env_var="LOCUST_FANOUT_WARMUP",
-                   help="seconds after the start whose requests are left out of the "
-                        "histograms (LOCUST_FANOUT_WARMUP; default 0)")
-    g.add_argument("--fanout-tokens", default="", env_var="LOCUST_FANOUT_TOKENS",
-                   help="bearer tokens file {\"tokens\": {id: token}} (LOCUST_FANOUT_TOKENS)")
-    # On the parser itself: only it knows is_secret (masked in the web UI).
-    parser.add_argument("--fanout-auth-secret", default="", env_var="LOCUST_FANOUT_AUTH_SECRET",
-                        is_secret=True, help="the API's FANOUT_AUTH_SECRET: mint tokens for "
-                                             "every user (LOCUST_FANOUT_AUTH_SECRET)")
-    g.add_argument("--fanout-out", default="", env_var="LOCUST_FANOUT_OUT",
-                   help="directory for hdr.json and live.json (LOCUST_FANOUT_OUT)")
-    g.add_argument("--fanout-interval", type=float, default=1.0,
-                   env_var="LOCUST_FANOUT_INTERVAL",
-                   help="seconds per timeline interval (LOCUST_FANOUT_INTERVAL; default 1)")
-    g.add_argument("--fanout-max-requests", type=int, default=0,
-                   env_var="LOCUST_FANOUT_MAX_REQUESTS",
-                   help="stop after this many measured requests, 0 = no bound "
-                        "(LOCUST_FANOUT_MAX_REQUESTS)")
-    g.add_argument("--fanout-seed", type=int, default=0, env_var="LOCUST_FANOUT_SEED",
-                   help="seed of the user and action draws (LOCUST_FANOUT_SEED)")
-    _stream_arguments(g)
+                                            "variable named in its help)")
+    LocustSettings.add_flags(g, *(f for f in LocustSettings.model_fields if f != SECRET_FIELD))
+    # On the parser itself: only its own flags show in the web UI, which masks this one.
+    secret = LocustSettings.add_flags(parser, SECRET_FIELD)[SECRET_FIELD]
+    secret.is_secret = True  # type: ignore[attr-defined]  # Locust's, as add_argument sets it
 
 
-def _stream_arguments(g: Any) -> None:
-    g.add_argument("--fanout-streams", type=int, default=-1, env_var="LOCUST_FANOUT_STREAMS",
-                   help="users (of -u) that hold a live home stream; -1 = the profile's "
-                        "share, 10%% in social (LOCUST_FANOUT_STREAMS; default -1)")
-    g.add_argument("--fanout-stream-limit", type=int, default=20,
-                   env_var="LOCUST_FANOUT_STREAM_LIMIT",
-                   help="entries of the streamed window (LOCUST_FANOUT_STREAM_LIMIT; default 20)")
-    g.add_argument("--fanout-stream-hold", type=float, default=60.0,
-                   env_var="LOCUST_FANOUT_STREAM_HOLD",
-                   help="mean seconds a stream is held before its client leaves and resumes "
-                        "(LOCUST_FANOUT_STREAM_HOLD; default 60)")
-    g.add_argument("--fanout-stream-away", type=float, default=2.0,
-                   env_var="LOCUST_FANOUT_STREAM_AWAY",
-                   help="mean seconds a client stays away before resuming with "
-                        "Last-Event-ID (LOCUST_FANOUT_STREAM_AWAY; default 2)")
-    g.add_argument("--fanout-celebrities", default="", env_var="LOCUST_FANOUT_CELEBRITIES",
-                   help="celebrity ids, comma-separated, for the push latency split (default: "
-                        "the workload's) (LOCUST_FANOUT_CELEBRITIES)")
+def settings_of(options: Any) -> LocustSettings:
+    """The fanout flags of Locust's ``options`` over ``LOCUST_FANOUT_*`` over the defaults.
+
+    A flag not given is None, and one given empty counts as not given: the web UI's
+    form sends its fields back, blank where it showed a flag's default (None), and a
+    blank ``--fanout-auth-secret`` must not hide ``LOCUST_FANOUT_AUTH_SECRET``.
+    """
+    flags = {field: getattr(options, field, None) for field in LocustSettings.model_fields}
+    return LocustSettings.from_env(os.environ, **{k: v for k, v in flags.items() if v != ""})
+
+
+def _masters(options: Any) -> LocustSettings:
+    """A worker's settings: the master's, which its spawn message put in ``options``."""
+    return LocustSettings(**{name: getattr(options, name) for name in LocustSettings.model_fields})
 
 
 class _Run:
     """What one Locust process knows about the current test (reset at each start)."""
 
     def __init__(self) -> None:
+        self.settings: LocustSettings | None = None
         self.recorder: Recorder | None = None
         self.expected = Expected()
         self.pacer: Pacer | None = None
@@ -180,33 +143,33 @@ class _Run:
         self.tally = StreamTally()
         self.habits = Habits()
 
-    def start(self, options: Any, processes: int, index: int) -> None:
-        """Build this process's workload, mix, schedule and recorder from the options."""
+    def start(self, settings: LocustSettings, processes: int, index: int) -> None:
+        """Build this process's workload, mix, schedule and recorder from the settings."""
         now = time.time()
-        self.seed = int(options.fanout_seed) + 7919 * index
-        self.mix = parse_mix(options.fanout_profile)
-        self.tokens = _tokens(options)
-        self.workload = _workload(options).with_tokens(self.tokens)
+        self.seed = settings.fanout_seed + 7919 * index
+        self.mix = parse_mix(settings.fanout_profile)
+        self.tokens = _tokens(settings)
+        self.workload = _workload(settings).with_tokens(self.tokens)
         self.texts = self.texts or tweet_texts(self.seed)
-        self.think = float(options.fanout_think)
+        self.think = settings.fanout_think
         self.memory = Memory()
-        self.pacer = _pacer(options, now, processes, self.seed)
-        self.start_recording(options, now)
+        self.pacer = _pacer(settings, now, processes, self.seed)
+        self.start_recording(settings, now)
 
-    def start_recording(self, options: Any, now: float) -> None:
+    def start_recording(self, settings: LocustSettings, now: float) -> None:
         """A fresh recorder, the results directory and the run's metadata."""
-        measure_from = now + float(options.fanout_warmup)
-        self.recorder = Recorder(measure_from, float(options.fanout_interval))
+        self.settings = settings
+        measure_from = now + settings.fanout_warmup
+        self.recorder = Recorder(measure_from, settings.fanout_interval)
         self.expected = Expected(measure_from)
         self.push = PushLog(measure_from)
-        self.tally = StreamTally(float(options.fanout_interval))
-        self.habits = Habits(int(options.fanout_stream_limit), float(options.fanout_stream_hold),
-                             float(options.fanout_stream_away))
-        self.out = Path(options.fanout_out) if options.fanout_out else None
+        self.tally = StreamTally(settings.fanout_interval)
+        self.habits = Habits(settings.fanout_stream_limit, settings.fanout_stream_hold,
+                             settings.fanout_stream_away)
+        self.out = Path(settings.fanout_out) if settings.fanout_out else None
         self.meta = {"started_at": now, "measure_from": measure_from, "stopped_at": None,
-                     "options": {k: v for k, v in vars(options).items()
-                                 if k.startswith("fanout_") and k != "fanout_auth_secret"}}
-        celebrities = _celebrities(options)
+                     "options": settings.recorded()}
+        celebrities = _celebrities(settings)
         if celebrities is not None:
             self.meta["celebrities"] = celebrities
 
@@ -244,37 +207,37 @@ class _Run:
 RUN = _Run()
 
 
-def _tokens(options: Any) -> dict[int, str]:
-    if options.fanout_tokens:
-        return load_tokens(Path(options.fanout_tokens))
-    if options.fanout_auth_secret:
-        users = _workload(options)
-        secret = options.fanout_auth_secret.encode()
+def _tokens(settings: LocustSettings) -> dict[int, str]:
+    if settings.fanout_tokens:
+        return load_tokens(Path(settings.fanout_tokens))
+    if settings.fanout_auth_secret:
+        users = _workload(settings)
+        secret = settings.fanout_auth_secret.encode()
         return {u: mint(u, secret, TOKEN_TTL) for u in {*users.readers, *users.authors}}
     return {}
 
 
-def _workload(options: Any) -> Workload:
-    if options.fanout_workload:
-        return Workload.load(Path(options.fanout_workload))
-    lo, hi = parse_user_range(options.fanout_users)
-    return Workload.from_range(lo, hi, seed=int(options.fanout_seed))
+def _workload(settings: LocustSettings) -> Workload:
+    if settings.fanout_workload:
+        return Workload.load(Path(settings.fanout_workload))
+    lo, hi = parse_user_range(settings.fanout_users)
+    return Workload.from_range(lo, hi, seed=settings.fanout_seed)
 
 
-def _celebrities(options: Any) -> list[int] | None:
-    """The celebrities the options or the workload name, or None if neither knows."""
-    if options.fanout_celebrities:
-        return sorted(int(u) for u in options.fanout_celebrities.split(",") if u.strip())
-    if options.fanout_workload:
-        return Workload.load(Path(options.fanout_workload)).celebrities or None
+def _celebrities(settings: LocustSettings) -> list[int] | None:
+    """The celebrities the settings or the workload name, or None if neither knows."""
+    if settings.fanout_celebrities:
+        return sorted(int(u) for u in settings.fanout_celebrities.split(",") if u.strip())
+    if settings.fanout_workload:
+        return Workload.load(Path(settings.fanout_workload)).celebrities or None
     return None
 
 
-def _pacer(options: Any, now: float, processes: int, seed: int) -> Pacer | None:
-    if not options.fanout_rate:
+def _pacer(settings: LocustSettings, now: float, processes: int, seed: int) -> Pacer | None:
+    if not settings.fanout_rate:
         return None
-    rate = per_process_rate(float(options.fanout_rate), processes)
-    schedule = Schedule(rate, now, poisson=options.fanout_arrivals == "poisson", seed=seed)
+    rate = per_process_rate(settings.fanout_rate, processes)
+    schedule = Schedule(rate, now, poisson=settings.fanout_arrivals == "poisson", seed=seed)
     return Pacer(schedule, time.time, gevent.sleep)
 
 
@@ -310,9 +273,10 @@ def _on_init(environment: Environment, **_: Any) -> None:
     options = environment.parsed_options
     if options is not None:
         # Decided before the first spawn, where Locust's dispatcher reads it.
-        streams = int(options.fanout_streams)
+        settings = settings_of(options)
+        streams = settings.fanout_streams
         if streams < 0:
-            streams = parse_mix(options.fanout_profile).stream_users(int(options.num_users or 0))
+            streams = parse_mix(settings.fanout_profile).stream_users(int(options.num_users or 0))
         StreamUser.fixed_count = streams
         if not streams:  # Locust would give a class of no fixed count its weight's share
             environment.user_classes = [c for c in environment.user_classes
@@ -324,14 +288,17 @@ def _on_init(environment: Environment, **_: Any) -> None:
 def _on_test_start(environment: Environment, **_: Any) -> None:
     options, runner = _options(environment), environment.runner
     if isinstance(runner, MasterRunner):
-        # Custom options travel to the workers with each spawn message: tell them how
-        # many share the open-loop rate.
+        # Custom options travel to the workers with each spawn message: give them the
+        # master's settings, not their own environment's, and how many share the rate.
+        settings = settings_of(options)
+        vars(options).update(settings.model_dump())
         options.fanout_processes = max(1, runner.worker_count)
-        RUN.start_recording(options, time.time())
+        RUN.start_recording(settings, time.time())
     elif isinstance(runner, WorkerRunner):
-        RUN.start(options, int(getattr(options, "fanout_processes", 1)), runner.worker_index)
+        RUN.start(_masters(options), int(getattr(options, "fanout_processes", 1)),
+                  runner.worker_index)
     else:
-        RUN.start(options, 1, 0)
+        RUN.start(settings_of(options), 1, 0)
     if not isinstance(runner, WorkerRunner) and RUN.out is not None:
         RUN.live = gevent.spawn(_live, environment)
 
@@ -397,13 +364,13 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     RUN.save(environment)
     seconds = RUN.meta["stopped_at"] - RUN.meta["measure_from"]
     log.info("HdrHistogram latencies (ms, timed from the %s send time):\n%s",
-             "intended" if _options(environment).fanout_rate else "actual",
+             "intended" if RUN.settings and RUN.settings.fanout_rate else "actual",
              table(summarize(RUN.recorder, max(seconds, 1e-9), RUN.expected.to_dict())))
 
 
 def _live(environment: Environment) -> None:
     """Every second: progress to ``live.json``; stop at ``--fanout-max-requests``."""
-    bound = int(_options(environment).fanout_max_requests)
+    bound = RUN.settings.fanout_max_requests if RUN.settings else 0
     while RUN.recorder is not None and RUN.out is not None:
         count = RUN.recorder.count()
         _write_json(RUN.out / LIVE, {

@@ -17,7 +17,10 @@ deletes, so the probe's edges hold whatever the mix does.
 
 Every run is bounded: in time (``--duration`` plus warm-up, with a hard deadline on
 the subprocess), in requests (``--max-requests``) and in place (loopback targets
-only, unless ``--allow-remote``). Flags fall back to ``FANOUT_LOAD_*`` variables.
+only, unless ``--allow-remote``). The flags of :class:`~infra.load.settings.LoadSettings`
+(``--target``, ``--profile``, ``--duration``, ``--warmup``, ``--rate``, ``--users``,
+``--reports``) fall back to its ``FANOUT_LOAD_*`` and ``FANOUT_REPORTS_DIR`` variables;
+Locust gets its workload in the ``LOCUST_FANOUT_*`` variables (:func:`locust_env`).
 """
 
 from __future__ import annotations
@@ -38,16 +41,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+from pydantic import ValidationError
 
 import loadgen
 from infra import webclient
 from infra.errors import LoadRunError
 from infra.load import prep as loadprep
+from infra.load.settings import LoadSettings
 from infra.services.process import interrupted_by_signals
 from ingest.progress import progress as progress_bar
 from loadgen.errors import LoadgenError
 from loadgen.probe import FanoutProbe, ProbeResult, ProbeSettings, Target
-from loadgen.workload import DEFAULT_PROFILE, PROFILES, Workload, parse_mix, parse_user_range
+from loadgen.settings import LocustSettings
+from loadgen.workload import Workload, parse_mix, parse_user_range
 
 if TYPE_CHECKING:  # the report pulls in matplotlib: imported when a run needs it
     from loadgen.report import ModeRun
@@ -67,6 +73,7 @@ class LoadPlan:
 
     name: str
     out: Path
+    target: str
     profile: str
     duration: float
     warmup: float
@@ -92,27 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``fanout load`` to the ``fanout`` command."""
     p = sub.add_parser("load", help="headless load run with an HdrHistogram report",
                        description=__doc__.split("\n\n")[0])
-    env = os.environ.get
-    p.add_argument("--target", default=env("FANOUT_LOAD_TARGET"), metavar="URL",
-                   help="API to load (env FANOUT_LOAD_TARGET; default: the run dir's stack)")
+    LoadSettings.add_flags(p, "target")["target"].metavar = "URL"
     p.add_argument("--start", action="store_true",
                    help="start a stack in <run-dir>/load, fill it with a synthetic history, "
                         "load it, stop it")
-    p.add_argument("--profile", default=env("FANOUT_LOAD_PROFILE", DEFAULT_PROFILE),
-                   help=f"action mix: {', '.join(PROFILES)}, or profile:key=value,... "
-                        f"(env FANOUT_LOAD_PROFILE; default {DEFAULT_PROFILE}: ~65 reads per "
-                        "write, posts, replies, reposts, blocks, mutes and account deletions "
-                        "in the proportions of ingest/social.py)")
-    p.add_argument("--duration", type=float, default=float(env("FANOUT_LOAD_DURATION", "60")),
-                   help="measured seconds per mode (env FANOUT_LOAD_DURATION; default 60)")
-    p.add_argument("--warmup", type=float, default=float(env("FANOUT_LOAD_WARMUP", "10")),
-                   help="seconds of load before measuring (env FANOUT_LOAD_WARMUP; default 10)")
-    p.add_argument("--rate", type=float, default=float(env("FANOUT_LOAD_RATE", "100")),
-                   help="open loop: actions/s (env FANOUT_LOAD_RATE; default 100; "
-                        "0 = closed loop with --users)")
-    p.add_argument("--users", type=int, default=int(env("FANOUT_LOAD_USERS", "32")),
-                   help="Locust users: concurrency of the open loop, or the closed loop's "
-                        "users (env FANOUT_LOAD_USERS; default 32)")
+    LoadSettings.add_flags(p, "profile", "duration", "warmup", "rate", "users")
     p.add_argument("--arrivals", choices=("constant", "poisson"), default="constant",
                    help="open-loop schedule (default constant)")
     p.add_argument("--read-mode", choices=MODES, default="fanout",
@@ -126,10 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bounds(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     p.add_argument("--name", default=None, help="report directory name (default: time+profile)")
-    p.add_argument("--reports", type=Path, default=Path(env("FANOUT_REPORTS_DIR", "reports")),
-                   help="where reports go (env FANOUT_REPORTS_DIR; default ./reports)")
+    LoadSettings.add_flags(p, "reports")
     p.add_argument("--processes", type=int, default=1,
                    help="Locust processes (a master and N workers when > 1; default 1)")
     p.add_argument("--max-requests", type=int, default=None,
@@ -189,19 +178,33 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def load_settings(args: argparse.Namespace) -> LoadSettings:
+    """The :class:`LoadSettings` of an invocation: its flags over ``args.environ``."""
+    flags = {field: getattr(args, field, None) for field in LoadSettings.model_fields}
+    try:
+        return LoadSettings.from_env(args.environ, **flags)
+    except ValidationError as exc:
+        names = LoadSettings.env_names()
+        said = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')} (env "
+                         f"{names.get(str(e['loc'][0]), '?')}): {e['msg']}" for e in exc.errors())
+        msg = f"bad fanout load settings: {said}"
+        raise LoadRunError(msg) from exc
+
+
 def make_plan(args: argparse.Namespace) -> LoadPlan:
-    """Validate the flags into a :class:`LoadPlan` (bounds included)."""
-    parse_mix(args.profile)
-    _check(0 < args.duration <= MAX_DURATION, f"--duration must be in (0, {MAX_DURATION:g}]")
-    _check(0 <= args.warmup <= 600, "--warmup must be in [0, 600]")
-    _check(0 <= args.rate <= 50_000, "--rate must be in [0, 50000]")
-    _check(1 <= args.users <= 5_000, "--users must be in [1, 5000]")
+    """Validate the flags and their variables into a :class:`LoadPlan` (bounds included)."""
+    s = load_settings(args)
+    parse_mix(s.profile)
+    _check(0 < s.duration <= MAX_DURATION, f"--duration must be in (0, {MAX_DURATION:g}]")
+    _check(0 <= s.warmup <= 600, "--warmup must be in [0, 600]")
+    _check(0 <= s.rate <= 50_000, "--rate must be in [0, 50000]")
+    _check(1 <= s.users <= 5_000, "--users must be in [1, 5000]")
     _check(1 <= args.processes <= (os.cpu_count() or 1) * 2, "--processes is too large")
-    name = args.name or time.strftime("%Y%m%d-%H%M%S-") + args.profile.split(":")[0]
+    name = args.name or time.strftime("%Y%m%d-%H%M%S-") + s.profile.split(":")[0]
     modes = MODES if args.compare else (args.read_mode,)
-    planned = (args.rate or args.users * 200) * (args.duration + args.warmup)
-    return LoadPlan(name, args.reports / name, args.profile, args.duration, args.warmup,
-                    args.rate, args.users, args.arrivals, modes, args.processes,
+    planned = (s.rate or s.users * 200) * (s.duration + s.warmup)
+    return LoadPlan(name, s.reports / name, s.target, s.profile, s.duration, s.warmup,
+                    s.rate, s.users, args.arrivals, modes, args.processes,
                     args.max_requests or int(3 * planned + 1000), not args.no_probe,
                     args.probe_interval, args.probe_authors, args.probe_deadline, args.seed)
 
@@ -217,7 +220,7 @@ def execute(plan: LoadPlan, args: argparse.Namespace) -> dict[str, Any]:
 
     history = loadprep.History(args.history_users, args.history_follows, args.history_tweets,
                                args.celebrity_threshold, args.seed + 7)
-    with loadprep.target(Path(args.run_dir), url=args.target, start=args.start,
+    with loadprep.target(Path(args.run_dir), url=plan.target or None, start=args.start,
                          history=history, allow_remote=args.allow_remote, auth=args.auth,
                          keep=args.keep, store=args.store) as load, loadprep.private_dir() as private:
         prepared = loadprep.prepare(load, private, probe_authors=args.probe_authors,
@@ -308,21 +311,31 @@ def _describe(plan: LoadPlan) -> str:
 
 
 # -- Locust in a subprocess -----------------------------------------------------------------
-def locust_command(plan: LoadPlan, api: str, prepared: loadprep.Prepared, out: Path) -> list[str]:
-    """The ``locust`` command line of one mode's run."""
+def locust_command(plan: LoadPlan, api: str) -> list[str]:
+    """The ``locust`` command line of one mode's run; its workload is :func:`locust_env`."""
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
            "-u", str(plan.users), "-r", str(plan.users), "-t", f"{plan.warmup + plan.duration:g}s",
-           "--stop-timeout", "5", "--host", api, "--only-summary", "--loglevel", "INFO",
-           "--fanout-out", str(out), "--fanout-workload", str(prepared.workload),
-           "--fanout-profile", plan.profile, "--fanout-rate", f"{plan.rate:g}",
-           "--fanout-arrivals", plan.arrivals, "--fanout-warmup", f"{plan.warmup:g}",
-           "--fanout-interval", f"{plan.interval:g}", "--fanout-seed", str(plan.seed),
-           "--fanout-max-requests", str(plan.max_requests)]
-    if prepared.tokens is not None:
-        cmd += ["--fanout-tokens", str(prepared.tokens)]
+           "--stop-timeout", "5", "--host", api, "--only-summary", "--loglevel", "INFO"]
     if plan.processes > 1:
         cmd += ["--processes", str(plan.processes)]
     return cmd
+
+
+def locust_env(plan: LoadPlan, prepared: loadprep.Prepared, out: Path) -> dict[str, str]:
+    """The ``LOCUST_FANOUT_*`` variables that give one mode's Locust its workload.
+
+    The locustfile's flags fall back to them (:class:`loadgen.settings.LocustSettings`);
+    those not set here are the caller's environment's, or their defaults.
+    """
+    values: dict[str, object] = {
+        "fanout_out": out, "fanout_workload": prepared.workload, "fanout_profile": plan.profile,
+        "fanout_rate": plan.rate, "fanout_arrivals": plan.arrivals,
+        "fanout_warmup": plan.warmup, "fanout_interval": plan.interval,
+        "fanout_seed": plan.seed, "fanout_max_requests": plan.max_requests}
+    if prepared.tokens is not None:
+        values["fanout_tokens"] = prepared.tokens
+    names = LocustSettings.env_names()
+    return {names[field]: str(value) for field, value in values.items()}
 
 
 def _start_locust(plan: LoadPlan, api: str, prepared: loadprep.Prepared,
@@ -330,8 +343,9 @@ def _start_locust(plan: LoadPlan, api: str, prepared: loadprep.Prepared,
     (out / RESULTS).unlink(missing_ok=True)
     with (out / "locust.log").open("wb") as logfile:
         # A session of its own: on a deadline the whole group (workers too) is stopped.
-        return subprocess.Popen(locust_command(plan, api, prepared, out), stdin=subprocess.DEVNULL,
-                                stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(locust_command(plan, api), stdin=subprocess.DEVNULL,
+                                stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **locust_env(plan, prepared, out)})
 
 
 def _follow(process: subprocess.Popen[bytes], out: Path, plan: LoadPlan, mode: str,

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.load.settings import LoadSettings
 from infra.services.submit import SubmitSettings
 from ingest.settings import KafkaSettings
+from loadgen.settings import LocustSettings
 from serving.settings import ServingSettings
 from tests.support.paths import ROOT
 from views.settings import ViewSettings
@@ -57,10 +59,9 @@ def fanout_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
 def known_variables() -> set[str]:
     """Every environment variable fanout's code reads."""
     names: set[str] = set()
-    for settings in (KafkaSettings, ViewSettings, ServingSettings, SubmitSettings):
-        for field in settings.model_fields.values():
-            alias = field.validation_alias
-            names.update(c for c in getattr(alias, "choices", []) if str(c).isupper())
+    for settings in (KafkaSettings, ViewSettings, ServingSettings, SubmitSettings,
+                     LoadSettings, LocustSettings):
+        names.update(settings.env_names().values())
     sources = [*ROOT.joinpath("infra").rglob("*.py"), ROOT / "loadgen" / "locustfile.py"]
     for path in sources:
         names.update(re.findall(r"\b((?:FANOUT|LOCUST_FANOUT)_[A-Z_]+)\b", path.read_text()))

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 
 from infra import cli
-from infra.settings import run_dir_views
+from infra.load.settings import LoadSettings
+from infra.services.submit import SubmitSettings
+from infra.settings import VerifierSettings, run_dir_views
 from infra.stack.stack import AUTH_SECRET_FILE, Stack
-from ingest.settings import KafkaSettings
+from ingest.settings import FanoutSettings, KafkaSettings
+from loadgen.settings import LocustSettings
 from serving.callers import verify
 from serving.settings import ServingSettings
+from views.metrics import JobMetricsSettings
 from views.settings import DEFAULT_STORE_URL, STORE_ENV, ViewSettings
 
 SECRET = "s" * 32
@@ -111,3 +115,118 @@ def test_a_flag_is_made_from_its_field_name_type_description_and_variable():
         parser.parse_args(["--kafka-source", "flink"])
     with pytest.raises(TypeError, match="no flag"):
         ServingSettings.add_flags(argparse.ArgumentParser(), "auth_secret")
+
+
+def test_add_flags_returns_each_fields_flag_for_what_the_parser_adds():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    flags = ServingSettings.add_flags(parser, "port", store_url="--store")
+    assert set(flags) == {"port", "store_url"}
+    assert flags["store_url"].option_strings == ["--store"] and flags["port"].dest == "port"
+    flags["store_url"].metavar = "URL"
+    assert "--store URL" in parser.format_help()
+
+
+# -- fanout load: its settings flags, each over its variable over its default -----------------
+#: Each LoadSettings field: (flag value, variable value), each differing from the default.
+LOAD_VALUES = {"target": ("http://127.0.0.1:1", "http://127.0.0.1:2"),
+               "profile": ("mixed", "read-only"), "duration": ("30", "45"),
+               "warmup": ("1", "2"), "rate": ("7", "0"), "users": ("3", "4"),
+               "reports": ("flag-reports", "env-reports")}
+#: Every flag of `fanout load`, settings or not: none may go missing from its --help.
+LOAD_FLAGS = ("--target", "--start", "--profile", "--duration", "--warmup", "--rate", "--users",
+              "--arrivals", "--read-mode", "--compare", "--name", "--reports", "--processes",
+              "--max-requests", "--allow-remote", "--seed", "--no-probe", "--probe-interval",
+              "--probe-authors", "--probe-deadline", "--history-users", "--history-follows",
+              "--history-tweets", "--celebrity-threshold", "--auth", "--store", "--keep",
+              "--user-range")
+
+
+@pytest.fixture
+def no_load_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.load.settings import LoadSettings
+
+    for name in LoadSettings.env_names().values():
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("no_load_env")
+@pytest.mark.parametrize("field", sorted(LOAD_VALUES))
+def test_each_load_flag_falls_back_to_its_variable_then_its_default(field: str):
+    from infra.load.run import load_settings
+    from infra.load.settings import LoadSettings
+
+    assert set(LOAD_VALUES) == set(LoadSettings.model_fields)
+    flag, var = LOAD_VALUES[field]
+    name = LoadSettings.env_names()[field]
+    default = LoadSettings.model_fields[field].default
+
+    def settings(argv: list[str], environ: dict[str, str]) -> LoadSettings:
+        args = cli._parser().parse_args(["load", *argv])
+        args.environ = environ
+        return load_settings(args)
+
+    option = "--" + field.replace("_", "-")
+    assert getattr(settings([option, flag], {name: var}), field) == LoadSettings(
+        **{field: flag}).model_dump()[field]
+    assert getattr(settings([], {name: var}), field) == LoadSettings(**{field: var}).model_dump()[
+        field]
+    assert getattr(settings([], {}), field) == default
+
+
+@pytest.mark.usefixtures("no_load_env")
+def test_the_load_plan_takes_the_variables_and_a_bad_one_is_a_load_error(tmp_path: Path):
+    from infra.errors import LoadRunError
+    from infra.load.run import make_plan
+
+    args = cli._parser().parse_args(["load", "--name", "x"])
+    args.environ = {"FANOUT_LOAD_RATE": "250", "FANOUT_LOAD_DURATION": "20",
+                    "FANOUT_LOAD_WARMUP": "0", "FANOUT_REPORTS_DIR": str(tmp_path),
+                    "FANOUT_LOAD_TARGET": "http://127.0.0.1:9"}
+    plan = make_plan(args)
+    assert (plan.rate, plan.duration, plan.warmup, plan.target) == (250, 20, 0,
+                                                                   "http://127.0.0.1:9")
+    assert plan.out == tmp_path / "x" and plan.max_requests == 3 * 250 * 20 + 1000
+    args.environ = {"FANOUT_LOAD_USERS": "many"}
+    with pytest.raises(LoadRunError, match=r"--users \(env FANOUT_LOAD_USERS\): Input should"):
+        make_plan(args)
+
+
+@pytest.mark.parametrize("settings", [KafkaSettings, ViewSettings, ServingSettings,
+                                      VerifierSettings, SubmitSettings, JobMetricsSettings,
+                                      LoadSettings, LocustSettings], ids=lambda c: c.__name__)
+def test_settings_read_each_fields_variable_and_not_its_name(
+        settings: type[FanoutSettings], monkeypatch: pytest.MonkeyPatch):
+    # pydantic-settings' own source reads a field's name too, in any case: PORT, HOST or
+    # WORKERS, which hosting platforms set, would have set the API's.
+    variables = settings.env_names()
+    for variable in variables.values():
+        monkeypatch.delenv(variable, raising=False)
+    before = settings().model_dump()
+    for name in settings.model_fields:
+        for spelled in {name, name.upper()} - set(variables.values()):
+            monkeypatch.setenv(spelled, "7")
+    assert settings().model_dump() == before
+    assert settings.from_env({}).model_dump() == before
+    field, variable = next(iter(variables.items()))
+    was = before[field]
+    value = (str(not was).lower() if isinstance(was, bool)
+             else "7" if isinstance(was, int | float) else "x")
+    monkeypatch.setenv(variable, value)  # its variable, by its exact name, is read
+    assert settings().model_dump()[field] != before[field]
+
+
+def test_the_help_of_fanout_load_lists_every_flag_and_names_each_variable(capsys):
+    from infra.load.settings import LoadSettings
+
+    with pytest.raises(SystemExit):
+        cli.main(["load", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in LOAD_FLAGS:
+        assert f" {flag} " in text, flag
+    for field in LoadSettings.model_fields:
+        assert f"({LoadSettings.env_help(field)})" in text, field
+    assert "(env FANOUT_LOAD_DURATION; default 60)" in text
+    assert "(env FANOUT_REPORTS_DIR; default reports)" in text
+    assert "--target URL " in text
