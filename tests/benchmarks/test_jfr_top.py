@@ -16,13 +16,15 @@ from jfr_top import by_thread, hot_methods, parse, read  # noqa: E402
 
 #: Two threads of one pool spin in ``spin`` for a second of CPU each (not of the clock:
 #: on a busy machine they would get less CPU than main compiling the class); main only
-#: waits for them.
+#: waits for them. ``spin`` calls itself twice before it loops: three frames of it in a
+#: stack, which count once.
 BUSY = """
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 
 public class Busy {
-    static long spin(long n) {
+    static long spin(long n, int deeper) {
+        if (deeper > 0) { return spin(n, deeper - 1); }
         long x = 0;
         for (long i = 0; i < n; i++) { x += i * 31 ^ (x >>> 3); }
         return x;
@@ -33,7 +35,7 @@ public class Busy {
             pool[t] = new Thread(() -> {
                 ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
                 long end = cpu.getCurrentThreadCpuTime() + 1_000_000_000L, s = 0;
-                while (cpu.getCurrentThreadCpuTime() < end) { s += spin(100_000); }
+                while (cpu.getCurrentThreadCpuTime() < end) { s += spin(100_000, 2); }
                 System.out.println(s);
             }, "spinner-" + (t + 3));
             pool[t].start();
@@ -62,8 +64,10 @@ def test_the_spinning_pool_is_the_busy_thread_and_spin_its_method(recording):
     assert threads.most_common(1)[0][0] == "spinner-#", threads  # both threads, one pool
     total, methods = hot_methods(samples, "spinner")
     assert total == threads["spinner-#"] > 20
-    assert methods["Busy.spin"] >= 0.9 * total, methods.most_common(5)
-    assert methods["java.lang.Thread.run"] == total  # once per stack, not per frame
+    # Once per stack, not per frame (three a stack). Not every sample's stack reaches
+    # Thread.run: a busy CI machine once gave one of 240 without it.
+    assert 0.9 * total <= methods["Busy.spin"] <= total, methods.most_common(5)
+    assert methods["java.lang.Thread.run"] >= 0.9 * total, methods.most_common(5)
 
 
 def test_a_stack_is_read_whole_and_without_arguments():
