@@ -3,12 +3,15 @@ writing to its own environment; names and defaults come from one place."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 
 from infra import cli
+from infra.errors import LoadRunError
+from infra.load.run import load_settings, make_plan
 from infra.load.settings import LoadSettings
 from infra.services.submit import SubmitSettings
 from infra.settings import VerifierSettings, run_dir_views
@@ -92,8 +95,6 @@ def test_help_of_flags_comes_from_the_settings(capsys):
 
 
 def test_a_flag_is_made_from_its_field_name_type_description_and_variable():
-    import argparse
-
     parser = argparse.ArgumentParser()
     ServingSettings.add_flags(parser, "port", "access_log", store_url="--store")
     flags = {a.dest: a for a in parser._actions}
@@ -118,8 +119,6 @@ def test_a_flag_is_made_from_its_field_name_type_description_and_variable():
 
 
 def test_add_flags_returns_each_fields_flag_for_what_the_parser_adds():
-    import argparse
-
     parser = argparse.ArgumentParser()
     flags = ServingSettings.add_flags(parser, "port", store_url="--store")
     assert set(flags) == {"port", "store_url"}
@@ -145,8 +144,6 @@ LOAD_FLAGS = ("--target", "--start", "--profile", "--duration", "--warmup", "--r
 
 @pytest.fixture
 def no_load_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.load.settings import LoadSettings
-
     for name in LoadSettings.env_names().values():
         monkeypatch.delenv(name, raising=False)
 
@@ -154,9 +151,6 @@ def no_load_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_load_env")
 @pytest.mark.parametrize("field", sorted(LOAD_VALUES))
 def test_each_load_flag_falls_back_to_its_variable_then_its_default(field: str):
-    from infra.load.run import load_settings
-    from infra.load.settings import LoadSettings
-
     assert set(LOAD_VALUES) == set(LoadSettings.model_fields)
     flag, var = LOAD_VALUES[field]
     name = LoadSettings.env_names()[field]
@@ -177,9 +171,6 @@ def test_each_load_flag_falls_back_to_its_variable_then_its_default(field: str):
 
 @pytest.mark.usefixtures("no_load_env")
 def test_the_load_plan_takes_the_variables_and_a_bad_one_is_a_load_error(tmp_path: Path):
-    from infra.errors import LoadRunError
-    from infra.load.run import make_plan
-
     args = cli._parser().parse_args(["load", "--name", "x"])
     args.environ = {"FANOUT_LOAD_RATE": "250", "FANOUT_LOAD_DURATION": "20",
                     "FANOUT_LOAD_WARMUP": "0", "FANOUT_REPORTS_DIR": str(tmp_path),
@@ -218,8 +209,6 @@ def test_settings_read_each_fields_variable_and_not_its_name(
 
 
 def test_the_help_of_fanout_load_lists_every_flag_and_names_each_variable(capsys):
-    from infra.load.settings import LoadSettings
-
     with pytest.raises(SystemExit):
         cli.main(["load", "--help"])
     text = " ".join(capsys.readouterr().out.split())

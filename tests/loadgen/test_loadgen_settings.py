@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.cli import _parser
+from infra.load.prep import Prepared
+from infra.load.run import locust_command, locust_env, make_plan
 from loadgen.settings import SECRET_FIELD, LocustSettings
 from tests.support.paths import ROOT
 
@@ -106,10 +109,6 @@ def test_the_settings_read_only_their_own_variables(monkeypatch: pytest.MonkeyPa
 
 def test_fanout_load_hands_locust_its_plan_in_the_variables(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch):
-    from infra.cli import _parser
-    from infra.load.prep import Prepared
-    from infra.load.run import locust_command, locust_env, make_plan
-
     for name in LocustSettings.env_names().values():
         monkeypatch.delenv(name, raising=False)
     args = _parser().parse_args(["load", "--reports", str(tmp_path), "--name", "x",
