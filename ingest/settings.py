@@ -114,19 +114,21 @@ class FanoutSettings(BaseSettings):
 
 
 class _Variables(PydanticBaseSettingsSource):
-    """The process environment's value of each field's variable (its first alias)."""
+    """The process environment's value of each field's variable (its first alias).
+
+    A field without a variable is not read from the environment.
+    """
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        variable = self.settings_cls.env_names()[field_name]  # type: ignore[attr-defined]
-        return os.environ.get(variable), variable, False
+        variable = self._names().get(field_name)
+        return (os.environ.get(variable) if variable else None), variable or field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        found = {}
-        for name, field in self.settings_cls.model_fields.items():
-            value, variable, _ = self.get_field_value(field, name)
-            if value is not None:
-                found[variable] = value
-        return found
+        return {var: os.environ[var] for var in self._names().values() if var in os.environ}
+
+    def _names(self) -> dict[str, str]:
+        names: dict[str, str] = self.settings_cls.env_names()  # type: ignore[attr-defined]
+        return names
 
 
 #: What a flag of a field of each plain type parses its value with.
