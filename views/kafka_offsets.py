@@ -114,7 +114,9 @@ class EndOffsets:
         """One ListOffsets request, repeated within ``timeout`` while Kafka says to retry.
 
         Right after a topic is created its partitions may have no leader yet
-        (``NOT_LEADER_FOR_PARTITION``, retriable): that is waited out, not reported.
+        (``NOT_LEADER_FOR_PARTITION``, retriable), and right after a broker comes back
+        its leader epochs may lag the client's (``UNKNOWN_LEADER_EPOCH``): both are
+        waited out, not reported.
         """
         tps = list(tps)
         if not tps:
@@ -147,16 +149,20 @@ class EndOffsets:
         return self._admin
 
 
-#: Errors of a partition whose leader is not known yet (a topic just created).
-_NO_LEADER_YET: Final = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION,
-                                   KafkaError.LEADER_NOT_AVAILABLE,
-                                   KafkaError.UNKNOWN_TOPIC_OR_PART})
+#: Errors of a partition whose leadership is settling: its leader not known yet (a topic
+#: just created), or the broker's view of its leader epoch behind or ahead of the
+#: request's (a broker just back from a pause or a restart, a leader just moved). Kafka
+#: names each retriable; librdkafka's admin results do not always say so.
+_LEADERSHIP_SETTLING: Final = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE})
 
 
 def _transient(exc: KafkaException) -> bool:
     error = exc.args[0] if exc.args else None
     return isinstance(error, KafkaError) and (error.retriable() or
-                                              error.code() in _NO_LEADER_YET)
+                                              error.code() in _LEADERSHIP_SETTLING)
 
 
 def retrying(call: Callable[[], T], *, what: str, bootstrap: str, budget: float,

@@ -6,7 +6,7 @@ import pickle
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ingest.settings import KafkaSettings
 from tests.support.api import closed_port
@@ -26,6 +26,33 @@ def test_a_dead_broker_is_a_read_error_each_time_through_the_one_client() -> Non
         offsets.topic_partitions(["tweets"])
     assert offsets._admin is client
     assert pickle.loads(pickle.dumps(offsets))._admin is None
+
+
+class _Settling(EndOffsets):
+    """A client whose first requests meet a broker whose leadership is still settling."""
+
+    def __init__(self, bootstrap: str, errors: list[int]) -> None:
+        super().__init__(bootstrap, timeout=10.0)
+        self.errors = errors
+
+    def _list_offsets_once(self, tps: list[TP], spec: object) -> dict[TP, int]:
+        if self.errors:
+            raise KafkaException(KafkaError(self.errors.pop(0)))
+        return super()._list_offsets_once(tps, spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("code", [KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION,
+                                  KafkaError.OFFSET_NOT_AVAILABLE])
+def test_leadership_settling_after_a_broker_comes_back_is_waited_out(
+        kafka_settings: KafkaSettings, code: int) -> None:
+    # A broker thawed after a SIGSTOP answered UNKNOWN_LEADER_EPOCH, which librdkafka's
+    # admin result does not mark retriable, and a job's catch-up read failed on it.
+    tp = (kafka_settings.topic("tweets"), 0)
+    offsets = _Settling(kafka_settings.bootstrap, [code, code])
+    assert offsets.ends([tp]) == {tp: 0} and offsets.errors == []
+    with pytest.raises(KafkaReadError, match="INVALID_REQUEST|Broker: Invalid request"):
+        _Settling(kafka_settings.bootstrap, [KafkaError.INVALID_REQUEST]).ends([tp])
 
 
 @pytest.fixture
