@@ -8,7 +8,6 @@ conftest. Code the tests share that is not a fixture is in ``tests/support/``.
 """
 
 pytest_plugins = [
-    "tests.plugins.shared",
     "tests.plugins.kafka",
     "tests.plugins.spark",
     "tests.plugins.cassandra",

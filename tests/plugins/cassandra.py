@@ -8,24 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.plugins.shared import Started, joined, workers_dir
-
-#: The session node's heap: two workers' tests share it.
-HEAP_MB = 512
-
 
 @pytest.fixture(scope="session")
-def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory,
-                    pytestconfig: pytest.Config) -> Iterator[str]:
+def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Contact points (``host1,host2[:port]``) of Cassandra for the whole session.
 
     ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise one local node
     starts from the Maven jar cache (``infra.services.cassandra``), skipped only when the jars
-    are not in the cache: one for all of a run's xdist workers (``tests/plugins/shared.py``).
+    are not in the cache.
     """
     from tests.support.cassandra import close_pools
 
@@ -41,16 +34,6 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory,
         classpath(CASSANDRA)
     except JarError as exc:
         pytest.skip(f"no Cassandra to test against: {exc}")
-    shared = workers_dir(pytestconfig)
-    if shared is not None:
-        def start(data: Path) -> Started:
-            node = LocalCassandra(data, heap_mb=HEAP_MB).start()
-            return Started(node.hosts, node.pid)
-
-        hosts = joined(shared, "cassandra", start)
-        yield hosts
-        close_pools(hosts)
-        return
-    with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=HEAP_MB) as node:
+    with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=512) as node:
         yield node.hosts
         close_pools(node.hosts)

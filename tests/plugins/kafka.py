@@ -10,32 +10,20 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from infra.services.broker import KafkaBroker
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
-from tests.plugins.shared import Started, joined, workers_dir
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory,
-                    pytestconfig: pytest.Config) -> Iterator[str]:
-    """host:port of a broker for the whole session (a local Kafka unless KAFKA_BOOTSTRAP):
-    one for all of a run's xdist workers (``tests/plugins/shared.py``)."""
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a broker for the whole session (a local Kafka unless KAFKA_BOOTSTRAP)."""
     external = os.environ.get("KAFKA_BOOTSTRAP")
     if external:
         yield external
-        return
-    shared = workers_dir(pytestconfig)
-    if shared is not None:
-        def start(data: Path) -> Started:
-            broker = KafkaBroker(data).start()
-            return Started(broker.bootstrap, broker.pid)
-
-        yield joined(shared, "kafka", start)
         return
     with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap

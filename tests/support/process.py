@@ -28,8 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-import psutil
-
 from tests.support.paths import ROOT
 
 TAG = "FANOUT_FAULT_TAG"
@@ -48,16 +46,6 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str,
             msg = f"timed out after {timeout:.0f}s waiting for {what}"
             raise AssertionError(msg)
         time.sleep(every)
-
-
-def listener(address: str) -> psutil.Process | None:
-    """The local process listening on ``address``'s port (``host:port``), if there is one:
-    a session's node, whichever process of the run started it (tests/plugins/shared.py)."""
-    port = int(address.split(",")[0].rsplit(":", 1)[1])
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return psutil.Process(conn.pid)
-    return None
 
 
 def tagged(tag: str) -> list[int]:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import psutil
 import pyarrow as pa
 import pytest
 
@@ -40,7 +41,6 @@ from ingest.events import (
 from ingest.generator import History, generate
 from serving.timeline import home_top
 from tests.support.cassandra import fresh_keyspace
-from tests.support.process import listener
 from views.changelog import Changelog
 from views.delta import Delta, DeltaKind
 from views.errors import StoreError
@@ -376,19 +376,28 @@ def test_stages_keep_inactive_users_as_the_driver_path_does(cassandra_hosts):
     assert driver.rows_written == reference.rows_written  # regenerations included
 
 
+def _node_pid(hosts: str) -> int | None:
+    """The pid listening on the node's native port, if it runs on this machine."""
+    port = int(hosts.split(",")[0].rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return conn.pid
+    return None
+
+
 def _pausable_writer(two_keyspaces, cassandra_hosts, caplog,
                      retry_s: float) -> tuple[int, CassandraStore]:
     """The local node's pid and an open task writer with a 1 s request timeout and
     ``retry_s`` of retries, the executor's warnings captured; skips a remote node."""
-    node = listener(cassandra_hosts)
-    if node is None:
+    pid = _node_pid(cassandra_hosts)
+    if pid is None:
         pytest.skip("the Cassandra node is not a local process: it cannot be paused")
     _, executors = two_keyspaces
     config = dataclasses.replace(executors.config, timeout=1.0, retry_s=retry_s)
     writer = CassandraStore.for_tasks(config, CAP)
     writer.open()
     caplog.set_level(logging.WARNING, logger="views.stores.cassandra.executor")
-    return node.pid, writer
+    return pid, writer
 
 
 def test_a_write_that_times_out_is_run_again(two_keyspaces, cassandra_hosts, caplog):
