@@ -46,6 +46,8 @@ V1_DEFAULT, V2_DEFAULT = 1024, 100
 V1_ROOT, V2_ROOT = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
 #: Seconds between two lines while the stack step is done and the other is not.
 PROGRESS_S = 10.0
+#: How long removing the group is tried while a process in it is still exiting.
+REMOVE_S = 10.0
 #: pytest's exit status when no test was selected.
 NO_TESTS = 5
 
@@ -85,12 +87,28 @@ class LowWeightGroup:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def remove(self) -> None:
-        """Move what is left in the group to its parent, then remove the group."""
-        for pid in _read(self.path / "cgroup.procs").split():
-            with contextlib.suppress(OSError):
-                (self.path.parent / "cgroup.procs").write_text(pid)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        """Move what is left in the group to its parent, then remove the group.
+
+        A process still exiting keeps the group busy for a moment (an empty group was
+        once left behind): the removal is tried again for up to :data:`REMOVE_S`.
+        """
+        deadline = time.monotonic() + REMOVE_S
+        while True:
+            for pid in _read(self.path / "cgroup.procs").split():
+                with contextlib.suppress(OSError):
+                    (self.path.parent / "cgroup.procs").write_text(pid)
+            try:
+                self.path.rmdir()
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    print(f"could not remove {self.path}; `rmdir` it once it is empty",
+                          flush=True)
+                    return
+                time.sleep(0.1)
+            else:
+                return
 
     def __str__(self) -> str:
         return f"{self.path} ({self.weight_file} {self.weight})"
