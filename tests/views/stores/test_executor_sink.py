@@ -48,7 +48,7 @@ from views.join import JoinConfig
 from views.local import LocalJoin
 from views.sink import deltas_table
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.config import WRITE_PROFILE
+from views.stores.cassandra.config import WRITE_PROFILE, parse_url
 from views.stores.cassandra.sink import ExecutorSink, spark_routes, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore, close_task_stores
 from views.stores.contract import BatchStats, Store
@@ -140,10 +140,16 @@ def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, ob
 @contextmanager
 def _keyspaces(hosts: str, inactive_days: float = 0.0
                ) -> Iterator[tuple[CassandraStore, CassandraStore]]:
-    """Open stores in two fresh keyspaces: the driver path's, and the executors'."""
+    """Open stores in two fresh keyspaces: the driver path's, and the executors'.
+
+    Both retry a failed write within the URL's ``retry`` budget, as the job's writers do
+    (:meth:`CassandraStore.for_tasks`): on a starved node, concurrent conditional
+    dead-letter inserts to one partition time out in Paxos contention now and then.
+    """
     with fresh_keyspace(hosts) as a, fresh_keyspace(hosts) as b:
-        driver, executors = (CassandraStore.from_url(url, cap=CAP, inactive_days=inactive_days)
-                             for url in (a, b))
+        driver, executors = (CassandraStore(config, cap=CAP, inactive_days=inactive_days,
+                                            retry_s=config.retry_s)
+                             for config in (parse_url(a), parse_url(b)))
         driver.open()
         executors.open()
         try:
