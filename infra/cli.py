@@ -45,7 +45,7 @@ from infra.settings import (
     VERIFIER_ENV,
 )
 from infra.stack import stack as stack_mod
-from ingest.settings import BOOTSTRAP_ENV, KafkaSettings
+from ingest.settings import BOOTSTRAP_ENV, KafkaSettings, SettingsError
 from serving import cli as serving_cli
 from serving.settings import API_PORT_ENV, ServingSettings
 from views.metrics import JobMetricsSettings, summary
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except InfraError as exc:
         log.error("%s", exc)
         return 1
+    except SettingsError as exc:
+        log.error("fanout %s: %s", args.command, exc)
+        return 2
 
 
 def _environ(run_dir: Path, command: str | None) -> Mapping[str, str]:

@@ -18,19 +18,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, Self, get_args, get_origin
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ingest.events import TOPICS
 
 __all__ = ("BOOTSTRAP_ENV", "PARTITIONS_ENV", "REPLICATION_ENV", "TOPIC_PREFIX_ENV",
-           "FanoutSettings", "KafkaSettings", "env_alias")
+           "FanoutSettings", "KafkaSettings", "SettingsError", "env_alias")
 
 BOOTSTRAP_ENV: Final = "KAFKA_BOOTSTRAP"
 PARTITIONS_ENV: Final = "FANOUT_PARTITIONS"
 REPLICATION_ENV: Final = "FANOUT_REPLICATION"
 TOPIC_PREFIX_ENV: Final = "FANOUT_TOPIC_PREFIX"
+
+
+class SettingsError(ValueError):
+    """A flag or variable whose value a setting cannot take; the message names each."""
 
 
 def env_alias(name: str, field: str) -> AliasChoices:
@@ -68,8 +72,26 @@ class FanoutSettings(BaseSettings):
         """
         given: dict[str, Any] = {name: environ[var] for name, var in cls.env_names().items()
                                  if var in environ}
-        given.update({name: value for name, value in flags.items() if value is not None})
-        return cls(**given)
+        flagged = {name: value for name, value in flags.items() if value is not None}
+        given.update(flagged)
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise SettingsError(cls._explain(exc, set(flagged))) from None
+
+    @classmethod
+    def _explain(cls, exc: ValidationError, flagged: set[str]) -> str:
+        """Each bad value by where it came from: ``--flag 'x': why`` or ``VAR='x': why``."""
+        names = cls.env_names()
+        fields = {var: name for name, var in names.items()}
+        said = []
+        for error in exc.errors():
+            where = str(error["loc"][0]) if error["loc"] else "?"
+            field = fields.get(where, where)
+            shown = (f"--{field.replace('_', '-')} {error['input']!r}" if field in flagged
+                     else f"{names.get(field, field)}={error['input']!r}")
+            said.append(f"{shown}: {error['msg']}")
+        return "bad setting: " + "; ".join(said)
 
     @classmethod
     def env_names(cls) -> dict[str, str]:

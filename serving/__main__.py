@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 
-from ingest.settings import KafkaSettings
+from ingest.settings import KafkaSettings, SettingsError
 from serving.app import serve
 from serving.settings import AUTH_SECRET_ENV, ServingSettings
 
@@ -25,8 +26,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
-    serve(ServingSettings(**{k: v for k, v in vars(args).items() if v is not None}),
-          KafkaSettings())
+    try:
+        settings = ServingSettings.from_env(os.environ, **vars(args))
+        kafka = KafkaSettings.from_env(os.environ)
+    except SettingsError as exc:
+        msg = f"python -m serving: {exc}"
+        raise SystemExit(msg) from None
+    serve(settings, kafka)
 
 
 if __name__ == "__main__":

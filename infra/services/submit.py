@@ -17,12 +17,13 @@ import ``views`` and ``ingest``: run them from the same image
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 
 from pydantic import Field
 
-from ingest.settings import BOOTSTRAP_ENV, FanoutSettings, env_alias
+from ingest.settings import BOOTSTRAP_ENV, FanoutSettings, KafkaSettings, SettingsError, env_alias
 
 log = logging.getLogger("fanout.submit")
 
@@ -52,14 +53,17 @@ def main() -> int:
     """Run the view job until SIGTERM; the exit code of :func:`views.job.run`."""
     from infra.services.process import stop_on_signals
     from infra.services.spark import build_session
-    from ingest.settings import KafkaSettings
     from views.job import run
     from views.settings import ViewSettings
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    submit = SubmitSettings()
-    kafka, view = KafkaSettings(), ViewSettings()  # type: ignore[call-arg]
+    try:
+        submit = SubmitSettings.from_env(os.environ)
+        kafka, view = KafkaSettings.from_env(os.environ), ViewSettings.from_env(os.environ)
+    except SettingsError as exc:
+        log.error("%s", exc)
+        return 2
     if not kafka.bootstrap or not submit.master:
         log.error("%s and SPARK_MASTER must both be set (SPARK_MASTER equal to "
                   "spark-submit's --master, e.g. spark://spark-master:7077)", BOOTSTRAP_ENV)

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from infra import cli
-from infra.errors import LoadRunError
 from infra.load.run import load_settings, make_plan
 from infra.load.settings import LoadSettings
 from infra.services.submit import SubmitSettings
+from infra.services.submit import main as submit_main
 from infra.settings import VerifierSettings, run_dir_views
 from infra.stack.stack import AUTH_SECRET_FILE, Stack
-from ingest.settings import FanoutSettings, KafkaSettings
+from ingest.settings import FanoutSettings, KafkaSettings, SettingsError
 from loadgen.settings import LocustSettings
+from serving.__main__ import main as serving_main
 from serving.callers import verify
 from serving.settings import ServingSettings
 from views.metrics import JobMetricsSettings
@@ -170,7 +171,7 @@ def test_each_load_flag_falls_back_to_its_variable_then_its_default(field: str):
 
 
 @pytest.mark.usefixtures("no_load_env")
-def test_the_load_plan_takes_the_variables_and_a_bad_one_is_a_load_error(tmp_path: Path):
+def test_the_load_plan_takes_the_variables_and_a_bad_one_is_named(tmp_path: Path):
     args = cli._parser().parse_args(["load", "--name", "x"])
     args.environ = {"FANOUT_LOAD_RATE": "250", "FANOUT_LOAD_DURATION": "20",
                     "FANOUT_LOAD_WARMUP": "0", "FANOUT_REPORTS_DIR": str(tmp_path),
@@ -180,8 +181,30 @@ def test_the_load_plan_takes_the_variables_and_a_bad_one_is_a_load_error(tmp_pat
                                                                    "http://127.0.0.1:9")
     assert plan.out == tmp_path / "x" and plan.max_requests == 3 * 250 * 20 + 1000
     args.environ = {"FANOUT_LOAD_USERS": "many"}
-    with pytest.raises(LoadRunError, match=r"--users \(env FANOUT_LOAD_USERS\): Input should"):
+    with pytest.raises(SettingsError, match=r"FANOUT_LOAD_USERS='many': Input should be a valid"):
         make_plan(args)
+
+
+
+def test_a_bad_value_is_named_by_the_flag_or_the_variable_it_came_from(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path):
+    monkeypatch.delenv("FANOUT_TIMELINE_CAP", raising=False)
+    with pytest.raises(SettingsError, match=r"^bad setting: --broker-retry-s -1: Input should "
+                                            r"be greater than or equal to 0$"):
+        ViewSettings.from_env({"FANOUT_TIMELINE_CAP": "5"}, broker_retry_s=-1)
+    with pytest.raises(SettingsError, match=r"FANOUT_TIMELINE_CAP='abc': Input should be a valid "
+                                            r"integer.*; --broker-retry-s -1: "):
+        ViewSettings.from_env({"FANOUT_TIMELINE_CAP": "abc"}, broker_retry_s=-1)
+    monkeypatch.setenv("FANOUT_TIMELINE_CAP", "abc")  # read from the process, not given
+    with pytest.raises(SettingsError, match=r"FANOUT_TIMELINE_CAP='abc': Input should be"):
+        ViewSettings.from_env({})
+    assert cli.main(["--run-dir", str(tmp_path), "schema", "status"]) == 2
+    assert "fanout schema: bad setting: FANOUT_TIMELINE_CAP='abc'" in caplog.text
+    assert submit_main() == 2  # the job on a cluster (spark-submit)
+    assert "bad setting: FANOUT_TIMELINE_CAP='abc'" in caplog.text.rsplit("fanout schema", 1)[1]
+    monkeypatch.setenv("FANOUT_API_PORT", "x")
+    with pytest.raises(SystemExit, match=r"^python -m serving: bad setting: FANOUT_API_PORT='x'"):
+        serving_main([])
 
 
 @pytest.mark.parametrize("settings", [KafkaSettings, ViewSettings, ServingSettings,
