@@ -245,22 +245,8 @@ DATA_STEPS: Final[dict[int, Callable[[Any], None]]] = {4: copy_celebrity_edges,
 
 
 def require_current(session: Any, keyspace: str) -> None:
-    """Raise :class:`SchemaError` unless every known step is applied to ``keyspace``.
-
-    A node lists a new table in ``system_schema`` a moment before it can read it
-    ("Unknown CF"); a store opened in that moment, while another process applies the
-    schema, is told so rather than handed the driver's error.
-    """
-    from cassandra import DriverException
-    from cassandra.cluster import NoHostAvailable
-
-    try:
-        applied = applied_versions(session, keyspace)
-    except (DriverException, NoHostAvailable) as exc:
-        msg = (f"could not read Cassandra keyspace {keyspace!r}'s schema ({exc}); "
-               "if `fanout schema apply` or a rebuild is creating it, try again once it is "
-               "done")
-        raise SchemaError(msg) from exc
+    """Raise :class:`SchemaError` unless every known step is applied to ``keyspace``."""
+    applied = applied_versions(session, keyspace)
     missing = pending(load_steps(), applied or {})
     if applied is None or missing:
         what = ("does not exist" if applied is None else
