@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from views.stores import store_from_url
 from views.stores.sqlite import SQLiteStore
 
 
@@ -24,10 +23,10 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield store
         store.close()
         return
-    from tests.support.cassandra import fresh_keyspace
+    from tests.support.cassandra import fresh_keyspace, writing_store
 
     with fresh_keyspace(request.getfixturevalue("cassandra_hosts"), "page_fresh_ms=0") as url:
-        store = store_from_url(url, cap=20).open()
+        store = writing_store(url, cap=20).open()
         try:
             yield store
         finally:

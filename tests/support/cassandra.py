@@ -22,6 +22,7 @@ from typing import Any
 
 from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.schema import applied_versions, apply_schema, connect
+from views.stores.cassandra.store import CassandraStore
 
 #: The table of applied schema steps, kept when a keyspace is emptied.
 _STEPS_TABLE = "schema_version"
@@ -35,6 +36,15 @@ def keyspace_url(hosts: str, keyspace: str, options: str = "") -> str:
 
 def new_keyspace_name(prefix: str = "fanout_test") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def writing_store(url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
+    """A store (not open) that runs a timed-out write again within the URL's ``retry``,
+    as the job's writers do (:meth:`CassandraStore.for_tasks`); ``from_url``'s fails at
+    the first timeout, which a node starved by the suite's other workers now and then
+    gives."""
+    config = parse_url(url)
+    return CassandraStore(config, cap=cap, inactive_days=inactive_days, retry_s=config.retry_s)
 
 
 class _Pool:

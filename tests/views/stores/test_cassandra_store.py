@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
 from infra.cli import _parser
-from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_name
+from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_name, writing_store
 from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
@@ -56,7 +57,7 @@ from views.stores.cassandra.schema import (
 from views.stores.cassandra.store import CassandraStore
 from views.stores.contract import Store
 from views.stores.plan import WritePlan
-from views.stores.rows import DORMANT, Entry, RelationRow, Relations, TweetRow, UserRow
+from views.stores.rows import DORMANT, DeadRow, Entry, RelationRow, Relations, TweetRow, UserRow
 
 BIG = 2**63 - 1
 
@@ -482,12 +483,24 @@ def test_bookkeeping_ops() -> None:
         12_345, 1000, "d", 99, 3, 0.5, 7).ops() + [cql.clock_op(1000)]
     _check_markers(ops)
     assert ops[:2] == [("offset_set", ("tweets", 1, 41, 41)),
-                       ("dead_add", ("users", 0, 3, "bad", b"x", 99))]
+                       ("dead_add", ("users", 0, 3, "bad", b"x", 99, cql.first_seen_ts(99)))]
     assert ops[2] == ("batch_set", (1, 12_345, 1000, "d", 99, 3, 0.5, 7, 1000 + cql.TRIM))
     assert ops[3:] == [("last_batch_set", (1000 + cql.TRIM, 12_345)), ("clock_set", (1000, 1000))]
     assert cql.offset_ops({("t", 0): -1}) == []
     assert cql.dead_partition_ops(plan.dead + plan.dead) == [("dead_part_add", ("users", 0))]
     _check_markers(cql.dead_partition_ops(plan.dead))
+
+
+def test_a_dead_letter_keeps_its_first_sighting_whatever_order_the_writes_land_in(
+        cassandra_hosts: str) -> None:
+    assert cql.first_seen_ts(1_000) > cql.first_seen_ts(1_001) > 0
+    assert cql.first_seen_ts(int(time.time() * 1000)) < time.time() * 1e6  # in the past
+    assert cql.first_seen_ts(3_534_000_000_000) > 0  # 2081-12-26
+    with fresh_keyspace(cassandra_hosts) as url, writing_store(url).open() as store:
+        for seen_ms, reason in ((2_000, "second"), (1_000, "first"), (3_000, "third")):
+            store._run(cql.dead_ops([DeadRow("users", 0, 7, reason, b"x")], seen_ms))
+        [letter] = store.dead_letters()
+        assert (letter.reason, letter.seen_at) == ("first", 1_000)
 
 
 def test_batch_timestamps() -> None:

@@ -40,7 +40,7 @@ from ingest.events import (
 )
 from ingest.generator import History, generate
 from serving.timeline import home_top
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writing_store
 from views.changelog import Changelog
 from views.delta import Delta, DeltaKind
 from views.errors import StoreError
@@ -48,7 +48,7 @@ from views.join import JoinConfig
 from views.local import LocalJoin
 from views.sink import deltas_table
 from views.stores.cassandra import statements as cql
-from views.stores.cassandra.config import WRITE_PROFILE, parse_url
+from views.stores.cassandra.config import WRITE_PROFILE
 from views.stores.cassandra.sink import ExecutorSink, spark_routes, tweet_stage, user_stage
 from views.stores.cassandra.store import CassandraStore, close_task_stores
 from views.stores.contract import BatchStats, Store
@@ -140,16 +140,10 @@ def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, ob
 @contextmanager
 def _keyspaces(hosts: str, inactive_days: float = 0.0
                ) -> Iterator[tuple[CassandraStore, CassandraStore]]:
-    """Open stores in two fresh keyspaces: the driver path's, and the executors'.
-
-    Both retry a failed write within the URL's ``retry`` budget, as the job's writers do
-    (:meth:`CassandraStore.for_tasks`): on a starved node, concurrent conditional
-    dead-letter inserts to one partition time out in Paxos contention now and then.
-    """
+    """Open stores in two fresh keyspaces: the driver path's, and the executors'; both
+    retry a timed-out write, as the job's writers do (:func:`writing_store`)."""
     with fresh_keyspace(hosts) as a, fresh_keyspace(hosts) as b:
-        driver, executors = (CassandraStore(config, cap=CAP, inactive_days=inactive_days,
-                                            retry_s=config.retry_s)
-                             for config in (parse_url(a), parse_url(b)))
+        driver, executors = (writing_store(url, CAP, inactive_days) for url in (a, b))
         driver.open()
         executors.open()
         try:

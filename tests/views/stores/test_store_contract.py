@@ -19,6 +19,7 @@ import itertools
 import json
 import random
 import sqlite3
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,7 +42,7 @@ from ingest.events import (
     UserUpsert,
 )
 from serving.timeline import home_page, home_top, read_time_page
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writing_store
 from tests.support.histories import USERS as USERS_4B
 from tests.support.histories import histories
 from tests.support.join import ALL_USERS, BIG, Harness, events
@@ -99,7 +100,7 @@ def _shared(open_store: Callable[[], CassandraStore]) -> Callable[[int, int | No
 
 @pytest.fixture(scope="module")
 def cassandra_backend(cassandra_url: str) -> Iterator[Backend]:
-    make = _shared(lambda: CassandraStore.from_url(cassandra_url).open())
+    make = _shared(lambda: writing_store(cassandra_url).open())
     yield Backend("cassandra", make, 40)
     make.close()  # type: ignore[attr-defined]
 
@@ -602,6 +603,7 @@ def test_dead_letters_are_kept_once_as_first_seen(backend: Backend, space: Space
     letters = [dead(topic, 0, 3, "not json", b"{"), dead(topic, 1, 4, "no op", b"{}")]
     store.apply(letters, space.batch())
     first = {(d.partition, d.offset): d for d in store.dead_letters(1000) if d.topic == topic}
+    time.sleep(0.005)  # a later sighting, by the millisecond its time is kept in
     store.apply(letters, space.batch(1))
     again = {(d.partition, d.offset): d for d in store.dead_letters(1000) if d.topic == topic}
     assert again == first

@@ -289,8 +289,8 @@ def speculation(config: CassandraConfig) -> ConstantSpeculativeExecutionPolicy |
     A node cut off by dropped packets fails nothing: a request sent to it waits out
     the request timeout, and until a heartbeat marks the node down every read the
     shuffled replicas route there does. The driver sends a statement to the next host
-    of its plan after ``speculate_ms`` only if the statement is idempotent (the
-    store marks all but its conditional insert, ``statements.NOT_IDEMPOTENT``).
+    of its plan after ``speculate_ms`` only if the statement is idempotent (the store
+    marks every one so: its writes are keyed, at explicit timestamps).
     """
     if not config.speculate_s:
         return None

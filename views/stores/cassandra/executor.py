@@ -7,8 +7,7 @@ unlogged batch of a partition's statements, small partitions of one replica set 
 (:func:`requests`), and :func:`execute` runs them concurrently.
 
 **Retries.** Every write is an upsert or delete keyed by its primary key at an explicit
-timestamp (the dead-letter insert is IF NOT EXISTS: the first sighting is kept), so
-running one again writes the same cells. :func:`execute` runs a request that failed
+timestamp, so running one again writes the same cells. :func:`execute` runs a request that failed
 transiently — a timeout, too few replicas, a lost connection, no node answering — again
 again, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
 per attempt (the one policy of :func:`ingest.retry.within`); then, or at once for any
@@ -48,18 +47,13 @@ _BACKOFF_MAX: Final = 15.0
 #: replicas or unreachable. Anything else (a bad request) fails at once.
 TRANSIENT: Final = (OperationTimedOut, Timeout, Unavailable, CoordinationFailure,
                     NoHostAvailable, ConnectionException)
-#: Cassandra's "CAS operation result is unknown" (protocol error 0x1700): a conditional
-#: insert's Paxos round reached too few replicas in time, as on a loaded or shrunken
-#: ring. The driver has no class for it; the dead-letter insert it comes from is IF NOT
-#: EXISTS, so running it again keeps the first sighting either way.
-CAS_WRITE_UNKNOWN: Final = 0x1700
 
 _T = TypeVar("_T")
 
 
 def transient(exc: BaseException) -> bool:
     """Whether a failed request is worth running again (see :data:`TRANSIENT`)."""
-    return isinstance(exc, TRANSIENT) or getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
+    return isinstance(exc, TRANSIENT)
 
 
 class _Failed(Exception):

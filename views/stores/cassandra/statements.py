@@ -136,10 +136,10 @@ STATEMENTS: Final[dict[str, str]] = {
     "offset_set": "INSERT INTO applied_offsets (topic, kafka_partition, kafka_offset) "
                   "VALUES (?, ?, ?) USING TIMESTAMP ?",
     "offsets": "SELECT topic, kafka_partition, kafka_offset FROM applied_offsets",
-    # A lightweight transaction: the first sighting of a record wins, like SQLite's
-    # INSERT OR IGNORE. Dead letters are rare, so Paxos rounds cost nothing here.
+    # The first sighting of a record wins, like SQLite's INSERT OR IGNORE: a sighting's
+    # write timestamp falls as its time grows (:func:`first_seen_ts`).
     "dead_add": "INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, reason, raw, "
-                "seen_at) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+                "seen_at) VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
     "dead_all": "SELECT topic, kafka_partition, kafka_offset, reason, raw, seen_at "
                 "FROM dead_letters",
     # Where letters are, and a count within one of those partitions (schema step 6).
@@ -200,9 +200,6 @@ COUNTED: Final = ("author_tweets", "tweets", "follows", "celebrity_follows",
                   "reposts_by_original", "relations")
 # Identifiers from the fixed tuple above, never values: CQL cannot bind a table name.
 STATEMENTS.update({f"count_{t}": f"SELECT count(*) FROM {t}" for t in COUNTED})
-
-#: Statements that must not be retried blindly (an LWT's outcome is not idempotent).
-NOT_IDEMPOTENT: Final = frozenset({"dead_add"})
 
 #: Writes that go to Cassandra one unlogged batch per partition: the statement's table,
 #: and which bound value is its partition key (None: a constant key). A batch of one
@@ -289,8 +286,8 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
     (at most :data:`BATCH_MAX`, in their order); then partitions of one table whose
     keys ``replica`` maps to the same replicas (all of them, without ``replica``) are
     packed together up to :data:`PACK_MAX` statements and :data:`PACK_BYTES` bytes of
-    blobs, so that a batch goes to nodes that own every row of it. Everything else
-    (reads, conditional writes): one request each.
+    blobs, so that a batch goes to nodes that own every row of it. Everything else is
+    one request each.
     """
     out: list[list[int]] = []
     partitions: dict[tuple[str, Any], list[int]] = {}
@@ -901,9 +898,27 @@ def offset_ops(offsets: Mapping[tuple[str, int], int]) -> list[Op]:
             for (topic, part), off in sorted(offsets.items()) if off >= 0]
 
 
+#: Twice 2026-01-01T00:00Z in microseconds: :func:`first_seen_ts` mirrors a sighting's
+#: time around that day, so that its write timestamps lie in the past of the wall clock
+#: (a ``DELETE`` typed by hand still deletes) and stay positive until 2082.
+FIRST_SEEN_MIRROR_US: Final = 2 * 1_767_225_600_000_000
+
+
+def first_seen_ts(seen_ms: int) -> int:
+    """The write timestamp of a dead letter seen at ``seen_ms``: the earlier, the higher.
+
+    Every cell of the row then keeps the earliest sighting's values, whatever order the
+    writes land in, with no read and no Paxos round: a conditional insert (``IF NOT
+    EXISTS``) cost four round trips a letter, and concurrent ones to one partition
+    contended until they timed out on a loaded node.
+    """
+    return FIRST_SEEN_MIRROR_US - seen_ms * 1000
+
+
 def dead_ops(dead: Iterable[DeadRow], now_ms: int) -> list[Op]:
-    """Dead letters, kept as first seen (conditional inserts)."""
-    return [("dead_add", (d.topic, d.partition, d.offset, d.reason, d.raw or b"", now_ms))
+    """Dead letters, kept as first seen (:func:`first_seen_ts`)."""
+    ts = first_seen_ts(now_ms)
+    return [("dead_add", (d.topic, d.partition, d.offset, d.reason, d.raw or b"", now_ms, ts))
             for d in dead]
 
 

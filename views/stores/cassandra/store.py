@@ -64,8 +64,8 @@ dormant with the partition dropped already.
 
 **Bookkeeping.** An applied offset is written with the offset itself as its write
 timestamp, so the cell keeps the maximum in whatever order writes land, with no read
-first; a dead letter is a conditional insert (IF NOT EXISTS: the first sighting is
-kept); the batch log lies in partitions of 10,000 batch ids, newest first, so
+first; a dead letter is written at a timestamp that falls as the time it was seen
+grows, so the first sighting is kept (:func:`cql.first_seen_ts`); the batch log lies in partitions of 10,000 batch ids, newest first, so
 :meth:`batches` reads one or two partitions.
 
 **Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
@@ -199,7 +199,7 @@ class CassandraStore(Store):
         prepared = {}
         for name, text in cql.STATEMENTS.items():
             statement = session.prepare(text)
-            statement.is_idempotent = name not in cql.NOT_IDEMPOTENT
+            statement.is_idempotent = True  # every write is keyed, at an explicit timestamp
             prepared[name] = statement
         return prepared
 
