@@ -6,6 +6,8 @@
         --rows 200000 --rounds 2 --name map-cells-1000
     .venv/bin/python benchmarks/bench_cql_batches.py --per-user 100 --rows 100000 --rounds 4 \
         --commitlog group,batch,periodic --name commitlog
+    .venv/bin/python benchmarks/bench_cql_batches.py --modes dead-if,dead --per-user 200 \
+        --rows 400 --rounds 3 --name dead-letters
 
 Starts one local Cassandra node (:class:`infra.services.cassandra.LocalCassandra`), makes a
 keyspace with the schema, and writes ``--rows`` timeline adds in each shape of
@@ -17,6 +19,10 @@ to many followers), each of the ``--modes`` in turn, alternating for ``--rounds`
   rows), run concurrently: the layout the store kept before ``home_chunks``;
 - ``map``: a cell an entry of a map a user (``home_map``, keyed ``(created_at,
   tweet_id)``), one ``UPDATE`` a user;
+- ``dead`` and ``dead-if``: the rows as dead letters instead, ``--per-user`` letters a
+  ``dead_letters`` partition: as the store writes them (an upsert at a timestamp that
+  falls as the sighting's time grows, :func:`~views.stores.cassandra.statements.first_seen_ts`),
+  or as the conditional inserts (``IF NOT EXISTS``, a Paxos round each) it wrote before;
 - ``chunks``: as the store writes them (:func:`~views.stores.cassandra.statements.add_ops`
   through :class:`~views.stores.cassandra.store.CassandraStore`): a ``home_chunks`` row a
   user a batch, the user's entries one blob.
@@ -58,6 +64,7 @@ from views.stores.cassandra import parse_url  # noqa: E402
 from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
 from views.stores.cassandra.store import CassandraStore  # noqa: E402
+from views.stores.rows import DeadRow  # noqa: E402
 
 
 def _cpu(pid: int) -> float:
@@ -126,6 +133,22 @@ def _map(session: Any, columns: np.ndarray, concurrency: int) -> None:
     execute_concurrent(session, statements, concurrency=concurrency, raise_on_first_error=True)
 
 
+#: The ``dead-if`` way: a dead letter as a conditional insert (a Paxos round a letter).
+DEAD_IF = ("INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, reason, raw, "
+           "seen_at) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS")
+
+
+def _dead(writer: CassandraStore, columns: np.ndarray, conditional: bool) -> None:
+    """A row a dead letter, its user the Kafka partition (a ``dead_letters`` partition)
+    and its tweet the offset: as the store writes them, or as conditional inserts."""
+    letters = [DeadRow("bench", user, tweet, "bad", b"x") for user, _, tweet, *_ in
+               columns.tolist()]
+    ops = cql.dead_ops(letters, int(time.time() * 1000))
+    if conditional:
+        ops = [("dead_if", params[:-1]) for _, params in ops]
+    writer._run(ops)
+
+
 def _one(writer: CassandraStore, columns: np.ndarray, mode: str, node_pid: int
          ) -> dict[str, Any]:
     own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
@@ -133,6 +156,8 @@ def _one(writer: CassandraStore, columns: np.ndarray, mode: str, node_pid: int
         _rows(writer._require(), columns, writer.config.concurrency)
     elif mode == "map":
         _map(writer._require(), columns, writer.config.concurrency)
+    elif mode in ("dead", "dead-if"):
+        _dead(writer, columns, mode == "dead-if")
     else:  # as the store writes a batch's adds
         writer._run(cql.add_ops(columns[:, :4], int(columns[0, 4]), {}))
     wall = time.perf_counter() - start
@@ -149,7 +174,8 @@ def main() -> None:
     parser.add_argument("--heap-mb", type=int, default=512)
     parser.add_argument("--modes", default="rows,chunks",
                         help="layouts to write the rows in, in turn: rows, map, chunks (the "
-                             "store's); default rows,chunks")
+                             "store's); or the rows as dead letters: dead (the store's), "
+                             "dead-if (conditional inserts); default rows,chunks")
     parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
     parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
@@ -180,6 +206,7 @@ def main() -> None:
             writer = CassandraStore.for_tasks(parse_url(url)).open()
             writer._require().execute(ROWS)
             writer._require().execute(MAP)
+            writer._statements["dead_if"] = writer._require().prepare(DEAD_IF)
             try:
                 for per_user in map(int, args.per_user.split(",")):
                     for _ in range(args.rounds):
