@@ -150,10 +150,8 @@ def test_after_waits_bounded_then_reports_consistency(client: httpx.Client, stor
     assert 0.4 <= waited < 3.0, f"waited {waited:.2f}s for a 0.4s bound"
 
     _applied(store, token)
-    started = time.monotonic()
     fresh = client.get(path, params={"after": token}, headers=bearer(ME))
-    assert fresh.json()["consistent"] is True
-    assert time.monotonic() - started < 0.4
+    assert fresh.json()["consistent"] is True  # at once: the next test, against a long bound
 
 
 @pytest.mark.broker
@@ -173,8 +171,14 @@ def test_after_returns_as_soon_as_the_view_applies(store: SQLiteStore,
         finally:
             applier.join()
         waited = time.monotonic() - started
+        started = time.monotonic()
+        again = client.get(f"/v1/users/{ME}/home", params={"after": token},
+                           headers=bearer(ME), timeout=bound_s * 2).json()
+        again_waited = time.monotonic() - started
     assert body["consistent"] is True
     assert waited < bound_s, f"answered after {waited:.1f}s: at the bound, not at the apply"
+    assert again["consistent"] is True
+    assert again_waited < bound_s, f"an applied token waited {again_waited:.1f}s, the bound"
 
 
 @pytest.mark.parametrize("token", ["", "nope", "k1.", "k1.!!", "k1." + "A" * 100,
@@ -244,13 +248,13 @@ def test_body_over_the_limit_is_413_json(offline: httpx.Client):
 
 
 # -- the broker is unreachable --------------------------------------------------------------
-def test_unreachable_broker_answers_503_fast_with_retry_after(offline: httpx.Client):
+def test_unreachable_broker_answers_503_fast_with_retry_after(offline: httpx.Client,
+                                                            caplog: pytest.LogCaptureFixture):
     started = time.monotonic()
     first = offline.post("/v1/tweets", json={"text": "lost?"}, headers=bearer(ME))
     first_took = time.monotonic() - started
-    started = time.monotonic()
+    caplog.clear()
     second = offline.put(f"/v1/users/{ME}/following/7", headers=bearer(ME))
-    second_took = time.monotonic() - started
     health = offline.get("/healthz")
     reads = offline.get(f"/v1/users/{ME}/tweets")
     for response in (first, second):
@@ -258,7 +262,9 @@ def test_unreachable_broker_answers_503_fast_with_retry_after(offline: httpx.Cli
         assert response.headers["retry-after"] == "3"
         assert "127.0.0.1" not in response.text  # no internals in the answer
     assert first_took < 3.0, f"the first write took {first_took:.2f}s"
-    assert second_took < 0.5, "within the cool-down a write should fail fast"
+    # Within the cool-down a write fails fast: refused before any attempt to produce
+    # (the app serves in this process: its log is the test's).
+    assert "refused with 503: broker unreachable a moment ago" in caplog.text
     assert health.status_code == 503
     assert health.json()["status"] == "degraded" and health.json()["broker"] == "unreachable"
     assert reads.status_code == 200  # reads do not need the broker
