@@ -231,13 +231,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     shown: dict[str, Any] = {"api": running.api_url, "kafka": running.bootstrap,
                              "store": running.store_url, "services": state}
     if state.get("job") == "running":
-        shown["view_job"] = _job_at_a_glance(running.job_metrics_url())
+        shown["view_job"] = job_at_a_glance(running.job_metrics_url())
     if state.get("verifier") == "running":
         shown["verifier"] = _verifier_at_a_glance(running.verifier_url())
     if state.get(stack_mod.BESIDE) == "running":  # a view built beside (fanout rebuild --beside)
         from infra.ops.beside import metrics_url
 
-        shown["view_beside"] = _job_at_a_glance(metrics_url(running))
+        shown["view_beside"] = job_at_a_glance(metrics_url(running))
     print(json.dumps(shown, indent=2))
     if any(s != "running" for s in state.values()):
         print(f"start what is stopped with: fanout --run-dir {running.run_dir} up",
@@ -246,7 +246,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_at_a_glance(url: str | None) -> dict[str, Any]:
+def job_at_a_glance(url: str | None) -> dict[str, Any]:
     """Offsets behind, post -> visible p99 and the last batch, from the job's endpoint."""
     if url is None:
         return {"metrics": None, "error": "no metrics endpoint recorded: restart the job "

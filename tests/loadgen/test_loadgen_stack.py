@@ -90,6 +90,8 @@ def test_status_the_job_endpoint_and_every_api_scrape_show_the_stack(stack: Stac
     job = wait_for(lambda: job_status(run), 300, "`fanout status` to show the job caught up",
                    every=1.0)
     assert job["metrics"] == f"http://127.0.0.1:{run.stack()['job_metrics_port']}/metrics"
+    shown = json.loads(run.fanout("status").stdout)["view_job"]  # the command itself
+    assert shown["metrics"] == job["metrics"] and shown["offsets_behind"] >= 0, shown
     assert job["last_batch"]["id"] >= 0 and job["last_batch"]["age_s"] < 600
     # `status` follows the query's progress (read every 0.25 s); the freshness comes
     # from the store's batch log (read every 1 s), so the post's batch may be in the
