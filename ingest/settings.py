@@ -81,15 +81,27 @@ class FanoutSettings(BaseSettings):
 
     @classmethod
     def _explain(cls, exc: ValidationError, flagged: set[str]) -> str:
-        """Each bad value by where it came from: ``--flag 'x': why`` or ``VAR='x': why``."""
+        """Each bad value by where it came from: ``--flag 'x': why`` or ``VAR='x': why``.
+
+        A secret's value is never shown, and a check over several fields (no field of
+        its own) says only why.
+        """
         names = cls.env_names()
         fields = {var: name for name, var in names.items()}
         said = []
         for error in exc.errors():
-            where = str(error["loc"][0]) if error["loc"] else "?"
-            field = fields.get(where, where)
-            shown = (f"--{field.replace('_', '-')} {error['input']!r}" if field in flagged
-                     else f"{names.get(field, field)}={error['input']!r}")
+            if not error["loc"]:
+                said.append(error["msg"])
+                continue
+            field = fields.get(str(error["loc"][0]), str(error["loc"][0]))
+            secret = "secret" in field
+            value = "'***'" if secret else repr(error["input"])
+            if error["type"] == "missing":
+                shown = f"{names.get(field, field)} is not set"
+            elif field in flagged:
+                shown = f"--{field.replace('_', '-')} {value}"
+            else:
+                shown = f"{names.get(field, field)}={value}"
             said.append(f"{shown}: {error['msg']}")
         return "bad setting: " + "; ".join(said)
 

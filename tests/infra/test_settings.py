@@ -195,6 +195,15 @@ def test_a_bad_value_is_named_by_the_flag_or_the_variable_it_came_from(
     with pytest.raises(SettingsError, match=r"FANOUT_TIMELINE_CAP='abc': Input should be a valid "
                                             r"integer.*; --broker-retry-s -1: "):
         ViewSettings.from_env({"FANOUT_TIMELINE_CAP": "abc"}, broker_retry_s=-1)
+    with pytest.raises(SettingsError, match=r"^bad setting: Value error, default_page=9 exceeds "
+                                            r"max_page=5$"):  # a check over two fields
+        ServingSettings.from_env({"FANOUT_AUTH_SECRET": "s3cr3t-value"}, default_page=9,
+                                 max_page=5)
+    with pytest.raises(SettingsError) as bad_secret:  # a secret's value is never shown
+        ServingSettings.from_env({"FANOUT_AUTH_SECRET": "s3cr3t-value"}, default_page=9,
+                                 max_page=5, auth_secret=7)
+    assert "s3cr3t" not in str(bad_secret.value) and "--auth-secret '***'" in str(
+        bad_secret.value)
     monkeypatch.setenv("FANOUT_TIMELINE_CAP", "abc")  # read from the process, not given
     with pytest.raises(SettingsError, match=r"FANOUT_TIMELINE_CAP='abc': Input should be"):
         ViewSettings.from_env({})

@@ -7,9 +7,9 @@ unlogged batch of a partition's statements, small partitions of one replica set 
 (:func:`requests`), and :func:`execute` runs them concurrently.
 
 **Retries.** Every write is an upsert or delete keyed by its primary key at an explicit
-timestamp, so running one again writes the same cells. :func:`execute` runs a request that failed
-transiently — a timeout, too few replicas, a lost connection, no node answering — again
-again, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
+timestamp, so running one again writes the same cells. :func:`execute` runs a request
+that failed transiently — a timeout, too few replicas, a lost connection, no node
+answering — again, with backoff (doubling to 15 s), for up to ``retry_s`` seconds, with a log line
 per attempt (the one policy of :func:`ingest.retry.within`); then, or at once for any
 other failure, it raises :class:`StoreError`. The
 store's ``retry_s`` is that one parameter: 0 (the API's reads, the driver's batches)

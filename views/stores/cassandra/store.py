@@ -65,8 +65,9 @@ dormant with the partition dropped already.
 **Bookkeeping.** An applied offset is written with the offset itself as its write
 timestamp, so the cell keeps the maximum in whatever order writes land, with no read
 first; a dead letter is written at a timestamp that falls as the time it was seen
-grows, so the first sighting is kept (:func:`cql.first_seen_ts`); the batch log lies in partitions of 10,000 batch ids, newest first, so
-:meth:`batches` reads one or two partitions.
+grows, so the first sighting is kept (:func:`cql.first_seen_ts`); the batch log lies
+in partitions of 10,000 batch ids, newest first, so :meth:`batches` reads one or two
+partitions.
 
 **Reads** are not snapshot-isolated (:meth:`snapshot` is a no-op): a page assembled
 while a batch lands may mix rows from before and after it — say a timeline entry
