@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.errors import InfraError
 from infra.services.jars import KAFKA, classpath
-from infra.services.ports import PortTaken, on_other_ports
+from infra.services.ports import PORT_ATTEMPTS, PortTaken, on_other_ports
 from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
@@ -44,7 +44,6 @@ from infra.services.process import (
 
 log = logging.getLogger(__name__)
 
-_PORT_ATTEMPTS: Final = 3
 _NODE_ID: Final = 1
 
 SERVER_PROPERTIES: Final = """\
@@ -174,7 +173,7 @@ class KafkaBroker:
             logged = self.log_path.stat().st_size
             if self._spawn(jars, deadline):
                 return
-            if _port_clash(self.log_path, logged):
+            if port_clash(self.log_path, logged):
                 raise PortTaken(self.log_path)
             msg = (f"Kafka exited before it answered; the end of its log "
                    f"{self.log_path}:\n{log_tail(self.log_path)}")
@@ -182,10 +181,10 @@ class KafkaBroker:
 
         def lost() -> BrokerError:
             return BrokerError(f"Kafka lost a port to another process at each of "
-                               f"{_PORT_ATTEMPTS} starts; the end of its log "
+                               f"{PORT_ATTEMPTS} starts; the end of its log "
                                f"{self.log_path}:\n{log_tail(self.log_path)}")
 
-        on_other_ports(attempt, _PORT_ATTEMPTS, "Kafka", lost=lost, undo=self.stop)
+        on_other_ports(attempt, PORT_ATTEMPTS, "Kafka", lost=lost, undo=self.stop)
         self._remember_ports()
         log.info("Kafka pid %d on %s (data %s, log %s)", self.pid, self.bootstrap,
                  self.data_dir, self.log_path)
@@ -285,7 +284,7 @@ class KafkaBroker:
         return self._process
 
 
-def _port_clash(log_path: Path, since: int) -> bool:
+def port_clash(log_path: Path, since: int) -> bool:
     """Whether the log written after byte ``since`` says a port was taken."""
     with log_path.open("rb") as f:
         f.seek(since)

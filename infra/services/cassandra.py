@@ -31,7 +31,7 @@ from typing import IO, Final
 from infra.errors import InfraError
 from infra.services import procs
 from infra.services.jars import CASSANDRA, classpath
-from infra.services.ports import PortTaken, on_other_ports
+from infra.services.ports import PORT_ATTEMPTS, PortTaken, on_other_ports
 from infra.services.process import (
     JIT_OPTIONS,
     LOOPBACK,
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 MAIN_CLASS: Final = "org.apache.cassandra.service.CassandraDaemon"
 PORTS_FILE: Final = "ports.json"
 PID_FILE: Final = "cassandra.pid"
-_PORT_ATTEMPTS: Final = 3
 #: Lines of Cassandra's log a failed start reports.
 _TAIL_LINES: Final = 25
 #: What Cassandra (or the JVM's JMX agent) logs when a port it wants is taken.
@@ -236,10 +235,10 @@ class LocalCassandra:
                 raise PortTaken(self.log_path)
 
         def lost() -> CassandraError:
-            return CassandraError(f"Cassandra did not start after {_PORT_ATTEMPTS} attempts, "
+            return CassandraError(f"Cassandra did not start after {PORT_ATTEMPTS} attempts, "
                                   f"each losing a port to another process; see {self.log_path}")
 
-        on_other_ports(attempt, _PORT_ATTEMPTS, "Cassandra", lost=lost, undo=self.stop)
+        on_other_ports(attempt, PORT_ATTEMPTS, "Cassandra", lost=lost, undo=self.stop)
         self.started_in = time.monotonic() - began
         self._record()
         log.info("Cassandra pid %d on %s answered CQL after %.1fs (log %s)",

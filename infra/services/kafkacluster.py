@@ -25,6 +25,7 @@ import base64
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -40,10 +41,12 @@ from infra.services.broker import (
     SERVER_PROPERTIES,
     BrokerError,
     answers,
+    port_clash,
     wait_until_serving,
 )
 from infra.services.hosts import Host
 from infra.services.jars import KAFKA, classpath
+from infra.services.ports import PORT_ATTEMPTS, PortTaken, on_other_ports
 from infra.services.process import LOOPBACK, free_port, port_free
 
 log = logging.getLogger(__name__)
@@ -158,25 +161,48 @@ class KafkaCluster:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, which: list[int] | None = None) -> KafkaCluster:
-        """Start nodes ``which`` (default: all); return once every one answers."""
+        """Start nodes ``which`` (default: all); return once every one answers.
+
+        A new cluster's ports are chosen free now and bound seconds later; a port
+        another process took in between starts the cluster again on other ports
+        (:func:`~infra.services.ports.on_other_ports`). A cluster that has run keeps
+        its ports, named in its voters list: a taken one fails, saying which.
+        """
         which = self.node_ids if which is None else which
         jars = classpath(KAFKA, self._jar_root)
-        self._load()
+        new = self._load()
         deadline = time.monotonic() + self.start_timeout
-        try:
-            for node in which:
-                self._prepare(node, jars)
-            for node in which:
-                self._spawn(node, jars)
-            for node in which:
-                if not wait_until_serving(self._processes[node], self.node_bootstrap(node),
-                                          deadline, self.log_path(node)):
-                    msg = (f"Kafka node {node} exited during start; see the end of "
-                           f"{self.log_path(node)}")
-                    raise BrokerError(msg)
-        except BaseException:
-            self.stop(which)
-            raise
+
+        def attempt(number: int) -> None:
+            if number > 1:
+                self._forget(which)
+                self._load()
+            logged = {}
+            try:
+                for node in which:
+                    self._prepare(node, jars, new=new)
+                for node in which:
+                    path = self.log_path(node)
+                    logged[node] = path.stat().st_size if path.exists() else 0
+                    self._spawn(node, jars)
+                for node in which:
+                    if not wait_until_serving(self._processes[node], self.node_bootstrap(node),
+                                              deadline, self.log_path(node)):
+                        if new and port_clash(self.log_path(node), logged[node]):
+                            raise PortTaken(self.log_path(node))
+                        msg = (f"Kafka node {node} exited during start; see the end of "
+                               f"{self.log_path(node)}")
+                        raise BrokerError(msg)
+            except BaseException:
+                self.stop(which)
+                raise
+
+        def lost() -> BrokerError:
+            return BrokerError(f"the Kafka nodes lost a port to another process at each of "
+                               f"{PORT_ATTEMPTS} starts; see the ends of their logs in "
+                               f"{self.log_dir}")
+
+        on_other_ports(attempt, PORT_ATTEMPTS if new else 1, "Kafka", lost=lost)
         log.info("Kafka nodes %s up (%s)", which, self.bootstrap)
         return self
 
@@ -190,10 +216,14 @@ class KafkaCluster:
                 terminate(process, timeout, f"Kafka node {node}")
 
     # -- start-up steps ------------------------------------------------------------------
-    def _load(self) -> None:
-        """The cluster id and every node's ports: recorded ones, else chosen now."""
+    def _load(self) -> bool:
+        """The cluster id and every node's ports: recorded ones, else chosen now.
+
+        True when every node's were chosen now, on loopback: a new cluster, whose ports
+        may be chosen again.
+        """
         if self._ports:
-            return
+            return False
         path = self.data_dir / CLUSTER_FILE
         try:
             recorded = json.loads(path.read_text())
@@ -220,12 +250,25 @@ class KafkaCluster:
         path.write_text(json.dumps({"cluster_id": self._cluster_id,
                                     "nodes": {n: asdict(p) for n, p in self._ports.items()}},
                                    indent=2) + "\n")
+        return len(missing) == self.nodes and not self.hosts
 
-    def _prepare(self, node: int, jars: list[Path]) -> None:
-        """Check the node's ports, write its config, format its log once."""
+    def _forget(self, which: list[int]) -> None:
+        """Drop a new cluster's ports and its nodes' logs (formatted, never served)."""
+        self._ports = {}
+        (self.data_dir / CLUSTER_FILE).unlink(missing_ok=True)
+        for node in which:
+            shutil.rmtree(self.config_path(node).parent / "log", ignore_errors=True)
+
+    def _prepare(self, node: int, jars: list[Path], *, new: bool = False) -> None:
+        """Check the node's ports, write its config, format its log once.
+
+        ``new``: the ports were chosen for this start, and a taken one is chosen again.
+        """
         ports = self._ports[node]
         for port in () if self.hosts else (ports.port, ports.controller_port):
             if not port_free(port):
+                if new:
+                    raise PortTaken(self.config_path(node))
                 msg = (f"port {port} of Kafka node {node} is taken by another process: the "
                        f"cluster's voters list names it ({self.data_dir / CLUSTER_FILE}); "
                        "free the port and run `fanout up` again")

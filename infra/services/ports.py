@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
@@ -19,6 +19,9 @@ from infra.errors import InfraError
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+#: Starts a service tries, each on other free ports, before it gives up.
+PORT_ATTEMPTS: Final = 3
 
 
 class PortTaken(InfraError):

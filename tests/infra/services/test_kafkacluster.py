@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,32 @@ def test_a_node_is_ready_found_by_its_marker_and_stopped_alone(tmp_path: Path) -
         node.stop()
     assert not running(pid, node.marker) and not node.ready()
     assert cluster.started == {}
+
+
+def test_a_new_clusters_port_taken_before_the_node_binds_it_is_chosen_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port found free and taken by another process before the JVM binds it (as in CI):
+    the new cluster starts on other ports; the squatter keeps its port."""
+    cluster = KafkaCluster(tmp_path / "kafka", tmp_path / "logs", nodes=1, heap_mb=256)
+    spawn, squatters = cluster._spawn, []  # noqa: SLF001
+
+    def squat_then_spawn(node: int, jars: list[Path]) -> None:
+        if not squatters:  # the first start only: a listener on the client port, first
+            squatter = socket.socket()
+            squatter.bind(("127.0.0.1", cluster._ports[node].port))  # noqa: SLF001
+            squatter.listen()
+            squatters.append(squatter)
+        spawn(node, jars)
+
+    monkeypatch.setattr(cluster, "_spawn", squat_then_spawn)
+    try:
+        taken = None
+        cluster.start()
+        taken = squatters[0].getsockname()[1]
+        assert cluster.node_bootstrap(1) != f"127.0.0.1:{taken}"
+        assert "Address already in use" in cluster.log_path(1).read_text()
+    finally:
+        cluster.stop()
+        for squatter in squatters:
+            squatter.close()
+    assert taken is not None
