@@ -39,6 +39,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ingest.retry import within
+
 #: The second step's share of the CPU against one other process group at equal demand.
 SHARE = 1 / 8
 #: cgroup v1's cpu.shares and v2's cpu.weight of a group by default.
@@ -92,23 +94,18 @@ class LowWeightGroup:
         A process still exiting keeps the group busy for a moment (an empty group was
         once left behind): the removal is tried again for up to :data:`REMOVE_S`.
         """
-        deadline = time.monotonic() + REMOVE_S
-        while True:
+        def attempt() -> None:
             for pid in _read(self.path / "cgroup.procs").split():
                 with contextlib.suppress(OSError):
                     (self.path.parent / "cgroup.procs").write_text(pid)
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.path.rmdir()
-            except FileNotFoundError:
-                return
-            except OSError:
-                if time.monotonic() >= deadline:
-                    print(f"could not remove {self.path}; `rmdir` it once it is empty",
-                          flush=True)
-                    return
-                time.sleep(0.1)
-            else:
-                return
+
+        try:
+            within(REMOVE_S, first=0.1, most=0.1,
+                   transient=lambda exc: isinstance(exc, OSError))(attempt)
+        except OSError:
+            print(f"could not remove {self.path}; `rmdir` it once it is empty", flush=True)
 
     def __str__(self) -> str:
         return f"{self.path} ({self.weight_file} {self.weight})"
