@@ -82,13 +82,14 @@ def _nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def layers(spark: SparkSession, view: ViewSettings, kafka: Any
            ) -> list[tuple[str, Callable[[], DataFrame]]]:
     buckets = view.key_buckets
+    records = view.records_per_batch(view.store())
 
     def raw() -> DataFrame:
-        rows = kafka_rows(spark, kafka, view.max_records_per_batch, view.broker_retry_s)
+        rows = kafka_rows(spark, kafka, records, view.broker_retry_s)
         return rows.withColumn("bucket", key_bucket(buckets))
 
     def packed() -> DataFrame:
-        return read_stream(spark, kafka, max_records_per_batch=view.max_records_per_batch,
+        return read_stream(spark, kafka, max_records_per_batch=records,
                            broker_retry_s=view.broker_retry_s, buckets=buckets)
 
     def grouped(processor: StatefulProcessor) -> DataFrame:

@@ -85,7 +85,6 @@ from ingest.topics import create_topics  # noqa: E402
 from views.changelog import Changelog  # noqa: E402
 from views.join import JoinConfig  # noqa: E402
 from views.local import LocalJoin  # noqa: E402
-from views.settings import DEFAULT_MAX_RECORDS_PER_BATCH  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 PEERS = ("pathway", "pathway-cap", "duckdb")
@@ -304,7 +303,7 @@ def main() -> int:
     ap = argument_parser(__doc__.split("\n\n")[0], name="peers", tweets=50_000, edges=300_000)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--batch", type=int, default=100_000, help="events per pure-join batch")
-    ap.add_argument("--max-records", type=int, default=DEFAULT_MAX_RECORDS_PER_BATCH,
+    ap.add_argument("--max-records", type=int, default=SQLiteStore.catch_up_records,
                     help="the pipeline's records per micro-batch (FANOUT_MAX_RECORDS_PER_BATCH; "
                          "the job's default)")
     ap.add_argument("--repeat", type=int, default=1,

@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
-from views.settings import DEFAULT_MAX_RECORDS_PER_BATCH, DEFAULT_TRIGGER_SECONDS  # noqa: E402
+from views.settings import DEFAULT_TRIGGER_SECONDS  # noqa: E402
+from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 #: The processes that do the executor's work in ``local`` mode.
 EXECUTOR = ("python workers", "spark jvm")
@@ -255,7 +256,7 @@ def main() -> int:
     ap.add_argument("--degree", type=int, default=10, help="follows a user")
     ap.add_argument("--rate", type=float, default=500.0, help="tweets per second")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--max-records", type=int, default=DEFAULT_MAX_RECORDS_PER_BATCH,
+    ap.add_argument("--max-records", type=int, default=SQLiteStore.catch_up_records,
                     help="records a micro-batch at most (the job's default)")
     ap.add_argument("--trigger-seconds", type=float, default=DEFAULT_TRIGGER_SECONDS,
                     help="the micro-batch trigger (the job's default; 0: back to back)")

@@ -115,7 +115,7 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     refused = other_layout(view)
     if refused is not None:
         raise ViewError(refused)
-    packed = read_source(spark, kafka, view)
+    packed = read_source(spark, kafka, view, view.records_per_batch(store))
     deltas = packed.groupBy("bucket").transformWithStateInPandas(
         statefulProcessor=JoinProcessor(view.join_config(), view.state_page_bytes),
         outputStructType=PACKED_DELTA_DDL, outputMode="Append", timeMode="None")
@@ -129,8 +129,11 @@ def start_query(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     return writer.start()
 
 
-def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings) -> DataFrame:
+def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
+                records: int) -> DataFrame:
     """The changelogs packed per key bucket, read with the source ``view.kafka_source`` names.
+
+    A micro-batch takes at most ``records`` records (:meth:`ViewSettings.records_per_batch`).
 
     Packing: :mod:`views.packed`. Both sources read the same rows
     (``views.source.SOURCE_SCHEMA``) with the same offsets, so the checkpoint's
@@ -139,14 +142,14 @@ def read_source(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings) -
     """
     if view.kafka_source == "spark":
         return connector.read_stream(spark, kafka,
-                                     max_records_per_batch=view.max_records_per_batch,
+                                     max_records_per_batch=records,
                                      broker_retry_s=view.broker_retry_s,
                                      buckets=view.key_buckets)
     rows = (spark.readStream.format(PYTHON_FORMAT)
             .option("bootstrap", kafka.bootstrap)
             .option("topic_prefix", kafka.topic_prefix)
             .option("partitions", str(kafka.partitions))
-            .option("maxRecordsPerBatch", str(view.max_records_per_batch))
+            .option("maxRecordsPerBatch", str(records))
             .option("brokerRetrySeconds", str(view.broker_retry_s))
             .load())
     return (rows.withColumn("bucket", bucket_of(F.col("key"), view.key_buckets))
@@ -172,7 +175,8 @@ def run(spark: SparkSession, kafka: KafkaSettings, view: ViewSettings,
     sink = job_sink(view, store)
     query = start_query(spark, kafka, view, store, sink=sink)
     export(spark, query, store, kafka, metrics)
-    log.info("view job started: store %s, checkpoint %s", view.store_url, checkpoint_path(view))
+    log.info("view job started: store %s, checkpoint %s, at most %s records a batch",
+             view.store_url, checkpoint_path(view), f"{view.records_per_batch(store):,}")
     if on_started is not None:
         on_started()
     try:

@@ -16,11 +16,11 @@ from ingest.settings import FanoutSettings, env_alias
 from views.codec import DEFAULT_PAGE_BYTES
 from views.join import DAY_MS, JoinConfig
 from views.stores import store_from_url
-from views.stores.base import Store
+from views.stores.base import Store, ViewWriter
 
 __all__ = ("CELEBRITY_THRESHOLD_ENV", "CHECKPOINTS", "CHECKPOINT_DIR_ENV",
            "DEFAULT_CELEBRITY_THRESHOLD", "DEFAULT_CHECKPOINT_DIR",
-           "DEFAULT_MAX_RECORDS_PER_BATCH", "DEFAULT_RUN_DIR", "DEFAULT_TRIGGER_SECONDS",
+           "DEFAULT_RUN_DIR", "DEFAULT_TRIGGER_SECONDS",
            "DEFAULT_STORE_URL", "DEFAULT_TIMELINE_CAP", "INACTIVE_DAYS_ENV", "KAFKA_SOURCE_ENV",
            "LATENESS_DAYS_ENV", "STORE_ENV",
            "STORE_FILE", "TIMELINE_CAP_ENV", "ViewSettings", "sqlite_url")
@@ -44,10 +44,6 @@ DEFAULT_CELEBRITY_THRESHOLD: Final = 1000
 #: post → visible p50 0.60 / p99 0.92 s against 0.71 / 1.03 s, for 11 % more
 #: executor CPU a tweet (benchmarks/RESULTS.md, "Defaults and what they measured").
 DEFAULT_TRIGGER_SECONDS: Final = 0.25
-#: A catching-up batch's records. At 1M users a bulk batch of follows rewrites
-#: nearly every page (~220 MB); with 20k records a batch the graph replayed at
-#: 4,765 events/s, with 200k at 25,094/s (20k users: 23,209/s).
-DEFAULT_MAX_RECORDS_PER_BATCH: Final = 200_000
 
 
 def sqlite_url(run_dir: Path) -> str:
@@ -98,15 +94,16 @@ class ViewSettings(FanoutSettings):
         description="Seconds between micro-batch starts (0: back to back). A shorter "
                     "one shows a tweet sooner for more CPU a tweet; a job that is "
                     "behind runs its batches back to back whatever it is.")
-    max_records_per_batch: int = Field(
-        DEFAULT_MAX_RECORDS_PER_BATCH, ge=1,
+    max_records_per_batch: int | None = Field(
+        None, ge=1,
         validation_alias=env_alias("FANOUT_MAX_RECORDS_PER_BATCH", "max_records_per_batch"),
-        description="Records a micro-batch takes at most (Kafka's maxOffsetsPerTrigger). "
-                    "It binds only when the job is behind (a replay, a burst): a batch "
-                    "of follows touches about every page of a large state, so its cost "
-                    "is about the state's bytes, whatever its record count; the cap "
-                    "decides how many records share that cost (benchmarks/RESULTS.md, "
-                    "the scale benchmark).")
+        description="Records a micro-batch takes at most (Kafka's maxOffsetsPerTrigger); "
+                    "unset, what the store writes best with (its catch_up_records: "
+                    "SQLite 200,000, Cassandra 1,000,000). It binds only when the job is "
+                    "behind (a replay, a burst): a batch of follows touches about every "
+                    "page of a large state, so its cost is about the state's bytes, "
+                    "whatever its record count; the cap decides how many records share "
+                    "that cost (benchmarks/RESULTS.md, the scale benchmark).")
     key_buckets: int = Field(
         16, ge=1, le=1 << 20, validation_alias=env_alias("FANOUT_KEY_BUCKETS", "key_buckets"),
         description="Hash buckets of authors: the processor's unit of work and of state. "
@@ -141,6 +138,10 @@ class ViewSettings(FanoutSettings):
         """The store this job writes (not opened)."""
         return store_from_url(self.store_url, cap=self.timeline_cap,
                               inactive_days=self.inactive_days)
+
+    def records_per_batch(self, store: ViewWriter) -> int:
+        """The cap on a micro-batch's records: the setting, else what ``store`` writes best with."""
+        return self.max_records_per_batch or store.catch_up_records
 
     def lateness_ms(self) -> int | None:
         """The lateness bound in milliseconds, None when off (``lateness_days`` 0)."""

@@ -57,6 +57,19 @@ def test_a_run_dir_keeps_the_default_store_and_checkpoint(tmp_path: Path):
     assert named.store_url == "cassandra://h/ks"
 
 
+def test_a_batch_takes_what_its_store_writes_best_with_unless_the_setting_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FANOUT_MAX_RECORDS_PER_BATCH", raising=False)
+    sqlite = ViewSettings(store_url=f"sqlite:///{tmp_path / 'v.sqlite'}")
+    cassandra = ViewSettings(store_url="cassandra://127.0.0.1:1/ks")
+    assert sqlite.records_per_batch(sqlite.store()) == 200_000
+    assert cassandra.records_per_batch(cassandra.store()) == 1_000_000  # not opened
+    monkeypatch.setenv("FANOUT_MAX_RECORDS_PER_BATCH", "3000")
+    for view in (ViewSettings(store_url=sqlite.store_url),
+                 ViewSettings(store_url=cassandra.store_url)):
+        assert view.records_per_batch(view.store()) == 3000
+
+
 def _stack(run: Path) -> Stack:
     run.mkdir()
     (run / AUTH_SECRET_FILE).write_text(SECRET)

@@ -119,12 +119,12 @@ def test_both_sources_give_the_same_rows(spark: Any, kafka_settings: KafkaSettin
     producer.produce(kafka_settings.topic("tweets"), key=b"3", value=b"[1]")
     producer.produce(kafka_settings.topic("users"), key=b"3", value=None)
     assert producer.flush(30) == 0
-    view = ViewSettings(max_records_per_batch=120)
+    view = ViewSettings()
     spark_rows = _collect(spark, job.read_source(
-        spark, kafka_settings, view.model_copy(update={"kafka_source": "spark"})),
+        spark, kafka_settings, view.model_copy(update={"kafka_source": "spark"}), 120),
         tmp_path / "spark")
     python_rows = _collect(spark, job.read_source(
-        spark, kafka_settings, view.model_copy(update={"kafka_source": "python"})),
+        spark, kafka_settings, view.model_copy(update={"kafka_source": "python"}), 120),
         tmp_path / "python")
     spark_view, python_view = _unpacked(spark_rows), _unpacked(python_rows)
     changes, dead = spark_view

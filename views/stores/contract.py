@@ -270,6 +270,11 @@ class ViewWriter(abc.ABC):
     #: event time) than an entry meant for them gets no more fan-out writes until they
     #: read again (0: off). See :data:`DORMANT`.
     inactive_ms: int
+    #: Records a micro-batch takes while the job is behind, unless
+    #: ``FANOUT_MAX_RECORDS_PER_BATCH`` says (views.settings). At 1M users a bulk batch
+    #: of follows rewrites nearly every state page (~220 MB): with 20k records a batch
+    #: the graph replayed at 4,765 events/s, with 200k at 25,094/s (20k users: 23,209/s).
+    catch_up_records: int = 200_000
 
     def apply(self, deltas: Iterable[Delta], batch_id: int = -1) -> BatchStats:
         """Apply one micro-batch of deltas atomically and idempotently."""

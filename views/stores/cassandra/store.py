@@ -136,6 +136,13 @@ log = logging.getLogger(__name__)
 class CassandraStore(Store):
     """Store in a Cassandra keyspace; see the module docstring."""
 
+    #: A user's entries of a batch are one ``home_chunks`` row, so the node's cost a
+    #: timeline row falls as a batch gives each user more of them: replaying ego-twitter
+    #: with 130k tweets, 1,000,000 records a batch against 200,000 took the node 8.4–9.0
+    #: against 19–23 µs a row and caught up in 183–203 against 353–390 s, for 0.4 GB
+    #: more peak memory (benchmarks/RESULTS.md, "The Cassandra store").
+    catch_up_records = 1_000_000
+
     def __init__(self, config: CassandraConfig, cap: int = 800,
                  inactive_days: float = 0.0, *, retry_s: float = 0.0) -> None:
         super().__init__(cap, inactive_days)
