@@ -21,7 +21,9 @@ after a restart or a switch of views) takes wrk's random home reads (``limit=20`
 ``--connections``) for ``--read-seconds``, twice: ``reads_first`` and ``reads_next``.
 On a shape with a local Cassandra node, ``node_cpu`` is where the node's CPU went from
 the replay's start to the catch-up: seconds per group of its JVM's threads (named as
-Linux shows them, numbers dropped), and per timeline row the job wrote.
+Linux shows them, numbers dropped), and per timeline row the job wrote. ``peak_rss_mb`` is the stack's peak RSS over the same
+span, in all and by service (sampled every 2 s). ``--max-records N`` sets every shape's
+``FANOUT_MAX_RECORDS_PER_BATCH`` (unset: each store's own, ``catch_up_records``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_http import wrk
+from bench_nodes import Census
 from bench_store_reads import api, fanout
 from harness import ROOT, argument_parser, save
 from pipeline import scratch
@@ -65,6 +68,8 @@ ap.add_argument("--workers", type=int, default=2, help="the fresh API's processe
 ap.add_argument("--connections", type=int, default=16)
 ap.add_argument("--wrk-threads", type=int, default=2)
 ap.add_argument("--seed", type=int, default=7)
+ap.add_argument("--max-records", type=int, default=None,
+                help="FANOUT_MAX_RECORDS_PER_BATCH of every shape's job (default: the store's)")
 
 
 def _cpu_s(stat: str) -> float:
@@ -115,17 +120,20 @@ def one(shape: str, history: list[str], work: Path, args: Any) -> dict[str, Any]
         node = stack.pids.get("cassandra")
         before = threads_cpu(node) if node else {}
         started = time.perf_counter()
-        replayed = fanout(run, "replay", "--no-progress", *history)
-        replay_s = time.perf_counter() - started
-        counted = re.search(r"replayed ([\d,]+) events", replayed)
-        assert counted is not None, replayed[-2000:]
-        events = int(counted[1].replace(",", ""))
-        with store_from_url(stack.env()["FANOUT_STORE"], cap=60) as store:
-            ends = end_offsets(kafka)
-            while not wait_caught_up(store, ends, 10):
-                print(f"  [{shape}] catching up: {time.perf_counter() - started:.0f}s",
-                      flush=True)
+        with Census(stack) as census:
+            replayed = fanout(run, "replay", "--no-progress", *history)
+            replay_s = time.perf_counter() - started
+            counted = re.search(r"replayed ([\d,]+) events", replayed)
+            assert counted is not None, replayed[-2000:]
+            events = int(counted[1].replace(",", ""))
+            with store_from_url(stack.env()["FANOUT_STORE"], cap=60) as store:
+                ends = end_offsets(kafka)
+                while not wait_caught_up(store, ends, 10):
+                    print(f"  [{shape}] catching up: {time.perf_counter() - started:.0f}s",
+                          flush=True)
         caught_up_s = time.perf_counter() - started
+        peak = {"peak_rss_mb": {"all": round(census.peak_total / 2**20),
+                                **{k: round(v / 2**20) for k, v in census.peak.items()}}}
         cpu = {"node_cpu": node_cpu(before, threads_cpu(node), written_rows(run))} if node else {}
         reads = (first_reads(stack.env()["FANOUT_STORE"], work / shape, args)
                  if args.read_seconds > 0 else {})
@@ -136,7 +144,7 @@ def one(shape: str, history: list[str], work: Path, args: Any) -> dict[str, Any]
         return {"up_s": round(up_s, 1), "replay_s": round(replay_s, 1),
                 "caught_up_s": round(caught_up_s, 1),
                 "events": events, "events_per_s": round(events / caught_up_s),
-                "verified": int(found[1]), **cpu, **reads}
+                "verified": int(found[1]), **peak, **cpu, **reads}
     finally:
         fanout(run, "down")
 
@@ -159,6 +167,8 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown shapes {sorted(unknown)}: expected some of {sorted(SHAPES)}")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in shapes}
+    if args.max_records is not None:
+        os.environ["FANOUT_MAX_RECORDS_PER_BATCH"] = str(args.max_records)
     with scratch("fanout-catchup-") as work:
         if args.graph is not None:
             history = [str(args.graph.resolve()), "--generate-tweets", str(args.tweets),
