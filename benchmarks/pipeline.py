@@ -108,9 +108,15 @@ def process_kind(cmdline: list[str]) -> str:
     line = " ".join(cmdline)
     if cmdline and cmdline[0].endswith("java"):
         # Spark's class path names its Kafka connector too: tell them by their main class.
+        if "org.apache.cassandra" in line:
+            return "cassandra"
         return "broker" if "kafka.Kafka" in line else "spark jvm"
     if "pyspark.daemon" in line or "pyspark.worker" in line:
         return "python workers"
+    if "locust" in line:
+        return "locust"
+    if "-m serving" in line or " serve" in line:
+        return "api"
     if "replay" in line:
         return "replay"
     return "other"
