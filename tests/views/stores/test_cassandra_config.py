@@ -40,6 +40,7 @@ def test_the_defaults_speculate_reads_and_heartbeat_every_two_seconds() -> None:
         0.2, 2.0, 4.0)
     options = cluster_options(config)
     assert (options["idle_heartbeat_interval"], options["idle_heartbeat_timeout"]) == (2, 4)
+    assert options["control_connection_timeout"] == config.timeout == 10
     read = options["execution_profiles"][EXEC_PROFILE_DEFAULT]
     write = options["execution_profiles"][WRITE_PROFILE]
     assert isinstance(read.speculative_execution_policy, ConstantSpeculativeExecutionPolicy)

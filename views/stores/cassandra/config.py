@@ -15,7 +15,9 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``read_cl``    consistency of reads (default LOCAL_QUORUM)
 ``write_cl``   consistency of the job's writes and of its own reads (LOCAL_QUORUM)
 ``concurrency``  statements in flight per micro-batch phase (default 64)
-``timeout``    request timeout in seconds (default 10)
+``timeout``    request timeout in seconds (default 10), and the control connection's: on
+               connecting it reads the cluster's schema, which a loaded node with
+               many keyspaces takes past the driver's own 2 s to answer
 ``speculate_ms``  reads only: a read with no answer after this long is sent to the next
                replica too, up to two more (default 200; 0: never). Reads are
                idempotent, so the first answer wins; a node cut off (packets dropped,
@@ -324,6 +326,7 @@ def cluster_options(config: CassandraConfig) -> dict[str, Any]:
         "contact_points": list(config.hosts), "port": config.port,
         "execution_profiles": execution_profiles(config), "application_name": "fanout",
         "connect_timeout": min(config.timeout, 10.0),
+        "control_connection_timeout": config.timeout,
         "idle_heartbeat_interval": config.heartbeat_s,
         "idle_heartbeat_timeout": config.heartbeat_timeout_s,
     }
