@@ -14,8 +14,11 @@ the driver, one transaction) and Cassandra through the executor sink
 (``views.stores.cassandra.sink``: two stages of Spark tasks, no batch on the driver), in
 the order ``--order`` gives. Each figure is timeline rows written (adds, after the
 horizon filter) over the wall time of the drain, Spark's join included, and over
-the time spent in the sink calls alone. A local Cassandra node is started unless
-``FANOUT_CASSANDRA_HOSTS`` names one; its RSS is reported. A sample of users is
+the time spent in the sink calls alone, and the CPU the drain took by kind of process
+(``pipeline.process_kind``): the client's (the driver, the Spark JVM and its Python
+workers: everything but the broker and the node) and the local node's, each in all and
+a timeline row (a process that ends during the drain loses its CPU). A local Cassandra
+node is started unless ``FANOUT_CASSANDRA_HOSTS`` names one; its RSS is reported. A sample of users is
 verified against the SQL so that a fast wrong answer does not count. Results go to
 ``benchmarks/results/sink.json``.
 """
@@ -27,11 +30,13 @@ import os
 import sys
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
+import psutil
 from harness import ROOT, argument_parser, save
-from pipeline import percentile, scratch
+from pipeline import percentile, process_kind, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -66,10 +71,34 @@ def _keyspace(hosts: str) -> str:
     return url
 
 
+def cpu_by_kind() -> Counter[str]:
+    """CPU-seconds (user + system) of this process and its live descendants, by kind."""
+    me = psutil.Process()
+    out = Counter[str]()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            kind = "driver" if proc.pid == me.pid else process_kind(proc.cmdline())
+            times = proc.cpu_times()
+            out[kind] += times.user + times.system
+        except psutil.Error:
+            continue
+    return out
+
+
+def _cpu(before: Counter[str], after: Counter[str], rows: int) -> dict[str, Any]:
+    used = {k: round(after[k] - before[k], 2) for k in after if after[k] - before[k] > 0}
+    client = sum(v for k, v in used.items() if k not in ("broker", "cassandra"))
+    node = used.get("cassandra", 0.0)
+    return {"cpu_s": used, "client_cpu_s": round(client, 2),
+            "client_us_per_row": round(client / max(rows, 1) * 1e6, 2),
+            "node_cpu_s": node, "node_us_per_row": round(node / max(rows, 1) * 1e6, 2)}
+
+
 def _drain(spark: Any, kafka: KafkaSettings, view: ViewSettings, args: argparse.Namespace,
            label: str) -> dict[str, Any]:
     with store_from_url(view.store_url, cap=view.timeline_cap) as store:
         sink = job_sink(view, store, spool=False)
+        before = cpu_by_kind()
         start = time.perf_counter()
         query = start_query(spark, kafka, view, store, available_now=True, sink=sink)
         if not query.awaitTermination(args.timeout):
@@ -78,6 +107,7 @@ def _drain(spark: Any, kafka: KafkaSettings, view: ViewSettings, args: argparse.
         if query.exception() is not None:
             raise RuntimeError(f"{label}: {query.exception()}")
         wall = time.perf_counter() - start
+        after = cpu_by_kind()
         batches = [s for _, _, s in sink.history]
         sink_s = sum(seconds for _, seconds, _ in sink.history)
         adds = sum(s.timeline_adds for s in batches)
@@ -87,7 +117,7 @@ def _drain(spark: Any, kafka: KafkaSettings, view: ViewSettings, args: argparse.
             "sink_s": round(sink_s, 2), "batches": len(batches), "timeline_rows": adds,
             "timeline_rows_per_s": round(adds / wall), "rows_per_sink_s": round(adds / sink_s),
             "batch_p50_s": round(percentile(seconds, 0.5), 2),
-            "batch_p99_s": round(percentile(seconds, 0.99), 2),
+            "batch_p99_s": round(percentile(seconds, 0.99), 2), **_cpu(before, after, adds),
             "verify": checked.render().splitlines()[0], "verify_ok": checked.ok}
 
 
@@ -95,8 +125,8 @@ def main() -> int:
     parser = argument_parser(__doc__.split("\n\n")[0], name="sink", users=3000, follows=40_000,
                              tweets=12_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-records", type=int, default=200_000,
-                        help="records a micro-batch at most (the job's default)")
+    parser.add_argument("--max-records", type=int, default=None,
+                        help="records a micro-batch at most (default: each store's own)")
     parser.add_argument("--mix", choices=("posts", "social"), default="posts",
                         help="the history's records: posts and follows, or the demo's mix")
     parser.add_argument("--celebrity-threshold", type=int, default=1000)
