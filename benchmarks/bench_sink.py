@@ -30,13 +30,13 @@ import os
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import defaultdict
 from contextlib import ExitStack
 from typing import Any
 
 import psutil
 from harness import ROOT, argument_parser, save
-from pipeline import percentile, process_kind, scratch
+from pipeline import percentile, scratch, tree_cpu
 
 sys.path.insert(0, str(ROOT))
 
@@ -71,21 +71,15 @@ def _keyspace(hosts: str) -> str:
     return url
 
 
-def cpu_by_kind() -> Counter[str]:
-    """CPU-seconds (user + system) of this process and its live descendants, by kind."""
-    me = psutil.Process()
-    out = Counter[str]()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            kind = "driver" if proc.pid == me.pid else process_kind(proc.cmdline())
-            times = proc.cpu_times()
-            out[kind] += times.user + times.system
-        except psutil.Error:
-            continue
+def cpu_by_kind() -> defaultdict[str, float]:
+    """CPU-seconds of this process and its live descendants, by kind."""
+    out: defaultdict[str, float] = defaultdict(float)
+    for _, kind, cpu in tree_cpu(psutil.Process()):
+        out[kind] += cpu
     return out
 
 
-def _cpu(before: Counter[str], after: Counter[str], rows: int) -> dict[str, Any]:
+def _cpu(before: defaultdict[str, float], after: defaultdict[str, float], rows: int) -> dict[str, Any]:
     used = {k: round(after[k] - before[k], 2) for k in after if after[k] - before[k] > 0}
     client = sum(v for k, v in used.items() if k not in ("broker", "cassandra"))
     node = used.get("cassandra", 0.0)

@@ -104,6 +104,18 @@ def _rss_tree() -> dict[str, int]:
     return parts
 
 
+def tree_cpu(root: psutil.Process) -> Iterator[tuple[psutil.Process, str, float]]:
+    """Each live process of ``root``'s tree, its kind (``driver`` for ``root``, else
+    :func:`process_kind`) and its CPU-seconds (user + system) so far."""
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cpu = proc.cpu_times()
+            kind = "driver" if proc.pid == root.pid else process_kind(proc.cmdline())
+        except psutil.Error:
+            continue
+        yield proc, kind, cpu.user + cpu.system
+
+
 def process_kind(cmdline: list[str]) -> str:
     line = " ".join(cmdline)
     if cmdline and cmdline[0].endswith("java"):

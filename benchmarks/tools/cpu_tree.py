@@ -31,7 +31,7 @@ import re
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import psutil
@@ -40,7 +40,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import save  # noqa: E402
-from pipeline import process_kind  # noqa: E402
+from pipeline import tree_cpu  # noqa: E402
 
 WORKERS = "python workers"
 #: CPU-seconds in a one-second sample that count the workers as busy (idle ones tick).
@@ -48,22 +48,17 @@ BUSY = 0.2
 
 
 Threads = dict[int, tuple[str, float]]  # thread id: (folded name, cumulative CPU-seconds)
-Sample = tuple[float, Counter[str], Threads]
+Sample = tuple[float, defaultdict[str, float], Threads]
 
 
-def _sample(root: psutil.Process) -> tuple[Counter[str], Threads]:
+def _sample(root: psutil.Process) -> tuple[defaultdict[str, float], Threads]:
     """Cumulative CPU-seconds per kind of process, and per Spark JVM thread."""
-    kinds: Counter[str] = Counter()
+    kinds: defaultdict[str, float] = defaultdict(float)
     threads: Threads = {}
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            cpu = proc.cpu_times()
-            kind = process_kind(proc.cmdline()) if proc.pid != root.pid else "driver"
-            kinds[kind] += cpu.user + cpu.system
-            if kind == "spark jvm":
-                threads.update(_jvm_threads(proc.pid))
-        except psutil.Error:
-            continue
+    for proc, kind, cpu in tree_cpu(root):
+        kinds[kind] += cpu
+        if kind == "spark jvm":
+            threads.update(_jvm_threads(proc.pid))
     return kinds, threads
 
 
