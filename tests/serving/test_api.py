@@ -42,13 +42,12 @@ from serving.settings import ServingSettings
 from serving.shapes import parse_page
 from serving.timeline import home_page
 from tests.support.api import running
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writer_from_url
 from tests.support.join import Harness
 from views.delta import Delta, Key
 from views.errors import StoreError
 from views.join import JoinConfig
 from views.reference import HomeRow, Reference
-from views.stores import store_from_url
 from views.stores.rows import Entry, TweetRow, UserRow
 from views.stores.sqlite import SQLiteStore
 
@@ -116,7 +115,7 @@ class Filled:
         self.path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:") else None
         self.history = _history()
         self.ref = Reference().add(self.history)
-        harness = Harness(CONFIG, store=store_from_url(url, cap=CONFIG.cap).open())
+        harness = Harness(CONFIG, store=writer_from_url(url, cap=CONFIG.cap).open())
         rng = random.Random(11)
         arrivals = self.history[:]
         rng.shuffle(arrivals)  # out of order, as the changelogs may deliver

@@ -33,11 +33,10 @@ from serving.pageversions import HOME, OWN, FeedVersions, page_versions
 from serving.reads import Pages, Read
 from serving.settings import parse_shards
 from serving.timeline import AccountGone
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writer_from_url
 from tests.support.histories import USERS, histories, split
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.stores import store_from_url
 from views.stores.cassandra.changes import CassandraFeed, Changes
 from views.stores.plan import WritePlan
 from views.stores.rows import TweetRow
@@ -65,7 +64,7 @@ def fresh_url(request: pytest.FixtureRequest) -> Callable[[], ContextManager[str
 
 
 def _opened(url: str, cap: int) -> Iterator:
-    opened = store_from_url(url, cap=cap).open()
+    opened = writer_from_url(url, cap=cap).open()
     try:
         yield opened
     finally:
@@ -251,7 +250,7 @@ def test_a_reader_behind_the_sqlite_feeds_trim_forgets_everything(tmp_path, monk
     from views.stores import sqlite
 
     monkeypatch.setattr(sqlite, "FEED_BATCHES", 3)
-    store = store_from_url(f"sqlite:///{tmp_path}/trim.sqlite", cap=50).open()
+    store = writer_from_url(f"sqlite:///{tmp_path}/trim.sqlite", cap=50).open()
     join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
     feed = store.version()
     assert isinstance(feed, SQLiteFeed)
@@ -323,7 +322,7 @@ def test_cached_pages_equal_pages_rendered_anew_after_every_batch(
     batches = split(arrivals, cuts)
     note(f"batches: {batches}")
     with fresh_url() as url:
-        store = store_from_url(url, cap=cap).open()
+        store = writer_from_url(url, cap=cap).open()
         try:
             join = LocalJoin(JoinConfig(cap, 3, 2), store)
             pages, state = _pages(store, celebrities)
@@ -374,7 +373,7 @@ def test_a_process_of_some_shards_serves_every_page_exactly_caching_only_its_own
     mine = parse_shards(shards)
     assert mine is not None and 0 < sum(shard(u) in mine for u in USERS) < len(USERS)
     with fresh_url() as url:
-        store = store_from_url(url, cap=cap).open()
+        store = writer_from_url(url, cap=cap).open()
         try:
             join = LocalJoin(JoinConfig(cap, 3, 2), store)
             pages, state = _pages(store, shards=shards)
@@ -418,7 +417,7 @@ def _windowed(cassandra_hosts: str, window_ms: int, post: Post
               ) -> Iterator[tuple[LocalJoin, Pages, types.SimpleNamespace]]:
     """A store whose answer window is ``window_ms``, user 1 following 10, who posted ``post``."""
     with fresh_keyspace(cassandra_hosts, f"page_fresh_ms={window_ms}") as url:
-        store = store_from_url(url, cap=50).open()
+        store = writer_from_url(url, cap=50).open()
         try:
             join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
             join.run([Follow(1, 10, T0), post])
@@ -457,7 +456,7 @@ def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
     """``refresh`` (what ``keep_fresh``'s thread runs every half window) asks again once
     the answer is half a window old and a page was read within the last two windows."""
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=400") as url:
-        store = store_from_url(url, cap=50).open()
+        store = writer_from_url(url, cap=50).open()
         now = [1000.0]
         versions = FeedVersions(store, CassandraFeed(store, store._rows, 0.4),
                                 clock=lambda: now[0])
@@ -486,7 +485,7 @@ def test_refreshed_tokens_are_known_without_waiting_while_pages_are_read(
 
 def test_keep_fresh_runs_until_closed(cassandra_hosts: str) -> None:
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=100") as url:
-        store = store_from_url(url, cap=50).open()
+        store = writer_from_url(url, cap=50).open()
         versions = page_versions(store)
         try:
             versions.keep_fresh()

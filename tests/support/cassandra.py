@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from views.stores import store_from_url
 from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.schema import applied_versions, apply_schema, connect
 from views.stores.cassandra.store import CassandraStore
+from views.stores.contract import Store
 
 #: The table of applied schema steps, kept when a keyspace is emptied.
 _STEPS_TABLE = "schema_version"
@@ -45,6 +47,14 @@ def writing_store(url: str, cap: int = 800, inactive_days: float = 0.0) -> Cassa
     gives."""
     config = parse_url(url)
     return CassandraStore(config, cap=cap, inactive_days=inactive_days, retry_s=config.retry_s)
+
+
+def writer_from_url(url: str, cap: int = 800, inactive_days: float = 0.0) -> Store:
+    """``store_from_url``'s store for a test that writes: :func:`writing_store` for a
+    Cassandra URL."""
+    if url.startswith("cassandra:"):
+        return writing_store(url, cap, inactive_days)
+    return store_from_url(url, cap=cap, inactive_days=inactive_days)
 
 
 class _Pool:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from ingest.events import Activity, Delete, Event, Follow, Post, UserUpsert
 from serving.timeline import home_top
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writing_store
 from tests.support.join import ALL_USERS, BIG, USERS, events
 from views.delta import TOP
 from views.join import JoinConfig
@@ -63,7 +63,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             ":memory:", cap=cap, trim_slack=0, inactive_days=inactive_ms * MS).open(), 300)
         return
     with fresh_keyspace(request.getfixturevalue("cassandra_hosts"), "trim_slack=0") as url:
-        store = CassandraStore.from_url(url).open()
+        store = writing_store(url).open()
 
         def make(cap: int, inactive_ms: int) -> CassandraStore:
             # One open store for the test; its settings are plain attributes, set per use.

@@ -37,7 +37,7 @@ from ingest.events import (
     UserUpsert,
 )
 from serving.timeline import PageFn, home_page, home_top, read_time_page
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writing_store
 from views.join import JoinConfig
 from views.local import LocalJoin
 from views.reference import Reference
@@ -185,7 +185,7 @@ class Built:
 @pytest.fixture(scope="module")
 def built(cassandra_hosts: str) -> Iterator[Built]:
     with fresh_keyspace(cassandra_hosts) as url:
-        store = CassandraStore.from_url(url, cap=CAP).open()
+        store = writing_store(url, cap=CAP).open()
         try:
             events, readers = history(random.Random(36))
             join = LocalJoin(JoinConfig(CAP, promote_at=25, demote_below=20), store)

@@ -729,7 +729,7 @@ def test_big_ids_fit_the_bound_types() -> None:
 
 @pytest.fixture
 def store(keyspace: str) -> Iterator[CassandraStore]:
-    opened = CassandraStore.from_url(keyspace).open()
+    opened = writing_store(keyspace).open()
     yield opened
     opened.close()
 
@@ -845,7 +845,7 @@ def test_an_old_keyspace_is_brought_up_to_date(cassandra_hosts: str) -> None:
                             "horizon_tweet_id, size) VALUES (4, 1, 10, 0)")
             with pytest.raises(SchemaError, match="lacks schema step.*002_timeline_kinds"):
                 CassandraStore.from_url(url).open()
-            store = CassandraStore.from_url(_with(url, "schema=auto"), inactive_days=1e-6).open()
+            store = writing_store(_with(url, "schema=auto"), inactive_days=1e-6).open()
             try:
                 assert store.tweets([1]) == {1: TweetRow(1, 2, 3, "old", False)}
                 assert store.users([2]) == {2: UserRow(2, "h", "n", False)}
@@ -896,7 +896,7 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
                                               "006_dead_letter_partitions",
                                               "007_page_changes_by_shard",
                                               "008_home_chunks"]) as url:
-        with CassandraStore.from_url(url).open() as store:
+        with writing_store(url).open() as store:
             assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
             assert store.home_start(2, None, 5).celebrities == [7]
             assert store.home_start(3, None, 5).celebrities == []
@@ -911,7 +911,7 @@ def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str
     with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions",
                                               "007_page_changes_by_shard",
                                               "008_home_chunks"]) as url:
-        with CassandraStore.from_url(url).open() as store:
+        with writing_store(url).open() as store:
             assert store.dead_letter_count() == 3
             store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)
             assert store.dead_letter_count() == 4
@@ -926,7 +926,7 @@ def test_step_8_copies_each_home_timeline_into_one_row(cassandra_hosts: str) -> 
              "VALUES (%s, %s, %s, %s)", row)
             for row in ((1, 5, 50, 9), (1, 7, 70, 9), (1, 6, 60, 8), (2, 3, 30, 9))]
     with _upgraded(cassandra_hosts, 7, rows, ["008_home_chunks"]) as url:
-        with CassandraStore.from_url(url).open() as store:
+        with writing_store(url).open() as store:
             assert store.cached(1, None, 5) == [Entry(7, 70, 9), Entry(6, 60, 8), Entry(5, 50, 9)]
             assert store.cached(2, None, 5) == [Entry(3, 30, 9)]
             assert store.counts()["home_timeline"] == 4

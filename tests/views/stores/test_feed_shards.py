@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 from ingest.events import Delete, Follow, Post, UserUpsert
-from tests.support.cassandra import fresh_keyspace
+from tests.support.cassandra import fresh_keyspace, writer_from_url
 from views.join import JoinConfig
 from views.local import LocalJoin
-from views.stores import store_from_url
 from views.stores.cassandra import changes as stored_changes
 from views.stores.cassandra.changes import BUCKET_US, CassandraFeed
 from views.stores.cassandra.config import parse_url
@@ -64,7 +63,7 @@ def test_a_writers_changes_are_a_row_per_shard_of_its_homes_and_a_rows_row() -> 
 @pytest.fixture
 def store(cassandra_hosts: str) -> Iterator[Any]:
     with fresh_keyspace(cassandra_hosts, "page_fresh_ms=0") as url:
-        opened = store_from_url(url, cap=50).open()
+        opened = writer_from_url(url, cap=50).open()
         try:
             yield opened
         finally:
@@ -137,7 +136,7 @@ def test_step_7_upgrades_a_keyspace_whose_feed_then_reads_by_shard(cassandra_hos
             assert apply_schema(session, config.keyspace, replication) == []
         finally:
             cluster.shutdown()
-        opened = store_from_url(url, cap=50).open()
+        opened = writer_from_url(url, cap=50).open()
         try:
             join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), opened)
             join.run([Follow(1, 10, T0)])
