@@ -6,22 +6,29 @@ given a context made once costs 0.3 ms (``benchmarks/micro``, ``test_http_client
 by the hundred (``/healthz`` polls while a service starts, a probe or a stream
 client per connection, ``fanout status``), so they make them here. The context is
 httpx's own default (``SSL_CERT_FILE``, ``SSL_CERT_DIR`` or certifi's bundle), made
-on first use.
+on first use, under a lock: threads that start together (a stream client per
+connection) would each make one otherwise, as ``functools.cache`` does not hold them back.
 """
 
 from __future__ import annotations
 
-import functools
 import ssl
+import threading
 from typing import Any
 
 import httpx
 
+_tls: ssl.SSLContext | None = None
+_tls_lock = threading.Lock()
 
-@functools.cache
+
 def tls() -> ssl.SSLContext:
     """The process's TLS context, as httpx would make it for ``verify=True``."""
-    return httpx.create_ssl_context()
+    global _tls  # noqa: PLW0603 - one context per process, made once
+    with _tls_lock:
+        if _tls is None:
+            _tls = httpx.create_ssl_context()
+        return _tls
 
 
 def client(**options: Any) -> httpx.Client:

@@ -55,6 +55,26 @@ def test_get_and_post_answer_over_real_http_with_one_context(server: str) -> Non
     assert webclient.tls() is webclient.tls()
 
 
+def test_threads_that_start_together_share_one_context(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stream client per connection, started at once: each made a context of its own
+    # while the first was still loading its CA bundle.
+    monkeypatch.setattr(webclient, "_tls", None)
+    start = threading.Barrier(8)
+    made: list[object] = []
+
+    def one() -> None:
+        start.wait()
+        made.append(webclient.tls())
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(made) == 8 and len({id(context) for context in made}) == 1
+
+
 def test_nothing_makes_an_httpx_client_of_its_own() -> None:
     found = [f"{path.relative_to(ROOT)}:{n}"
              for folder in ("infra", "ingest", "views", "serving", "loadgen", "tests",
