@@ -31,6 +31,7 @@ its ids (zero, as before, for seed 0).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
@@ -199,7 +200,7 @@ def generate(users: int, follows: int, tweets: int, seed: int = 0, *,
     §4b. ``celebrities`` defaults to one per 2,000 users (at least one).
     """
     _check_sizes(users, follows, start_ms, span_ms)
-    rng, texts = np.random.default_rng(seed), TextPool(seed)
+    rng, texts = np.random.default_rng(seed), text_pool(seed)
     ids = np.arange(1, users + 1, dtype=np.int64)
     lo, hi = activity_window(start_ms, span_ms)
     k = max(1, users // 2000) if celebrities is None else celebrities
@@ -234,7 +235,7 @@ def for_graph(follower_counts: Mapping[int, int], tweets: int, seed: int = 0, *,
     if not mix.posts_only and edges is None:
         msg = "replies, reposts, blocks, mutes and account deletions need the graph's edges"
         raise ValueError(msg)
-    rng, texts = np.random.default_rng(seed), TextPool(seed)
+    rng, texts = np.random.default_rng(seed), text_pool(seed)
     ids = np.fromiter(sorted(follower_counts), dtype=np.int64, count=len(follower_counts))
     weights = np.array([follower_counts[int(i)] for i in ids], dtype=np.int64)
     lo, hi = activity_window(start_ms, span_ms)
@@ -316,6 +317,16 @@ class TextPool:
         firsts = rng.integers(0, len(self.first), size=n).tolist()
         lasts = rng.integers(0, len(self.last), size=n).tolist()
         return [(self.first[f], self.last[la]) for f, la in zip(firsts, lasts, strict=True)]
+
+
+@functools.lru_cache(maxsize=16)
+def text_pool(seed: int, size: int = 3_000) -> TextPool:
+    """The pool of ``seed`` and ``size``, made once a process.
+
+    Making one takes ~0.1 s of Faker, and a test session asks for the same few seeds
+    many times. A pool is only ever read.
+    """
+    return TextPool(seed, size)
 
 
 def profiles(ids: np.ndarray, texts: TextPool, rng: np.random.Generator, lo: int, hi: int

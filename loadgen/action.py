@@ -41,7 +41,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 
-from ingest.generator import TextPool
+from ingest.generator import text_pool
 from loadgen.workload import ACTIONS, Mix, Workload, ZipfPicker
 
 PAGE_LIMIT: Final = 20
@@ -356,4 +356,4 @@ def _ranked_actors(workload: Workload) -> list[int]:
 
 def tweet_texts(seed: int, n: int = 500) -> list[str]:
     """A pool of realistic tweet texts from the history generator's text pool."""
-    return TextPool(seed, size=200).tweets(n, np.random.default_rng(seed))
+    return text_pool(seed, size=200).tweets(n, np.random.default_rng(seed))
