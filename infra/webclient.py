@@ -6,8 +6,8 @@ given a context made once costs 0.3 ms (``benchmarks/micro``, ``test_http_client
 by the hundred (``/healthz`` polls while a service starts, a probe or a stream
 client per connection, ``fanout status``), so they make them here. The context is
 httpx's own default (``SSL_CERT_FILE``, ``SSL_CERT_DIR`` or certifi's bundle), made
-on first use, under a lock: threads that start together (a stream client per
-connection) would each make one otherwise, as ``functools.cache`` does not hold them back.
+on first use, under a lock, so that threads which start together (a stream client per
+connection) share it rather than each loading the CA bundle.
 """
 
 from __future__ import annotations
