@@ -51,7 +51,7 @@ PID_FILE: Final = "cassandra.pid"
 _TAIL_LINES: Final = 25
 #: What Cassandra (or the JVM's JMX agent) logs when a port it wants is taken.
 _BIND_FAILURES: Final = ("Address already in use", "Failed to bind port", "Unable to bind",
-                         "Port already in use")
+                         "Port already in use", "in use by another process")
 
 #: The module-system lines of Cassandra 5.0's ``conf/jvm17-server.options``: without
 #: them Java 17 refuses the reflection Cassandra's internals do at startup.
@@ -307,7 +307,7 @@ class LocalCassandra:
         self._process = None
         (self.data_dir / PID_FILE).unlink(missing_ok=True)
         tail = log_tail(self.log_path, _TAIL_LINES, offset)
-        if any(marker in tail for marker in _BIND_FAILURES):
+        if lost_a_port(tail):
             return False
         msg = (f"Cassandra exited during start (exit code {code}); the end of its log "
                f"{self.log_path}:\n{tail}")
@@ -465,6 +465,11 @@ def _load_ports(data_dir: Path) -> Ports | None:
         return Ports(**json.loads((data_dir / PORTS_FILE).read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def lost_a_port(log_text: str) -> bool:
+    """Whether a node's log says it could not bind a port it was given."""
+    return any(marker in log_text for marker in _BIND_FAILURES)
 
 
 def _wait_until_serving(process: subprocess.Popen[bytes], port: int, deadline: float,

@@ -16,7 +16,10 @@ that knows its size.
 
 The ports are chosen at the first start and recorded in ``<data_dir>/ring.json``;
 a restarted node takes them again (they belong to its address, which nothing else
-uses).
+uses). A port found free can be taken by another process before a JVM binds it: a new
+ring's first start then begins again on other ports, its nodes' data (never served)
+removed (:func:`~infra.services.ports.on_other_ports`); a ring that has run keeps its
+ports, and a taken one fails, saying which file names it.
 
 On hosts of their own (``fanout up --hosts``, :mod:`infra.services.hosts`) each node runs in
 its host's network namespace, and its listen, broadcast and RPC addresses and the
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -40,11 +45,13 @@ from infra.services.cassandra import (
     CassandraError,
     LocalCassandra,
     Ports,
+    lost_a_port,
     node_yaml,
     running_pid,
 )
 from infra.services.hosts import Host
 from infra.services.jars import CASSANDRA, classpath
+from infra.services.ports import PORT_ATTEMPTS, PortTaken, on_other_ports
 from infra.services.process import LOOPBACK, free_port, log_tail
 
 log = logging.getLogger(__name__)
@@ -127,10 +134,21 @@ class RingNode(LocalCassandra):
                 f"-Dcassandra.ring_delay_ms={RING_DELAY_MS}",
                 "org.apache.cassandra.service.CassandraDaemon"]
         host = self.placed.get(self.node)
-        self._process = self._popen(host.argv(argv) if host else argv)
-        (self.data_dir / PID_FILE).write_text(str(self._process.pid))
-        _wait_for_cql(self._process, self.address, self._ports.native, deadline, self.log_path)
+        offset = self._log_file.seek(0, os.SEEK_END)
+        process = self._process = self._popen(host.argv(argv) if host else argv)
+        (self.data_dir / PID_FILE).write_text(str(process.pid))
+        try:
+            _wait_for_cql(process, self.address, self._ports.native, deadline, self.log_path)
+        except CassandraError:
+            if process.poll() is not None and lost_a_port(self._logged_since(offset)):
+                raise PortTaken(self.log_path) from None
+            raise
         return True
+
+    def _logged_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
 
     def yaml(self) -> str:
         """The single node's yaml with this node's address, the ring's seeds and token."""
@@ -201,21 +219,46 @@ class CassandraRing:
 
         With no node of the ring running, the first starts alone so that the others
         find a live seed. Each lists every node as a seed, so a node the ring kept
-        running serves: nodes started again beside one start together.
+        running serves: nodes started again beside one start together. A new ring
+        whose port another process took first starts again on other ports (module
+        docstring).
         """
         which = self.node_ids if which is None else sorted(which)
-        seeded = any(running_pid(self.node(n).data_dir) is not None
-                     for n in self.node_ids if n not in which)
-        for group in start_groups(which, seeded=seeded):
-            errors: list[BaseException] = []
-            threads = [threading.Thread(target=self._start_one, args=(n, errors))
-                       for n in group]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            if errors:
-                raise errors[0]
+        new = not self.hosts and not self._ports and not (self.data_dir / RING_FILE).exists()
+
+        def attempt(number: int) -> None:
+            if number > 1:
+                self._forget(which)
+            seeded = any(running_pid(self.node(n).data_dir) is not None
+                         for n in self.node_ids if n not in which)
+            try:
+                for group in start_groups(which, seeded=seeded):
+                    errors: list[BaseException] = []
+                    threads = [threading.Thread(target=self._start_one, args=(n, errors))
+                               for n in group]
+                    for thread in threads:
+                        thread.start()
+                    for thread in threads:
+                        thread.join()
+                    if errors:
+                        raise next((e for e in errors if isinstance(e, PortTaken)), errors[0])
+            except BaseException:
+                for node in which:  # the nodes this start started; the others run on
+                    if node in self.started:
+                        self.started.pop(node).stop()
+                raise
+
+        def lost() -> CassandraError:
+            if new:
+                return CassandraError(
+                    f"the Cassandra nodes lost a port to another process at each of "
+                    f"{PORT_ATTEMPTS} starts; see the ends of their logs in {self.log_dir}")
+            return CassandraError(
+                f"a port of the ring recorded in {self.data_dir / RING_FILE} is taken by "
+                f"another process (see the ends of the logs in {self.log_dir}): free it "
+                "and run `fanout up` again")
+
+        on_other_ports(attempt, PORT_ATTEMPTS if new else 1, "Cassandra ring", lost=lost)
         _wait_for_ring([self.started[n] for n in which], self.nodes, SETTLE_S)
         return self
 
@@ -233,6 +276,13 @@ class CassandraRing:
         for thread in threads:
             thread.join()
         self.started.clear()
+
+    def _forget(self, which: list[int]) -> None:
+        """Drop a new ring's ports and its nodes' data (they never served)."""
+        self._ports = {}
+        (self.data_dir / RING_FILE).unlink(missing_ok=True)
+        for node in which:
+            shutil.rmtree(self.data_dir / f"node-{node}", ignore_errors=True)
 
     def _load(self) -> dict[int, Ports]:
         """Every node's ports: the recorded ones, else chosen now and recorded.

@@ -22,6 +22,7 @@ from infra.services.cassandra import (
     choose_ports,
     node_yaml,
 )
+from infra.services.cassandraring import RING_FILE, CassandraRing, RingNode
 from infra.services.jars import CASSANDRA, JarError, classpath
 from infra.services.procs import cmdline, running
 from views.stores.cassandra.config import parse_url
@@ -143,6 +144,48 @@ def test_acknowledged_writes_survive_a_sigkill(tmp_path: Path) -> None:
             assert keys == set(range(20_000)), f"{20_000 - len(keys)} acknowledged writes lost"
         finally:
             cluster.shutdown()
+
+
+def test_a_new_rings_port_taken_before_its_node_binds_it_is_chosen_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port found free and taken by another process before the JVM binds it (as in CI):
+    the new ring starts again on other ports; a ring that has run keeps its ports, and
+    a taken one fails saying which file names it."""
+    _jars_or_skip()
+    ring = CassandraRing(tmp_path / "ring", tmp_path / "logs", nodes=1, heap_mb=320)
+    spawn, squatters = RingNode._spawn, []
+
+    def squat_then_spawn(node: RingNode, java: str, jars: list[Path], deadline: float) -> bool:
+        if not squatters:  # the first start only: a listener on the storage port, first
+            squatter = socket.socket()
+            squatter.bind((node.address, node._ports.storage))  # noqa: SLF001
+            squatter.listen()
+            squatters.append(squatter)
+        return spawn(node, java, jars, deadline)
+
+    monkeypatch.setattr(RingNode, "_spawn", squat_then_spawn)
+    try:
+        ring.start()
+        taken = squatters[0].getsockname()[1]
+        storage = ring.member(1)._ports.storage  # noqa: SLF001
+        assert storage != taken and f'"storage": {storage}' in (
+            tmp_path / "ring" / RING_FILE).read_text()
+        assert "in use by another process" in (tmp_path / "logs" / "cassandra-1.log").read_text()
+        cluster, session = connect(parse_url(ring.url("system")), wait=30)
+        try:
+            assert session.execute("SELECT release_version FROM system.local").one()
+        finally:
+            cluster.shutdown()
+        ring.stop()
+        with socket.socket() as squatter:  # the ring's own port, taken now: no other
+            squatter.bind(("127.0.0.1", storage))
+            squatter.listen()
+            with pytest.raises(CassandraError, match=f"recorded in .*{RING_FILE}.*taken"):
+                CassandraRing(tmp_path / "ring", tmp_path / "logs", nodes=1).start()
+    finally:
+        ring.stop()
+        for squatter in squatters:
+            squatter.close()
 
 
 def test_recorded_ports_are_reused_while_free(tmp_path: Path) -> None:
