@@ -2,8 +2,12 @@
 
     .venv/bin/python benchmarks/run.py run scale                         # 20k, 200k, 1M users
     .venv/bin/python benchmarks/bench_scale.py --users 20000 200000 --rate 500 --seconds 60
+    .venv/bin/python benchmarks/bench_scale.py --store cassandra --users 20000 200000 \
+        --name scale-cassandra
 
-For each size a fresh pipeline (broker, job, SQLite store; :func:`pipeline.pipeline`)
+For each size a fresh pipeline (broker, job, store: SQLite through the driver's sink, or
+with ``--store cassandra`` a local Cassandra node through the executor sink;
+:func:`pipeline.pipeline`)
 first takes a generated graph of ``users`` users and ``--degree`` follows a user
 (:func:`ingest.generator.generate`: the same Zipf popularity and the same celebrity
 share at every size, one celebrity per 2,000 users), produced as fast as the producer
@@ -16,7 +20,8 @@ batches after a bulk run on code the JVM has not compiled yet, and the smaller t
 graph, the shorter the bulk that went before), then for ``--seconds`` (open loop, as
 in ``bench_freshness.py``), and per size it reports:
 micro-batch p50/p99, post → visible p50/p99/max, the executor's CPU per tweet (the
-Python workers and the Spark JVM, which in ``local`` mode holds the executor), the
+Python workers and the Spark JVM, which in ``local`` mode holds the executor) and the
+Cassandra node's, the
 join's state (rows and bytes from Spark's state store, and the checkpoint's state
 directory on disk), and the peak RSS of the whole tree. A figure per size is plotted
 against the user count (``results/scale.png``) and the ratios to the smallest size
@@ -35,14 +40,13 @@ from typing import Any
 import psutil
 from bench_freshness import lags, posts, produce, record_commits
 from harness import RESULTS, ROOT, argument_parser, save
-from pipeline import percentile, pipeline, process_kind
+from pipeline import STORES, percentile, pipeline, process_kind
 
 sys.path.insert(0, str(ROOT))
 
 from ingest.generator import generate  # noqa: E402
 from ingest.producer import ChangelogProducer  # noqa: E402
 from views.settings import DEFAULT_TRIGGER_SECONDS  # noqa: E402
-from views.stores.sqlite import SQLiteStore  # noqa: E402
 
 #: The processes that do the executor's work in ``local`` mode.
 EXECUTOR = ("python workers", "spark jvm")
@@ -129,8 +133,10 @@ def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
 
 def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
-                  trigger_seconds=args.trigger_seconds, conf=dict(args.conf)) as pipe:
-        print(f"\n== {users:,} users, {users * args.degree:,} follows", flush=True)
+                  trigger_seconds=args.trigger_seconds, conf=dict(args.conf),
+                  store=args.store) as pipe:
+        print(f"\n== {users:,} users, {users * args.degree:,} follows, into {args.store}",
+              flush=True)
         graph = bulk(pipe, users, args.degree)
         print(f"graph: {graph['events']:,} events caught up in {graph['caught_up_s']} s "
               f"({graph['events_per_s']:,}/s)", flush=True)
@@ -161,7 +167,9 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     durations = [b["seconds"] for b in batches]
     stored = [b["store_seconds"] for b in batches]
     executor_s = executor_seconds(cpu_before, cpu_after)
+    node_s = cpu_after.get("cassandra", 0.0) - cpu_before.get("cassandra", 0.0)
     result = {
+        "store": args.store,
         "users": users, "follows": users * args.degree, "job": job, "graph": graph,
         "settle": settled,
         "warmup": warm,
@@ -176,14 +184,18 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
         "visible_s": {q: round(percentile(seen, p), 3)
                       for q, p in (("p50", .5), ("p99", .99), ("max", 1.0))},
         "executor_cpu_ms_per_tweet": round(executor_s / max(1, len(sent)) * 1000, 3),
+        "node_cpu_ms_per_tweet": round(node_s / max(1, len(sent)) * 1000, 3),
         "state": state,
         "peak_rss_mb": round(peak_rss / 2**20),
         "peak_rss_parts_mb": {k: round(v / 2**20) for k, v in peak_parts.items()},
     }
     v, b = result["visible_s"], result["batch_s"]
+    node = (f" (the Cassandra node {result['node_cpu_ms_per_tweet']} ms)"
+            if args.store == "cassandra" else "")
     print(f"{len(sent):,} tweets at {args.rate}/s: batch p50 {b['p50']} s p99 {b['p99']} s; "
           f"visible p50 {v['p50']} p99 {v['p99']} max {v['max']} s; executor "
-          f"{result['executor_cpu_ms_per_tweet']} ms CPU a tweet; state {state['rows']:,} rows "
+          f"{result['executor_cpu_ms_per_tweet']} ms CPU a tweet{node}; state "
+          f"{state['rows']:,} rows "
           f"{state['checkpoint_state_bytes'] / 2**20:,.0f} MB on disk; peak RSS "
           f"{result['peak_rss_mb']:,} MB", flush=True)
     return result
@@ -256,8 +268,9 @@ def main() -> int:
     ap.add_argument("--degree", type=int, default=10, help="follows a user")
     ap.add_argument("--rate", type=float, default=500.0, help="tweets per second")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--max-records", type=int, default=SQLiteStore.catch_up_records,
-                    help="records a micro-batch at most (the job's default)")
+    ap.add_argument("--store", choices=STORES, default="sqlite")
+    ap.add_argument("--max-records", type=int, default=None,
+                    help="records a micro-batch at most (default: the store's own, as the job)")
     ap.add_argument("--trigger-seconds", type=float, default=DEFAULT_TRIGGER_SECONDS,
                     help="the micro-batch trigger (the job's default; 0: back to back)")
     ap.add_argument("--warmup-seconds", type=float, default=20.0,

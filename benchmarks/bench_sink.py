@@ -29,14 +29,13 @@ import argparse
 import os
 import sys
 import time
-import uuid
 from collections import defaultdict
 from contextlib import ExitStack
 from typing import Any
 
 import psutil
 from harness import ROOT, argument_parser, save
-from pipeline import percentile, scratch, tree_cpu
+from pipeline import cassandra_keyspace, percentile, scratch, tree_cpu
 
 sys.path.insert(0, str(ROOT))
 
@@ -51,7 +50,6 @@ from ingest.topics import create_topics  # noqa: E402
 from views.job import job_sink, start_query  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
 from views.stores import store_from_url  # noqa: E402
-from views.stores.cassandra.schema import apply_at  # noqa: E402
 
 
 def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
@@ -63,12 +61,6 @@ def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
             producer.send(event)
         assert producer.flush(120) == 0
     return len(events)
-
-
-def _keyspace(hosts: str) -> str:
-    url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
-    apply_at(url)
-    return url
 
 
 def cpu_by_kind() -> defaultdict[str, float]:
@@ -151,7 +143,7 @@ def main() -> int:
         spark = build_session("fanout-bench-sink", shuffle_partitions=2)
         stack.callback(spark.stop)
         for label in args.order.split(","):
-            url = (f"sqlite:///{work / 'v.sqlite'}" if label == "sqlite" else _keyspace(hosts))
+            url = (f"sqlite:///{work / 'v.sqlite'}" if label == "sqlite" else cassandra_keyspace(hosts))
             view = ViewSettings(store_url=url, checkpoint_dir=work / f"ck-{label}",
                                 max_records_per_batch=args.max_records, shuffle_partitions=2,
                                 celebrity_threshold=args.celebrity_threshold)

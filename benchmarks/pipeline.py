@@ -1,5 +1,9 @@
 """A whole pipeline in one process tree for benchmarks: broker, topics, Spark job, store.
 
+The store is SQLite through the driver's spooling sink, or (``store="cassandra"``) a
+local Cassandra node of the pipeline's own (the stack's heap and commit log) written
+through the job's executor sink, as ``fanout up`` runs each.
+
 Used by the benchmark scripts beside it; nothing in the product imports it. The job
 runs continuously (processing-time trigger), exactly as under ``fanout up``; the
 benchmark produces into the topics from a separate process (``fanout replay``) or
@@ -15,7 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -29,10 +34,17 @@ from infra.services.broker import KafkaBroker  # noqa: E402
 from infra.services.spark import build_session  # noqa: E402
 from ingest.settings import KafkaSettings  # noqa: E402
 from ingest.topics import create_topics  # noqa: E402
-from views.job import spooling_sink, start_query  # noqa: E402
+from views.job import job_sink, start_query  # noqa: E402
 from views.kafka_offsets import EndOffsets  # noqa: E402
 from views.settings import ViewSettings  # noqa: E402
+from views.stores import store_from_url  # noqa: E402
+from views.stores.contract import Store  # noqa: E402
 from views.stores.sqlite import SQLiteStore  # noqa: E402
+
+#: The stores a pipeline writes to.
+STORES = ("sqlite", "cassandra")
+#: The local Cassandra node's heap, the stack's (``infra.services.cassandra``'s default).
+CASSANDRA_HEAP_MB = 768
 
 
 @dataclass
@@ -41,7 +53,7 @@ class Pipeline:
 
     kafka: KafkaSettings
     view: ViewSettings
-    store: SQLiteStore
+    store: Store
     sink: Any
     workdir: Path
     query: Any = None
@@ -170,65 +182,97 @@ def scratch(prefix: str) -> Iterator[Path]:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def cassandra_keyspace(hosts: str) -> str:
+    """A new keyspace's store URL on ``hosts``, its schema applied."""
+    from views.stores.cassandra.schema import apply_at
+
+    url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
+    apply_at(url)
+    return url
+
+
 @contextmanager
 def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int = 800,
-             max_records: int = 50_000, trigger_seconds: float = 0.0,
+             max_records: int | None = 50_000, trigger_seconds: float = 0.0,
              shuffle_partitions: int = 2, key_buckets: int | None = None,
              conf: dict[str, str] | None = None, kafka_source: str | None = None,
-             start: bool = True) -> Iterator[Pipeline]:
+             start: bool = True, store: str = "sqlite") -> Iterator[Pipeline]:
     """Start everything in a temp dir (:func:`scratch`); stop and clean up at the end.
 
     Without ``start`` the query is left to ``pipe.query = pipe.launch()`` (to time a backlog
-    produced before the job runs).
+    produced before the job runs). ``max_records`` None: the store's own batch cap.
     """
-    with scratch("fanout-bench-") as work, KafkaBroker(work / "kafka") as broker:
-        kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
-                              topic_prefix="b_")
-        create_topics(kafka)
-        optional: dict[str, Any] = {}
-        if key_buckets:
-            optional["key_buckets"] = key_buckets
-        if kafka_source:
-            optional["kafka_source"] = kafka_source
-        view = ViewSettings(store_url=f"sqlite:///{work / 'v.sqlite'}",
-                            checkpoint_dir=work / "ck", timeline_cap=cap,
-                            celebrity_threshold=celebrity_threshold,
-                            max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
-                            shuffle_partitions=shuffle_partitions, **optional)
-        spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
-                              extra_conf=(conf or {}) | event_log_conf())
-        store = SQLiteStore(work / "v.sqlite", cap=cap).open()
-        pipe = Pipeline(kafka, view, store, spooling_sink(view, store), work)
-        stop = threading.Event()
+    with ExitStack() as services:
+        work = services.enter_context(scratch("fanout-bench-"))
+        broker = services.enter_context(KafkaBroker(work / "kafka"))
+        url = f"sqlite:///{work / 'v.sqlite'}"
+        if store == "cassandra":
+            from infra.services.cassandra import LocalCassandra
 
-        def record(stats: Any, total: float) -> None:
-            pipe.batch_log.append({"batch_id": stats.batch_id, "seconds": total,
-                                   "store_seconds": stats.seconds, "deltas": stats.deltas,
-                                   "timeline_adds": stats.timeline_adds,
-                                   "finished": time.perf_counter()})
+            node = services.enter_context(LocalCassandra(work / "cassandra",
+                                                         heap_mb=CASSANDRA_HEAP_MB))
+            url = cassandra_keyspace(node.hosts)
+        elif store != "sqlite":
+            raise ValueError(f"store {store!r}: one of {STORES}")
+        yield from _pipeline(work, broker, url, partitions=partitions,
+                             celebrity_threshold=celebrity_threshold, cap=cap,
+                             max_records=max_records, trigger_seconds=trigger_seconds,
+                             shuffle_partitions=shuffle_partitions, key_buckets=key_buckets,
+                             conf=conf, kafka_source=kafka_source, start=start)
 
-        pipe.sink.on_batch = record
 
-        def sample_memory() -> None:
-            while not stop.wait(0.5):
-                parts = _rss_tree()
-                if sum(parts.values()) > pipe.peak_rss:
-                    pipe.peak_rss, pipe.peak_parts = sum(parts.values()), parts
+def _pipeline(work: Path, broker: KafkaBroker, url: str, *, partitions: int,
+              celebrity_threshold: int, cap: int, max_records: int | None,
+              trigger_seconds: float, shuffle_partitions: int, key_buckets: int | None,
+              conf: dict[str, str] | None, kafka_source: str | None,
+              start: bool) -> Iterator[Pipeline]:
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, partitions=partitions,
+                          topic_prefix="b_")
+    create_topics(kafka)
+    optional: dict[str, Any] = {}
+    if key_buckets:
+        optional["key_buckets"] = key_buckets
+    if kafka_source:
+        optional["kafka_source"] = kafka_source
+    view = ViewSettings(store_url=url,
+                        checkpoint_dir=work / "ck", timeline_cap=cap,
+                        celebrity_threshold=celebrity_threshold,
+                        max_records_per_batch=max_records, trigger_seconds=trigger_seconds,
+                        shuffle_partitions=shuffle_partitions, **optional)
+    spark = build_session("fanout-bench", shuffle_partitions=shuffle_partitions,
+                          extra_conf=(conf or {}) | event_log_conf())
+    store = store_from_url(url, cap=cap).open()
+    pipe = Pipeline(kafka, view, store, job_sink(view, store), work)
+    stop = threading.Event()
 
-        sampler = threading.Thread(target=sample_memory, daemon=True)
-        sampler.start()
-        pipe.launch = lambda: start_query(spark, kafka, view, store, sink=pipe.sink)
-        if start:
-            pipe.query = pipe.launch()
-        try:
-            yield pipe
-        finally:
-            stop.set()
-            if pipe.query is not None:
-                pipe.query.stop()
-            pipe.sink.close()
-            store.close()
-            spark.stop()
+    def record(stats: Any, total: float) -> None:
+        pipe.batch_log.append({"batch_id": stats.batch_id, "seconds": total,
+                               "store_seconds": stats.seconds, "deltas": stats.deltas,
+                               "timeline_adds": stats.timeline_adds,
+                               "finished": time.perf_counter()})
+
+    pipe.sink.on_batch = record
+
+    def sample_memory() -> None:
+        while not stop.wait(0.5):
+            parts = _rss_tree()
+            if sum(parts.values()) > pipe.peak_rss:
+                pipe.peak_rss, pipe.peak_parts = sum(parts.values()), parts
+
+    sampler = threading.Thread(target=sample_memory, daemon=True)
+    sampler.start()
+    pipe.launch = lambda: start_query(spark, kafka, view, store, sink=pipe.sink)
+    if start:
+        pipe.query = pipe.launch()
+    try:
+        yield pipe
+    finally:
+        stop.set()
+        if pipe.query is not None:
+            pipe.query.stop()
+        pipe.sink.close()
+        store.close()
+        spark.stop()
 
 
 def replay_process(pipe: Pipeline, paths: list[str], extra: list[str]) -> dict[str, Any]:
