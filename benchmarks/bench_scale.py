@@ -37,10 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from bench_freshness import lags, posts, produce, record_commits
 from harness import RESULTS, ROOT, argument_parser, save
-from pipeline import STORES, percentile, pipeline, process_kind
+from pipeline import STORES, cpu_by_kind, percentile, pipeline
 
 sys.path.insert(0, str(ROOT))
 
@@ -50,19 +49,6 @@ from views.settings import DEFAULT_TRIGGER_SECONDS  # noqa: E402
 
 #: The processes that do the executor's work in ``local`` mode.
 EXECUTOR = ("python workers", "spark jvm")
-
-
-def cpu_by_kind() -> dict[str, float]:
-    """CPU-seconds (user + system) so far of this process's descendants, by kind."""
-    out: dict[str, float] = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            kind = process_kind(child.cmdline())
-        except psutil.Error:
-            continue
-        out[kind] = out.get(kind, 0.0) + times.user + times.system
-    return out
 
 
 def state_figures(query: Any, checkpoint: Path) -> dict[str, Any]:

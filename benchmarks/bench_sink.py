@@ -33,9 +33,8 @@ from collections import defaultdict
 from contextlib import ExitStack
 from typing import Any
 
-import psutil
 from harness import ROOT, argument_parser, save
-from pipeline import cassandra_keyspace, percentile, scratch, tree_cpu
+from pipeline import cassandra_keyspace, cpu_by_kind, percentile, scratch
 
 sys.path.insert(0, str(ROOT))
 
@@ -61,14 +60,6 @@ def _produce(kafka: KafkaSettings, args: argparse.Namespace) -> int:
             producer.send(event)
         assert producer.flush(120) == 0
     return len(events)
-
-
-def cpu_by_kind() -> defaultdict[str, float]:
-    """CPU-seconds of this process and its live descendants, by kind."""
-    out: defaultdict[str, float] = defaultdict(float)
-    for _, kind, cpu in tree_cpu(psutil.Process()):
-        out[kind] += cpu
-    return out
 
 
 def _cpu(before: defaultdict[str, float], after: defaultdict[str, float], rows: int) -> dict[str, Any]:

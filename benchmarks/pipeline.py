@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,14 @@ def tree_cpu(root: psutil.Process) -> Iterator[tuple[psutil.Process, str, float]
         yield proc, kind, cpu.user + cpu.system
 
 
+def cpu_by_kind() -> defaultdict[str, float]:
+    """CPU-seconds of this process and its live descendants, by kind (:func:`tree_cpu`)."""
+    out: defaultdict[str, float] = defaultdict(float)
+    for _, kind, cpu in tree_cpu(psutil.Process()):
+        out[kind] += cpu
+    return out
+
+
 def process_kind(cmdline: list[str]) -> str:
     line = " ".join(cmdline)
     if cmdline and cmdline[0].endswith("java"):
@@ -202,6 +211,8 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
     Without ``start`` the query is left to ``pipe.query = pipe.launch()`` (to time a backlog
     produced before the job runs). ``max_records`` None: the store's own batch cap.
     """
+    if store not in STORES:
+        raise ValueError(f"store {store!r}: one of {STORES}")
     with ExitStack() as services:
         work = services.enter_context(scratch("fanout-bench-"))
         broker = services.enter_context(KafkaBroker(work / "kafka"))
@@ -212,8 +223,6 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
             node = services.enter_context(LocalCassandra(work / "cassandra",
                                                          heap_mb=CASSANDRA_HEAP_MB))
             url = cassandra_keyspace(node.hosts)
-        elif store != "sqlite":
-            raise ValueError(f"store {store!r}: one of {STORES}")
         yield from _pipeline(work, broker, url, partitions=partitions,
                              celebrity_threshold=celebrity_threshold, cap=cap,
                              max_records=max_records, trigger_seconds=trigger_seconds,

@@ -38,6 +38,7 @@ from infra.services.process import (
     Heartbeat,
     free_port,
     log_tail,
+    logged_since,
     port_free,
     terminate,
 )
@@ -286,9 +287,7 @@ class KafkaBroker:
 
 def port_clash(log_path: Path, since: int) -> bool:
     """Whether the log written after byte ``since`` says a port was taken."""
-    with log_path.open("rb") as f:
-        f.seek(since)
-        text = f.read().decode(errors="replace")
+    text = logged_since(log_path, since)
     return "BindException" in text or "Address already in use" in text
 
 

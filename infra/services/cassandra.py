@@ -37,6 +37,7 @@ from infra.services.process import (
     LOOPBACK,
     free_port,
     log_tail,
+    logged_since,
     port_free,
     terminate,
     timer_slack,
@@ -306,9 +307,9 @@ class LocalCassandra:
         code = self._process.returncode
         self._process = None
         (self.data_dir / PID_FILE).unlink(missing_ok=True)
-        tail = log_tail(self.log_path, _TAIL_LINES, offset)
-        if lost_a_port(tail):
+        if lost_a_port(self.log_path, offset):
             return False
+        tail = log_tail(self.log_path, _TAIL_LINES, offset)
         msg = (f"Cassandra exited during start (exit code {code}); the end of its log "
                f"{self.log_path}:\n{tail}")
         raise CassandraError(msg)
@@ -467,9 +468,17 @@ def _load_ports(data_dir: Path) -> Ports | None:
         return None
 
 
-def lost_a_port(log_text: str) -> bool:
-    """Whether a node's log says it could not bind a port it was given."""
-    return any(marker in log_text for marker in _BIND_FAILURES)
+def lost_a_port(log_path: Path, since: int) -> bool:
+    """Whether the node's log after byte ``since`` says it could not bind a port.
+
+    The whole of it: Cassandra logs the storage port's message before its stack trace
+    and its shutdown hooks, past any tail an error message shows.
+    """
+    try:
+        text = logged_since(log_path, since)
+    except OSError:
+        return False
+    return any(marker in text for marker in _BIND_FAILURES)
 
 
 def _wait_until_serving(process: subprocess.Popen[bytes], port: int, deadline: float,

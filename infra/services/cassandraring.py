@@ -140,15 +140,10 @@ class RingNode(LocalCassandra):
         try:
             _wait_for_cql(process, self.address, self._ports.native, deadline, self.log_path)
         except CassandraError:
-            if process.poll() is not None and lost_a_port(self._logged_since(offset)):
+            if process.poll() is not None and lost_a_port(self.log_path, offset):
                 raise PortTaken(self.log_path) from None
             raise
         return True
-
-    def _logged_since(self, offset: int) -> str:
-        with self.log_path.open("rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
 
     def yaml(self) -> str:
         """The single node's yaml with this node's address, the ring's seeds and token."""

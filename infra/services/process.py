@@ -66,12 +66,17 @@ def port_free(port: int, host: str = LOOPBACK) -> bool:
         return True
 
 
+def logged_since(path: Path, since: int = 0) -> str:
+    """What a service logged after byte ``since`` (raises ``OSError`` if unreadable)."""
+    with path.open("rb") as f:
+        f.seek(since)
+        return f.read().decode("utf-8", "replace")
+
+
 def log_tail(path: Path, lines: int = 15, since: int = 0) -> str:
     """The last ``lines`` a service logged (after byte ``since``), for an error message."""
     try:
-        with path.open("rb") as f:
-            f.seek(since)
-            text = f.read().decode("utf-8", "replace")
+        text = logged_since(path, since)
     except OSError:
         return "(no log)"
     return "\n".join(text.rstrip().splitlines()[-lines:]) or "(its log is empty)"
