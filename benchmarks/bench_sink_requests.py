@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sink_requests.py          # ~8 min → sink-requests.json
     .venv/bin/python benchmarks/bench_sink_requests.py --users 2000 --follows 30000 --tweets 20000
+    .venv/bin/python benchmarks/bench_sink_requests.py --ways packed --jits c1,c2 --name sink-jit
 
 A history of ``--users`` users (``ingest.generator.generate``) goes through the pure
 join (:class:`views.local.LocalJoin`) in batches of ``--batch-events`` events; each
@@ -22,6 +23,10 @@ UnifiedCompactionStrategy with that parameter, instead of the schema's levelled 
 
     .venv/bin/python benchmarks/bench_sink_requests.py --ways packed,packed+T4,packed+L4 \
         --name sink-compaction
+
+``--jits c1,c2`` runs the ways on a fresh node for each JIT
+(:data:`infra.services.cassandra.JITS`), to weigh C2's compiled code against its
+compiling over a long steady load.
 
 Reported a way and a batch: the requests and round trips of each stage, the ops by
 statement, this process's CPU (the driver's threads included) and the node's
@@ -49,7 +54,7 @@ from harness import ROOT, argument_parser, save
 
 sys.path.insert(0, str(ROOT))
 
-from infra.services.cassandra import LocalCassandra  # noqa: E402
+from infra.services.cassandra import JIT, JITS, LocalCassandra  # noqa: E402
 from ingest.generator import generate  # noqa: E402
 from views.delta import Delta  # noqa: E402
 from views.join import JoinConfig  # noqa: E402
@@ -215,21 +220,27 @@ def main() -> int:
     ap.add_argument("--ways", default="single,packed",
                     help="in the order run; packed+T4 (a UCS scaling parameter) compacts "
                          "home_chunks with UCS")
+    ap.add_argument("--jits", default=JIT,
+                    help=f"how far the node's JVM compiles, one fresh node each in this order "
+                         f"({', '.join(JITS)}); with more than one, a result is WAY@JIT")
     args = ap.parse_args()
     recorded = batches(args)
     counted = Counted()
     result: dict[str, Any] = {"args": vars(args)}
-    with tempfile.TemporaryDirectory(prefix="fanout-sink-requests-") as work:
-        node = LocalCassandra(Path(work) / "node").start()
-        try:
-            for name in args.ways.split(","):
-                result[name] = way(name, node.url(f"requests_{name.replace('+', '_').lower()}"),
-                                   recorded, counted, node, args.cap)
-                print(f"[{name}] {result[name]['requests']:,} requests; client "
-                      f"{result[name]['client_us_per_add']} µs, node "
-                      f"{result[name]['node_us_per_add']} µs a timeline add", flush=True)
-        finally:
-            node.stop()
+    jits = args.jits.split(",")
+    for jit in jits:
+        with tempfile.TemporaryDirectory(prefix="fanout-sink-requests-") as work:
+            node = LocalCassandra(Path(work) / "node", jit=jit).start()
+            try:
+                for name in args.ways.split(","):
+                    key = name if len(jits) == 1 else f"{name}@{jit}"
+                    result[key] = way(name, node.url(f"requests_{name.replace('+', '_').lower()}"),
+                                      recorded, counted, node, args.cap)
+                    print(f"[{key}] {result[key]['requests']:,} requests; client "
+                          f"{result[key]['client_us_per_add']} µs, node "
+                          f"{result[key]['node_us_per_add']} µs a timeline add", flush=True)
+            finally:
+                node.stop()
     print(f"results: {save(args.name, result)}")
     return 0
 

@@ -121,16 +121,12 @@ class EndOffsets:
         tps = list(tps)
         if not tps:
             return {}
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return self._list_offsets_once(tps, spec)
-            except KafkaException as exc:
-                if not _transient(exc) or time.monotonic() >= deadline:
-                    raise self._failed(tps, exc) from exc
-                time.sleep(0.1)
-            except TimeoutError as exc:
-                raise self._failed(tps, exc) from exc
+        policy = within(self.timeout, first=_SETTLING_PAUSE_S, most=_SETTLING_PAUSE_S,
+                        transient=_transient)
+        try:
+            return policy(self._list_offsets_once, tps, spec)
+        except (KafkaException, TimeoutError) as exc:
+            raise self._failed(tps, exc) from exc
 
     def _list_offsets_once(self, tps: list[TP], spec: OffsetSpec) -> dict[TP, int]:
         request = {TopicPartition(t, p): spec for t, p in tps}
@@ -159,7 +155,13 @@ _LEADERSHIP_SETTLING: Final = frozenset({
     KafkaError.FENCED_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE})
 
 
-def _transient(exc: KafkaException) -> bool:
+#: The pause between two ListOffsets while a partition's leadership settles (seconds).
+_SETTLING_PAUSE_S: Final = 0.1
+
+
+def _transient(exc: BaseException) -> bool:
+    if not isinstance(exc, KafkaException):
+        return False
     error = exc.args[0] if exc.args else None
     return isinstance(error, KafkaError) and (error.retriable() or
                                               error.code() in _LEADERSHIP_SETTLING)
