@@ -121,9 +121,18 @@ MEMTABLE: Final = "skiplist"
 
 #: How far a node's JVM compiles its hot code: ``c1`` stops at C1, as Spark's and the
 #: Kafka node's JVMs do (:data:`infra.services.process.JIT_OPTIONS`); ``c2`` is the JVM's
-#: default, C2 after C1. ``benchmarks/bench_cql_batches.py --jit`` weighs them.
+#: default, C2 after C1. ``benchmarks/bench_cql_batches.py --jit`` weighs them on a fresh
+#: node, ``benchmarks/bench_sink_requests.py --jits`` over a steady load (docs/design.md §10).
 JITS: Final = {"c1": tuple(JIT_OPTIONS.split()), "c2": ()}
 JIT: Final = "c1"
+#: Chooses the JIT of every local node that does not name one (``fanout up``'s, the
+#: benchmarks'); unset, :data:`JIT`.
+JIT_ENV: Final = "FANOUT_CASSANDRA_JIT"
+
+
+def node_jit() -> str:
+    """The JIT of a local node that names none: ``FANOUT_CASSANDRA_JIT``, else :data:`JIT`."""
+    return os.environ.get(JIT_ENV) or JIT
 
 
 class LocalCassandra:
@@ -141,7 +150,8 @@ class LocalCassandra:
                  heap_mb: int = 768, start_timeout: float = 180.0, stop_timeout: float = 60.0,
                  java: str = "java", jar_root: Path | None = None,
                  timer_slack_ns: int = TIMER_SLACK_NS, commitlog: str = "batch",
-                 memtable: str = MEMTABLE, jit: str = JIT) -> None:
+                 memtable: str = MEMTABLE, jit: str | None = None) -> None:
+        jit = jit or node_jit()
         if commitlog not in COMMITLOG_SYNC:
             msg = f"commitlog must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog!r}"
             raise CassandraError(msg)
@@ -149,7 +159,7 @@ class LocalCassandra:
             msg = f"memtable must be one of {', '.join(MEMTABLES)}, not {memtable!r}"
             raise CassandraError(msg)
         if jit not in JITS:
-            msg = f"jit must be one of {', '.join(JITS)}, not {jit!r}"
+            msg = f"jit ({JIT_ENV}) must be one of {', '.join(JITS)}, not {jit!r}"
             raise CassandraError(msg)
         self.jit = jit  # how far the JVM compiles (JITS)
         self.commitlog = commitlog  # how writes wait for the log's fsync (node_yaml)

@@ -15,6 +15,8 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from cassandra.query import SimpleStatement
 
 from infra.services.cassandra import (
+    JIT,
+    JIT_ENV,
     PORTS_FILE,
     CassandraError,
     LocalCassandra,
@@ -68,8 +70,21 @@ def test_the_yaml_names_only_loopback_and_the_given_ports(tmp_path: Path) -> Non
     assert "inherits: trie" in node_yaml(tmp_path, Ports(1, 2, 3), memtable="trie")
     with pytest.raises(CassandraError, match="memtable must be one of"):
         LocalCassandra(tmp_path, memtable="btree")
-    with pytest.raises(CassandraError, match="jit must be one of"):
+    with pytest.raises(CassandraError, match="jit .* must be one of"):
         LocalCassandra(tmp_path, jit="c3")
+
+
+def test_a_node_that_names_no_jit_takes_the_environments(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JIT_ENV, raising=False)
+    assert LocalCassandra(tmp_path).jit == JIT
+    monkeypatch.setenv(JIT_ENV, "c2")
+    assert LocalCassandra(tmp_path).jit == "c2"
+    assert RingNode(tmp_path, tmp_path / "n.log", node=1, nodes=1, ports=Ports(1, 2, 3)).jit == "c2"
+    assert LocalCassandra(tmp_path, jit="c1").jit == "c1"  # a node that names one keeps it
+    monkeypatch.setenv(JIT_ENV, "c3")
+    with pytest.raises(CassandraError, match=f"jit \\({JIT_ENV}\\) must be one of c1, c2, not 'c3'"):
+        LocalCassandra(tmp_path)
 
 
 def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
