@@ -25,7 +25,24 @@ to many followers), each of the ``--modes`` in turn, alternating for ``--rounds`
   or as the conditional inserts (``IF NOT EXISTS``, a Paxos round each) it wrote before;
 - ``chunks``: as the store writes them (:func:`~views.stores.cassandra.statements.add_ops`
   through :class:`~views.stores.cassandra.store.CassandraStore`): a ``home_chunks`` row a
-  user a batch, the user's entries one blob.
+  user a batch, the user's entries one blob;
+- ``chunks+meta``: the same with each user's ``timeline_meta`` row
+  (:func:`~views.stores.cassandra.statements.meta_ops`) in the user's one request;
+- ``chunks-then-meta``: the same as two runs, a request each: the adds, then the meta;
+- ``chunks+blob``: as ``chunks+meta``, each user's meta one blob cell of a table made for
+  it (``meta_blob``) instead of ``timeline_meta``'s five cells;
+- ``chunks+static``: each user's adds and meta as one insert into a table made for it
+  (``home_static``: ``home_chunks`` with the meta as static columns), one partition
+  mutation a user;
+- ``meta-read``: the read before those writes, the users' ``timeline_meta`` rows 100 an
+  ``IN`` (``meta_get_in``), of the users the ways before it wrote.
+
+``chunks`` and the ways after it weigh a user's batch on the sink's steady shape, a few
+entries a user::
+
+    .venv/bin/python benchmarks/bench_cql_batches.py \
+        --modes chunks,chunks-then-meta,chunks+meta,chunks+blob,chunks+static,meta-read \
+        --per-user 4 --rows 100000 --rounds 5 --name user-batch
 
 Reported per way: rows/s, rows per client CPU-second (this process) and per Cassandra
 CPU-second (``utime + stime`` of the node's JVM). ``--commitlog`` repeats it all on a
@@ -97,6 +114,18 @@ MAP = ("CREATE TABLE IF NOT EXISTS home_map (user_id bigint, bucket int, "
        "WITH CLUSTERING ORDER BY (bucket DESC) "
        "AND compaction = {'class': 'LeveledCompactionStrategy'}")
 MAP_ADD = "UPDATE home_map USING TIMESTAMP ? SET cells = cells + ? WHERE user_id = ? AND bucket = 0"
+#: The ``chunks+static`` way's table: ``home_chunks`` with timeline_meta's values static.
+HOME_STATIC = ("CREATE TABLE IF NOT EXISTS home_static (user_id bigint, batch_ts bigint, "
+               "adds blob, horizon_created_at bigint static, horizon_tweet_id bigint static, "
+               "size int static, read_at bigint static, chunks int static, "
+               "PRIMARY KEY ((user_id), batch_ts)) WITH CLUSTERING ORDER BY (batch_ts DESC) "
+               "AND compaction = {'class': 'LeveledCompactionStrategy'}")
+HOME_STATIC_SET = ("INSERT INTO home_static (user_id, batch_ts, adds, horizon_created_at, "
+                   "horizon_tweet_id, size, read_at, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                   "USING TIMESTAMP ?")
+#: The ``chunks+blob`` way's meta: a user's five timeline_meta values as one blob cell.
+META_BLOB = "CREATE TABLE IF NOT EXISTS meta_blob (user_id bigint PRIMARY KEY, meta blob)"
+META_BLOB_SET = "INSERT INTO meta_blob (user_id, meta) VALUES (?, ?) USING TIMESTAMP ?"
 
 
 def _by_user(columns: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -158,8 +187,32 @@ def _one(writer: CassandraStore, columns: np.ndarray, mode: str, node_pid: int
         _map(writer._require(), columns, writer.config.concurrency)
     elif mode in ("dead", "dead-if"):
         _dead(writer, columns, mode == "dead-if")
-    else:  # as the store writes a batch's adds
-        writer._run(cql.add_ops(columns[:, :4], int(columns[0, 4]), {}))
+    elif mode == "meta-read":
+        writer._lookup({"meta_get": np.unique(columns[:, 0]).tolist()})
+    else:  # as the store writes a batch's adds (and its users' meta)
+        meta: dict[int, cql.Meta] = {}
+        if mode != "chunks":
+            users, added = np.unique(columns[:, 0], return_counts=True)
+            meta = {u: cql.Meta(size=n) for u, n in zip(users.tolist(), added.tolist(),
+                                                         strict=True)}
+        ts = int(columns[0, 4])
+        if mode == "chunks+static":
+            ops = []
+            for _, (user, at, adds, stamp) in cql.add_ops(columns[:, :4], ts, meta):
+                m = meta[user]
+                ops.append(("home_static_set", (user, at, adds, m.horizon[0], m.horizon[1],
+                                                m.size, m.read_at, m.chunks, stamp)))
+            writer._run(ops)
+        elif mode == "chunks+blob":
+            blobs = [("meta_blob_set", (u, np.array([m.horizon[0], m.horizon[1], m.size,
+                                                     m.read_at, m.chunks], ">i8").tobytes(), ts))
+                     for u, m in sorted(meta.items())]
+            writer._run(cql.add_ops(columns[:, :4], ts, meta) + blobs)
+        elif mode == "chunks-then-meta":
+            writer._run(cql.add_ops(columns[:, :4], ts, meta))
+            writer._run(cql.meta_ops(meta, ts))
+        else:
+            writer._run(cql.add_ops(columns[:, :4], ts, meta) + cql.meta_ops(meta, ts))
     wall = time.perf_counter() - start
     own, node = _own_cpu() - own, _cpu(node_pid) - node
     return {"mode": mode, "rows": len(columns), "wall_s": round(wall, 2),
@@ -174,8 +227,12 @@ def main() -> None:
     parser.add_argument("--heap-mb", type=int, default=512)
     parser.add_argument("--modes", default="rows,chunks",
                         help="layouts to write the rows in, in turn: rows, map, chunks (the "
-                             "store's); or the rows as dead letters: dead (the store's), "
-                             "dead-if (conditional inserts); default rows,chunks")
+                             "store's), chunks+meta (with the users' timeline_meta), "
+                             "chunks-then-meta (the same, a request each), chunks+blob (the "
+                             "meta one blob cell), chunks+static (the meta static), "
+                             "meta-read (the read before them); or the rows as dead letters: "
+                             "dead (the store's), dead-if (conditional inserts); default "
+                             "rows,chunks")
     parser.add_argument("--per-user", default="25,1", help="shapes: rows per user")
     parser.add_argument("--commitlog", default="batch",
                         help="the node's commit-log syncs to compare, a node each: "
@@ -207,6 +264,12 @@ def main() -> None:
             writer._require().execute(ROWS)
             writer._require().execute(MAP)
             writer._statements["dead_if"] = writer._require().prepare(DEAD_IF)
+            writer._require().execute(META_BLOB)
+            writer._statements["meta_blob_set"] = writer._require().prepare(META_BLOB_SET)
+            cql.PARTITION_KEY["meta_blob_set"] = ("meta_blob", 0)
+            writer._require().execute(HOME_STATIC)
+            writer._statements["home_static_set"] = writer._require().prepare(HOME_STATIC_SET)
+            cql.PARTITION_KEY["home_static_set"] = ("home_static", 0)
             try:
                 for per_user in map(int, args.per_user.split(",")):
                     for _ in range(args.rounds):
