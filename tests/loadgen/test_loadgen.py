@@ -41,6 +41,7 @@ from loadgen.workload import (
     parse_user_range,
 )
 from tests.support.paths import ROOT
+from tests.support.probes import run_until
 
 
 class FakeClock:
@@ -497,12 +498,17 @@ def test_probe_run_alternates_classes_and_stops_on_time():
     api = FakeApi(delay_polls=0)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
     targets = [Target(1, 2, False), Target(3, 4, False), Target(5, 6, True)]
-    probe = FanoutProbe(client, targets, ProbeSettings(interval=0.02, deadline=1, poll=0.01,
-                                                       reposts=False))
-    result = probe.run(threading.Event(), until=time.time() + 0.5)
+    # One probe at a time, a turn each 0.1 s: they start in the order of their turns, and
+    # none is skipped for the one before it still running.
+    settings = ProbeSettings(interval=0.1, deadline=1, poll=0.01, reposts=False, concurrency=1)
+    probe = FanoutProbe(client, targets, settings)
+    result = run_until(probe, lambda r: len(r.samples) >= 6)
     kinds = [s.kind for s in sorted(result.samples, key=lambda s: s.posted_at)]
     assert len(kinds) >= 6 and result.errors == {"normal": 0, "celebrity": 0, "repost": 0}
     assert kinds[:4] == ["normal", "celebrity", "normal", "celebrity"]
+    # ``until`` ends a run too: one whose end has passed probes nothing.
+    late = FanoutProbe(client, targets, settings).run(threading.Event(), until=time.time() - 1)
+    assert not late.samples and late.errors == {"normal": 0, "celebrity": 0, "repost": 0}
     with pytest.raises(ProbeError):
         FanoutProbe(client, [])
 
@@ -515,7 +521,7 @@ def test_probe_counts_an_api_error_and_goes_on():
     probe = FanoutProbe(client, [Target(1, 2, False)], ProbeSettings(interval=0.01))
     with pytest.raises(ProbeError, match="401"):
         probe.measure(Target(1, 2, False))
-    result = probe.run(threading.Event(), until=time.time() + 0.05)
+    result = run_until(probe, lambda r: r.errors["normal"] >= 1)
     assert result.errors["normal"] >= 1 and not result.samples
 
 

@@ -13,7 +13,6 @@ import itertools
 import json
 import random
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from loadgen.workload import (
     Workload,
     parse_mix,
 )
+from tests.support.probes import run_until
 
 ACTOR = 5
 
@@ -385,9 +385,9 @@ def test_a_read_your_writes_miss_is_counted_and_the_repost_still_measured():
 def test_the_probe_cycles_normal_celebrity_and_repost():
     api = SocialApi(delay=0)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
-    probe = FanoutProbe(client, TARGETS, ProbeSettings(interval=0.03, deadline=1, poll=0.01,
+    probe = FanoutProbe(client, TARGETS, ProbeSettings(interval=0.1, deadline=1, poll=0.01,
                                                        concurrency=1))
-    result = probe.run(threading.Event(), until=time.time() + 0.6)
+    result = run_until(probe, lambda r: len(r.samples) >= 6)
     kinds = [s.kind for s in sorted(result.samples, key=lambda s: s.posted_at)]
     assert kinds[:6] == ["normal", "celebrity", "repost"] * 2, kinds
     assert result.errors == {"normal": 0, "celebrity": 0, "repost": 0}
