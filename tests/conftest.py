@@ -8,6 +8,7 @@ conftest. Code the tests share that is not a fixture is in ``tests/support/``.
 """
 
 pytest_plugins = [
+    "tests.plugins.nodes",
     "tests.plugins.kafka",
     "tests.plugins.spark",
     "tests.plugins.cassandra",

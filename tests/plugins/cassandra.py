@@ -11,14 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.plugins.nodes import shared_node
+
 
 @pytest.fixture(scope="session")
 def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Contact points (``host1,host2[:port]``) of Cassandra for the whole session.
 
-    ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise one local node
-    starts from the Maven jar cache (``infra.services.cassandra``), skipped only when the jars
-    are not in the cache.
+    ``FANOUT_CASSANDRA_HOSTS`` names an existing cluster; otherwise the run's xdist
+    workers share one local node (``tests/plugins/nodes.py``), or a process alone starts
+    its own from the Maven jar cache (``infra.services.cassandra``), skipped only when
+    the jars are not in the cache.
     """
     from tests.support.cassandra import close_pools
 
@@ -26,6 +29,11 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external:
         yield external
         close_pools(external)
+        return
+    shared = shared_node("cassandra")
+    if shared:
+        yield shared
+        close_pools(shared)
         return
     from infra.services.cassandra import LocalCassandra
     from infra.services.jars import CASSANDRA, JarError, classpath

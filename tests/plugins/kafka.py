@@ -16,14 +16,20 @@ import pytest
 from infra.services.broker import KafkaBroker
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
+from tests.plugins.nodes import shared_node
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """host:port of a broker for the whole session (a local Kafka unless KAFKA_BOOTSTRAP)."""
+    """host:port of a broker for the whole session: KAFKA_BOOTSTRAP's, else the node the
+    run's xdist workers share (``tests/plugins/nodes.py``), else a local one of its own."""
     external = os.environ.get("KAFKA_BOOTSTRAP")
     if external:
         yield external
+        return
+    shared = shared_node("kafka")
+    if shared:
+        yield shared
         return
     with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
