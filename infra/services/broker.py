@@ -75,6 +75,9 @@ num.io.threads=2
 num.recovery.threads.per.data.dir=1
 background.threads=2
 num.replica.fetchers=1
+# The controller appends a no-op record to an idle metadata log this often (500 ms by
+# default): at 10 s an idle node takes 1.02 CPU-s a minute, not 1.26 (design §10).
+metadata.max.idle.interval.ms=10000
 """
 
 LOG4J2: Final = """\

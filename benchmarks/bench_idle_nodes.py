@@ -1,0 +1,108 @@
+"""What a local Kafka node and a local Cassandra node cost the box while they wait.
+
+    .venv/bin/python benchmarks/bench_idle_nodes.py          # ~6 min → results/idle-nodes.json
+
+A test session, a demo and a ``fanout up`` keep nodes running between the moments
+they work, and on two cores their idle CPU is CPU the rest did not get. Each node
+starts on its own, settles for ``--settle-s`` and is then measured over ``--seconds``
+(``utime + stime`` of its JVM, and of each of its threads by name), first with the
+settings the local nodes run with, then with the engine's default for the one that
+differs:
+
+- Kafka (:class:`infra.services.broker.KafkaBroker`): ``metadata.max.idle.interval.ms``,
+  how often the controller appends a no-op record to an idle metadata log (10 s here,
+  500 ms by default);
+- Cassandra (:class:`infra.services.cassandra.LocalCassandra`):
+  ``cassandra.approximate_time_precision_ms``, how often its approximate clock ticks
+  (:data:`infra.services.cassandra.APPROXIMATE_TIME_MS` here, 2 ms by default).
+
+The defaults are set by changing the module's setting for the one run, in this
+process only.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+from harness import ROOT, argument_parser, save
+
+sys.path.insert(0, str(ROOT))
+
+from infra.services import broker, cassandra  # noqa: E402
+
+KAFKA_DEFAULT = "metadata.max.idle.interval.ms=500"
+
+
+def _threads(pid: int) -> Counter[str]:
+    """CPU-seconds of each thread name (numbers dropped) of process ``pid``."""
+    spent: Counter[str] = Counter()
+    for thread in psutil.Process(pid).threads():
+        try:
+            name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
+        except OSError:
+            continue
+        spent[re.sub(r"[-:#]?\d+$", "", name)] += thread.user_time + thread.system_time
+    return spent
+
+
+def _idle(pid: int, settle_s: float, seconds: float) -> dict[str, Any]:
+    time.sleep(settle_s)
+    process = psutil.Process(pid)
+    before, threads = sum(process.cpu_times()[:2]), _threads(pid)
+    time.sleep(seconds)
+    spent = sum(process.cpu_times()[:2]) - before
+    by_thread = _threads(pid)
+    by_thread.subtract(threads)
+    top = {k: round(v, 2) for k, v in by_thread.most_common(6)}
+    print(f"  {spent:.2f} CPU-s over {seconds:.0f} s; threads {top}", flush=True)
+    return {"cpu_s": round(spent, 3), "cpu_s_a_minute": round(spent * 60 / seconds, 3),
+            "threads": top}
+
+
+def kafka(default: bool, settle_s: float, seconds: float, scratch: Path) -> dict[str, Any]:
+    saved = broker.SERVER_PROPERTIES
+    if default:
+        broker.SERVER_PROPERTIES = re.sub(r"metadata\.max\.idle\.interval\.ms=\d+",
+                                          KAFKA_DEFAULT, saved)
+    try:
+        with broker.KafkaBroker(scratch / f"kafka-{default}") as node:
+            return _idle(node.pid, settle_s, seconds)
+    finally:
+        broker.SERVER_PROPERTIES = saved
+
+
+def cassandra_node(default: bool, settle_s: float, seconds: float,
+                   scratch: Path) -> dict[str, Any]:
+    saved = cassandra.APPROXIMATE_TIME_MS
+    cassandra.APPROXIMATE_TIME_MS = 2 if default else saved
+    try:
+        with cassandra.LocalCassandra(scratch / f"cassandra-{default}", heap_mb=512) as node:
+            return _idle(node.pid, settle_s, seconds)
+    finally:
+        cassandra.APPROXIMATE_TIME_MS = saved
+
+
+def main() -> None:
+    ap = argument_parser(__doc__.splitlines()[0], name="idle-nodes")
+    ap.add_argument("--settle-s", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    result: dict[str, Any] = {"settle_s": args.settle_s, "seconds": args.seconds}
+    with tempfile.TemporaryDirectory(prefix="fanout-bench-idle-") as scratch:
+        for label, run in (("kafka", kafka), ("cassandra", cassandra_node)):
+            for default in (False, True):
+                key = f"{label}-{'default' if default else 'local'}"
+                print(f"{key}:", flush=True)
+                result[key] = run(default, args.settle_s, args.seconds, Path(scratch))
+    print(save(args.name, result))
+
+
+if __name__ == "__main__":
+    main()
