@@ -58,6 +58,12 @@ class StackError(InfraError):
 #: The order services start in; ``down`` stops them in reverse.
 SERVICES = ("broker", "cassandra", "spark-master", "spark-worker", "job", "job-beside", "api",
             "verifier")
+#: The order ``down`` stops them in: each step's clients before what they use, and the
+#: services of one step (every node of each) side by side. The last step's are used by
+#: nothing left running, so a Cassandra node's drain (5-12 s on a three-node ring) and
+#: the brokers' controlled shutdown overlap.
+DOWN_STEPS = (("verifier",), ("api",), ("job-beside",), ("job",), ("spark-worker",),
+              ("spark-master", "cassandra", "broker"))
 #: A second view job building a new view beside the live one (``fanout rebuild --beside``);
 #: a service of the stack only while one is recorded, and ``up`` never starts it.
 BESIDE = "job-beside"
@@ -268,8 +274,9 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     if stack is None:
         hosts_mod.remove(run_dir)  # what a crashed first `up --hosts` may have left
         return None
-    stopped = [member for name in reversed(SERVICES)
-               for member in _stop_together(stack, stack.members(name), timeout)]
+    stopped = [member for step in DOWN_STEPS
+               for member in _stop_together(
+                   stack, [m for name in step for m in stack.members(name)], timeout)]
     stack.pids.clear()
     stack.markers.clear()
     stack.save()
@@ -279,7 +286,7 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
 
 
 def _stop_together(stack: Stack, names: list[str], timeout: float) -> list[str]:
-    """Stop the nodes of one service side by side; those that were running.
+    """Stop the services ``names`` side by side; those that were running.
 
     Together, not one after the other: the last node of a KRaft quorum stopped alone
     waits out its whole timeout for a controller that is gone.
