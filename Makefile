@@ -11,8 +11,9 @@ PYTEST_ARGS ?=
 # beside it, in a CPU control group of an eighth of the weight, the tests that start no
 # whole stack: those take the cores the stacks' waits leave idle (tests/steps.py says
 # why, and runs the two one after the other where no group can be made). TEST_WORKERS
-# is the pytest-xdist workers of the second step, each with its own Kafka node,
-# Cassandra node and SparkSession: two, one for each core the stacks' waits leave idle
+# is the pytest-xdist workers of the second step, each with its own SparkSession and
+# both on one Kafka node and one Cassandra node (tests/plugins/nodes.py): two, one for
+# each core the stacks' waits leave idle
 # (that step holds the job's kill tests too, which wait on JVM starts). 0 runs
 # everything in one process. Both steps always run; `make test`
 # fails if either failed. A step whose PYTEST_ARGS select none of its tests passes

@@ -14,10 +14,7 @@ differs:
   500 ms by default);
 - Cassandra (:class:`infra.services.cassandra.LocalCassandra`):
   ``cassandra.approximate_time_precision_ms``, how often its approximate clock ticks
-  (:data:`infra.services.cassandra.APPROXIMATE_TIME_MS` here, 2 ms by default).
-
-The defaults are set by changing the module's setting for the one run, in this
-process only.
+  (:data:`infra.services.cassandra.CLOCK_TICK_MS` here, 2 ms by default).
 """
 
 from __future__ import annotations
@@ -37,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from infra.services import broker, cassandra  # noqa: E402
 
-KAFKA_DEFAULT = "metadata.max.idle.interval.ms=500"
+#: The engines' defaults for the settings the local nodes change.
+KAFKA_METADATA_IDLE_MS, CASSANDRA_CLOCK_TICK_MS = 500, 2
 
 
 def _threads(pid: int) -> Counter[str]:
@@ -67,26 +65,17 @@ def _idle(pid: int, settle_s: float, seconds: float) -> dict[str, Any]:
 
 
 def kafka(default: bool, settle_s: float, seconds: float, scratch: Path) -> dict[str, Any]:
-    saved = broker.SERVER_PROPERTIES
-    if default:
-        broker.SERVER_PROPERTIES = re.sub(r"metadata\.max\.idle\.interval\.ms=\d+",
-                                          KAFKA_DEFAULT, saved)
-    try:
-        with broker.KafkaBroker(scratch / f"kafka-{default}") as node:
-            return _idle(node.pid, settle_s, seconds)
-    finally:
-        broker.SERVER_PROPERTIES = saved
+    idle_ms = KAFKA_METADATA_IDLE_MS if default else broker.METADATA_IDLE_MS
+    with broker.KafkaBroker(scratch / f"kafka-{default}", metadata_idle_ms=idle_ms) as node:
+        return _idle(node.pid, settle_s, seconds)
 
 
 def cassandra_node(default: bool, settle_s: float, seconds: float,
                    scratch: Path) -> dict[str, Any]:
-    saved = cassandra.APPROXIMATE_TIME_MS
-    cassandra.APPROXIMATE_TIME_MS = 2 if default else saved
-    try:
-        with cassandra.LocalCassandra(scratch / f"cassandra-{default}", heap_mb=512) as node:
-            return _idle(node.pid, settle_s, seconds)
-    finally:
-        cassandra.APPROXIMATE_TIME_MS = saved
+    tick_ms = CASSANDRA_CLOCK_TICK_MS if default else cassandra.CLOCK_TICK_MS
+    with cassandra.LocalCassandra(scratch / f"cassandra-{default}", heap_mb=512,
+                                  clock_tick_ms=tick_ms) as node:
+        return _idle(node.pid, settle_s, seconds)
 
 
 def main() -> None:

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 _NODE_ID: Final = 1
 
+#: How often the controller appends a no-op record to an idle metadata log (Kafka's
+#: default: 500 ms). At 10 s an idle node takes 1.02 CPU-s a minute, not 1.26 (design §10).
+METADATA_IDLE_MS: Final = 10_000
+
 SERVER_PROPERTIES: Final = """\
 # Written by fanout (infra/services/broker.py) at every start; edits are overwritten.
 process.roles=broker,controller
@@ -75,9 +79,7 @@ num.io.threads=2
 num.recovery.threads.per.data.dir=1
 background.threads=2
 num.replica.fetchers=1
-# The controller appends a no-op record to an idle metadata log this often (500 ms by
-# default): at 10 s an idle node takes 1.02 CPU-s a minute, not 1.26 (design §10).
-metadata.max.idle.interval.ms=10000
+metadata.max.idle.interval.ms={metadata_idle_ms}
 """
 
 LOG4J2: Final = """\
@@ -119,8 +121,10 @@ class KafkaBroker:
 
     def __init__(self, data_dir: Path | str, log_path: Path | str | None = None, *,
                  port: int | None = None, heap_mb: int = 256, start_timeout: float = 90.0,
-                 stop_timeout: float = 30.0, jar_root: Path | None = None) -> None:
+                 stop_timeout: float = 30.0, jar_root: Path | None = None,
+                 metadata_idle_ms: int = METADATA_IDLE_MS) -> None:
         self.data_dir = Path(data_dir)
+        self.metadata_idle_ms = metadata_idle_ms
         self.log_path = Path(log_path) if log_path else self.data_dir / "kafka.out"
         self.heap_mb = heap_mb
         self.start_timeout = start_timeout
@@ -245,7 +249,7 @@ class KafkaBroker:
         port, controller = self._ports
         self.config_path.write_text(SERVER_PROPERTIES.format(
             node=_NODE_ID, host=LOOPBACK, port=port, controller_port=controller,
-            log_dir=self.data_dir / "log"))
+            log_dir=self.data_dir / "log", metadata_idle_ms=self.metadata_idle_ms))
         (self.data_dir / "log4j2.properties").write_text(LOG4J2)
 
     def _java(self, jars: list[Path], main: str, *args: str) -> list[str]:

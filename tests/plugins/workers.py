@@ -8,9 +8,10 @@ in two steps (``--stacks``, below), side by side (:mod:`tests.steps`):
    the files' order. Stacks hold timing windows (a rebuild beside under load, a
    Cassandra node's restart) that assume nothing else competes for the cores at an
    equal weight: beside the unit tests' nodes at an equal weight they have failed.
-2. ``--stacks without``: the unit tests, with a Kafka node, a Cassandra node and a
-   SparkSession of their own on random ports, in a CPU control group of an eighth of
-   the weight, so that they use what the stacks leave idle.
+2. ``--stacks without``: the unit tests, with a Kafka node and a Cassandra node of
+   their own on random ports (one of each for all the xdist workers,
+   :mod:`tests.plugins.nodes`) and a SparkSession a worker, in a CPU control group of
+   an eighth of the weight, so that they use what the stacks leave idle.
 
 ``--stacks all`` (the default) runs both kinds in the files' order. Under ``-n 2
 --dist loadgroup`` the group is one unit of work, so one worker runs every stack while
