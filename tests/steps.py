@@ -124,7 +124,8 @@ def _pytest(*args: str) -> list[str]:
 
 def unit_step(workers: int, args: list[str]) -> list[str]:
     """The tests without a whole stack, on ``workers`` pytest-xdist workers (1: none)."""
-    spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    spread = (["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
+              if workers > 1 else [])  # the modules in tests.plugins.workers' order
     return _pytest("--stacks", "without", *spread, *args)
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests import steps
+from tests.plugins.workers import long_first
 from tests.steps import NO_TESTS, LowWeightGroup, passed, stack_step, unit_step
 
 
 def test_each_step_runs_its_half_of_the_suite_with_the_callers_arguments() -> None:
     assert unit_step(1, ["-k", "x"])[-4:] == ["--stacks", "without", "-k", "x"]
     assert "-n" not in unit_step(1, [])
-    assert unit_step(2, [])[-4:] == ["-n", "2", "--dist", "loadfile"]
+    assert unit_step(2, [])[-5:] == ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert stack_step(["-x"])[-3:] == ["--stacks", "only", "-x"]
     assert passed(0) and passed(NO_TESTS) and not passed(1) and not passed(2)
 
@@ -56,3 +57,8 @@ def test_without_a_group_the_steps_run_one_after_the_other_and_none_selected_pas
     said = capfd.readouterr().out
     assert "run one after the other" in said and "no cgroup cpu controller" in said, said
     assert said.index("== the tests without a whole stack") < said.index("== the whole-stack")
+
+
+def test_the_unit_step_hands_out_the_long_modules_first_then_those_with_most_tests() -> None:
+    modules = {"a.py": (False, 3), "b.py": (True, 1), "c.py": (False, 9), "d.py": (True, 2)}
+    assert long_first(modules) == ["d.py", "b.py", "c.py", "a.py"]

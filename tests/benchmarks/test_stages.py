@@ -10,6 +10,8 @@ import pytest
 
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.long
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "tools"))
 

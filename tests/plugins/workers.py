@@ -25,6 +25,11 @@ import pytest
 
 #: The one group of whole-stack tests.
 STACK = "stack"
+#: The marker of a test module that takes a minute or more of the unit step: those
+#: modules go to the workers first, so that the step does not end on one of them with
+#: the other worker idle (xdist's own order puts the modules with the most tests first,
+#: which left the job's kill tests, one or two tests a module, for the end).
+LONG = "long"
 
 
 def group_of(item: pytest.Item) -> str | None:
@@ -50,3 +55,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+    if stacks == "without":  # xdist keeps this order under --no-loadscope-reorder
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        order = long_first({m: (any(t.get_closest_marker(LONG) for t in tests), len(tests))
+                            for m, tests in modules.items()})
+        items[:] = [item for module in order for item in modules[module]]
+
+
+def long_first(modules: dict[str, tuple[bool, int]]) -> list[str]:
+    """The modules (each: whether it is marked long, how many tests it has) in the order
+    the workers take them: the long ones, then the rest, each by most tests first."""
+    return sorted(modules, key=lambda m: (not modules[m][0], -modules[m][1]))

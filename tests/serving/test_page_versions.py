@@ -43,6 +43,8 @@ from views.stores.rows import TweetRow
 from views.stores.sqlite import SQLiteFeed
 from views.stores.versions import ROWS_SHARD, shard
 
+pytestmark = pytest.mark.long
+
 T0 = 1_700_000_000_000
 
 

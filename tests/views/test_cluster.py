@@ -37,7 +37,7 @@ from tests.support.process import Service, tagged, wait_for
 from views.changelog import read_changelog
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e, pytest.mark.long]
 
 CAP, CELEBRITY = 40, 30
 MB = 1 << 20

@@ -52,7 +52,7 @@ from views.stores.cassandra.schema import connect
 from views.stores.cassandra.statements import batch_bucket
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker]
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.long]
 
 CAP, CELEBRITY = 40, 30
 #: How each incarnation of the job ends; one more runs to the end. A "write" kill that

@@ -49,6 +49,8 @@ from views.settings import ViewSettings
 from views.source import KafkaStreamReader, SourceOptions
 from views.stores.sqlite import SQLiteStore
 
+pytestmark = pytest.mark.long
+
 CAP = 40
 #: How long the broker stays frozen: more than one attempt's timeout (10 s).
 FREEZE_S = 12.0

@@ -31,6 +31,8 @@ from views.stores.cassandra.config import parse_url
 from views.stores.cassandra.executor import execute
 from views.stores.cassandra.schema import connect
 
+pytestmark = pytest.mark.long
+
 
 def _jars_or_skip() -> None:
     try:

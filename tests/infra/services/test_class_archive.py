@@ -22,7 +22,7 @@ from infra.services.class_archive import (
 from infra.services.spark import class_archive_path
 
 JAVA = shutil.which("java")
-pytestmark = pytest.mark.skipif(JAVA is None, reason="needs a java on PATH")
+pytestmark = [pytest.mark.skipif(JAVA is None, reason="needs a java on PATH"), pytest.mark.long]
 
 
 def test_the_sessions_driver_jvm_maps_the_archive_when_one_is_cached(spark):

@@ -55,7 +55,7 @@ from views.stores.contract import BatchStats, Store
 from views.stores.rows import DORMANT, Entry, Relations, UserRow
 from views.stores.sqlite import SQLiteStore
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
 
 CAP = 12
 _BY_TWEET = {DeltaKind.TWEET, DeltaKind.REPOST, DeltaKind.TL_DEL, DeltaKind.UNFANOUT,
