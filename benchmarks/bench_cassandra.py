@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, cpu_seconds, save
 from pipeline import percentile, scratch
 
 sys.path.insert(0, str(ROOT))
@@ -62,7 +62,6 @@ PHASES = ("sink", "adds", "reads")
 #: Statements that write (everything else the store prepares is a SELECT).
 WRITES = frozenset(n for n, text in cql.STATEMENTS.items()
                    if not text.lstrip().upper().startswith("SELECT"))
-_TICK = os.sysconf("SC_CLK_TCK")
 #: Reader threads announce their windows on one stdout: one whole line at a time.
 _PRINT = threading.Lock()
 #: created_at bases: the pure adds sort below the sink's posts, so first pages are
@@ -229,11 +228,6 @@ def _reads(store: _Reader, rng: random.Random, args: argparse.Namespace) -> Any:
 
 
 # -- the coordinator ------------------------------------------------------------------------
-def _jvm_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-
-
 def _busy_cores() -> tuple[float, float]:
     """(busy jiffies, all jiffies) of the machine so far, from /proc/stat."""
     parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -253,9 +247,9 @@ def _phase(phase: str, url: str, pid: int, idle: float,
     deadline = time.monotonic() + args.warmup + args.seconds + 300
     for p in procs:
         _expect(p, "start", deadline)
-    cpu0, t0, busy0, load0 = _jvm_cpu(pid), time.monotonic(), _busy_cores(), os.getloadavg()
+    cpu0, t0, busy0, load0 = cpu_seconds(pid), time.monotonic(), _busy_cores(), os.getloadavg()
     results = [_expect(p, "result", deadline) for p in procs]
-    cpu, wall, busy1 = _jvm_cpu(pid) - cpu0, time.monotonic() - t0, _busy_cores()
+    cpu, wall, busy1 = cpu_seconds(pid) - cpu0, time.monotonic() - t0, _busy_cores()
     for p in procs:
         p.wait(60)
     out = _figures(phase, results, cpu, wall, (busy0, busy1), (load0, os.getloadavg()))
@@ -323,9 +317,9 @@ def _figures(phase: str, results: list[dict[str, Any]], cpu: float, wall: float,
 
 def _idle(pid: int, seconds: float) -> float:
     """The node's own CPU with no client (gossip, compaction, JIT): cores, over ``seconds``."""
-    cpu0, t0 = _jvm_cpu(pid), time.monotonic()
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
-    return round((_jvm_cpu(pid) - cpu0) / (time.monotonic() - t0), 3)
+    return round((cpu_seconds(pid) - cpu0) / (time.monotonic() - t0), 3)
 
 
 def _keyspace(hosts: str) -> str:

@@ -26,16 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, cpu_seconds, save
 
 sys.path.insert(0, str(ROOT))
 
 from infra.services.cassandra import TIMER_SLACK_NS, LocalCassandra  # noqa: E402
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -59,15 +54,15 @@ def _one_node(slack_us: int, args: argparse.Namespace, work: Path) -> dict[str, 
             for _ in range(500):  # warm: JIT, prepared statement, connection
                 session.execute(read)
             time.sleep(args.settle_s)  # a new node's own start-up work (compactions) ends
-            before = _cpu(node.pid)
+            before = cpu_seconds(node.pid)
             time.sleep(args.idle_s)
-            idle = (_cpu(node.pid) - before) / args.idle_s
+            idle = (cpu_seconds(node.pid) - before) / args.idle_s
             out: dict[str, Any] = {"slack_us": slack_us, "idle_cores": round(idle, 4),
                                    "gaps": []}
             for gap_ms in args.gaps_ms:
                 time.sleep(1)
                 latencies = []
-                before, start = _cpu(node.pid), time.perf_counter()
+                before, start = cpu_seconds(node.pid), time.perf_counter()
                 for _ in range(args.requests):
                     began = time.perf_counter()
                     session.execute(read)
@@ -75,7 +70,7 @@ def _one_node(slack_us: int, args: argparse.Namespace, work: Path) -> dict[str, 
                     if gap_ms:
                         time.sleep(gap_ms / 1000)
                 elapsed = time.perf_counter() - start
-                used = _cpu(node.pid) - before - idle * elapsed
+                used = cpu_seconds(node.pid) - before - idle * elapsed
                 row = {"gap_ms": gap_ms, "node_cpu_ms_per_read":
                        round(max(used, 0.0) / args.requests * 1000, 3),
                        "p50_ms": round(_percentile(latencies, 0.5), 3),

@@ -34,14 +34,13 @@ import re
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from bench_http import wrk
 from bench_nodes import Census
 from bench_store_reads import api, fanout
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, save, threads_cpu
 from pipeline import scratch
 
 sys.path.insert(0, str(ROOT))
@@ -70,26 +69,6 @@ ap.add_argument("--wrk-threads", type=int, default=2)
 ap.add_argument("--seed", type=int, default=7)
 ap.add_argument("--max-records", type=int, default=None,
                 help="FANOUT_MAX_RECORDS_PER_BATCH of every shape's job (default: the store's)")
-
-
-def _cpu_s(stat: str) -> float:
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def threads_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a process's live threads, summed by name (digits and separators cut),
-    and the whole process's (``""``: its ended threads too)."""
-    out = defaultdict[str, float](float)
-    out[""] = _cpu_s(Path(f"/proc/{pid}/stat").read_text())
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        name = re.sub(r"[-:#]?\d+$", "", stat[stat.index("(") + 1:stat.rindex(")")]).strip()
-        out[name] += _cpu_s(stat)
-    return dict(out)
 
 
 def node_cpu(before: dict[str, float], after: dict[str, float], rows: int) -> dict[str, Any]:

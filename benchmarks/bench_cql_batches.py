@@ -55,7 +55,6 @@ too. Results go to ``benchmarks/results/cql-batches.json`` (``--name``).
 
 from __future__ import annotations
 
-import os
 import random
 import resource
 import sys
@@ -65,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, cpu_seconds, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -82,11 +81,6 @@ from views.stores.cassandra import statements as cql  # noqa: E402
 from views.stores.cassandra.schema import apply_at  # noqa: E402
 from views.stores.cassandra.store import CassandraStore  # noqa: E402
 from views.stores.rows import DeadRow  # noqa: E402
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu() -> float:
@@ -180,7 +174,7 @@ def _dead(writer: CassandraStore, columns: np.ndarray, conditional: bool) -> Non
 
 def _one(writer: CassandraStore, columns: np.ndarray, mode: str, node_pid: int
          ) -> dict[str, Any]:
-    own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
+    own, node, start = _own_cpu(), cpu_seconds(node_pid), time.perf_counter()
     if mode == "rows":
         _rows(writer._require(), columns, writer.config.concurrency)
     elif mode == "map":
@@ -214,7 +208,7 @@ def _one(writer: CassandraStore, columns: np.ndarray, mode: str, node_pid: int
         else:
             writer._run(cql.add_ops(columns[:, :4], ts, meta) + cql.meta_ops(meta, ts))
     wall = time.perf_counter() - start
-    own, node = _own_cpu() - own, _cpu(node_pid) - node
+    own, node = _own_cpu() - own, cpu_seconds(node_pid) - node
     return {"mode": mode, "rows": len(columns), "wall_s": round(wall, 2),
             "rows_per_s": round(len(columns) / wall),
             "rows_per_client_cpu_s": round(len(columns) / max(own, 1e-9)),
@@ -255,7 +249,7 @@ def main() -> None:
                                memtable=memtable, jit=jit) as node:
             start = {"commitlog": commitlog, "memtable": memtable, "jit": jit,
                      "started_s": round(node.started_in or 0.0, 1),
-                     "node_cpu_s_at_start": round(_cpu(node.pid), 1)}
+                     "node_cpu_s_at_start": round(cpu_seconds(node.pid), 1)}
             print(start, flush=True)
             starts.append(start)
             url = node.url("bench_batches")

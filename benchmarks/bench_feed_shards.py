@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, cpu_seconds, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -45,13 +45,6 @@ from views.stores.cassandra.schema import apply_at  # noqa: E402
 from views.stores.cassandra.store import CassandraStore  # noqa: E402
 
 READINGS = {"all": "all", "quarter": "1/4"}
-
-
-def _cpu(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu() -> float:
@@ -89,7 +82,7 @@ def _read(store: CassandraStore, stamps: list[int], reading: str, node_pid: int 
     shards = parse_shards(READINGS[reading])
     feed = CassandraFeed(store, store._rows).for_shards(shards)
     versions = FeedVersions(store, feed, shards=shards)
-    own, node, start = _own_cpu(), _cpu(node_pid), time.perf_counter()
+    own, node, start = _own_cpu(), cpu_seconds(node_pid), time.perf_counter()
     seen = stamps[0] - 1
     for ts in stamps:
         batches = feed.since(seen, ts)
@@ -97,7 +90,7 @@ def _read(store: CassandraStore, stamps: list[int], reading: str, node_pid: int 
         with versions._lock:
             versions._take_in(ts, batches)
         seen = ts
-    wall, own, node = time.perf_counter() - start, _own_cpu() - own, _cpu(node_pid) - node
+    wall, own, node = time.perf_counter() - start, _own_cpu() - own, cpu_seconds(node_pid) - node
     n = len(stamps)
     return {"reading": reading, "shards": READINGS[reading], "batches": n,
             "rows_per_batch": round(feed.rows_read / n, 1),

@@ -19,7 +19,6 @@ differs:
 
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
 import time
@@ -27,8 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psutil
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, save, threads_cpu
 
 sys.path.insert(0, str(ROOT))
 
@@ -38,26 +36,12 @@ from infra.services import broker, cassandra  # noqa: E402
 KAFKA_METADATA_IDLE_MS, CASSANDRA_CLOCK_TICK_MS = 500, 2
 
 
-def _threads(pid: int) -> Counter[str]:
-    """CPU-seconds of each thread name (numbers dropped) of process ``pid``."""
-    spent: Counter[str] = Counter()
-    for thread in psutil.Process(pid).threads():
-        try:
-            name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
-        except OSError:
-            continue
-        spent[re.sub(r"[-:#]?\d+$", "", name)] += thread.user_time + thread.system_time
-    return spent
-
-
 def _idle(pid: int, settle_s: float, seconds: float) -> dict[str, Any]:
     time.sleep(settle_s)
-    process = psutil.Process(pid)
-    before, threads = sum(process.cpu_times()[:2]), _threads(pid)
+    before = threads_cpu(pid)
     time.sleep(seconds)
-    spent = sum(process.cpu_times()[:2]) - before
-    by_thread = _threads(pid)
-    by_thread.subtract(threads)
+    by_thread = Counter({k: v - before.get(k, 0.0) for k, v in threads_cpu(pid).items()})
+    spent = by_thread.pop("")
     top = {k: round(v, 2) for k, v in by_thread.most_common(6)}
     print(f"  {spent:.2f} CPU-s over {seconds:.0f} s; threads {top}", flush=True)
     return {"cpu_s": round(spent, 3), "cpu_s_a_minute": round(spent * 60 / seconds, 3),

@@ -49,8 +49,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from bench_catchup import threads_cpu
-from harness import ROOT, argument_parser, save
+from harness import ROOT, argument_parser, save, threads_cpu
 
 sys.path.insert(0, str(ROOT))
 

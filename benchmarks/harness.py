@@ -18,11 +18,15 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -97,6 +101,28 @@ def stamp() -> dict[str, Any]:
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """The CPU-seconds (user and system) process ``pid`` has used so far; 0 for None."""
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def threads_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds of a process's live threads, summed by name (digits and separators cut),
+    and the whole process's (``""``: its ended threads too)."""
+    out = defaultdict[str, float](float)
+    out[""] = cpu_seconds(pid)
+    for thread in psutil.Process(pid).threads():
+        try:
+            name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
+        except OSError:
+            continue  # ended meanwhile
+        out[re.sub(r"[-:#]?\d+$", "", name).strip()] += thread.user_time + thread.system_time
+    return dict(out)
 
 
 def save(name: str, result: dict[str, Any]) -> Path:
