@@ -55,7 +55,7 @@ class StackError(InfraError):
     """The stack could not be started or stopped as asked."""
 
 
-#: The order services start in; ``down`` stops them in reverse.
+#: The order services start in (``down`` stops them in :data:`DOWN_STEPS`).
 SERVICES = ("broker", "cassandra", "spark-master", "spark-worker", "job", "job-beside", "api",
             "verifier")
 #: The order ``down`` stops them in: each step's clients before what they use, and the

@@ -4,8 +4,8 @@ Under ``-n N`` (``make test``'s unit step runs two workers), the controller star
 session's Kafka node and Cassandra node once, each when a worker first asks for it,
 and every worker's ``kafka_bootstrap`` and ``cassandra_hosts`` use them: one JVM of
 each for the step instead of one a worker. A Cassandra node costs about 10 CPU-seconds
-to start and a Kafka node 3.5, and each idles at about 1 % of a core, on a box the
-suite keeps busy. The tests already work in topics and keyspaces of their own, named
+to start and a Kafka node 3.5, and idle each takes 1-2 % of a core
+(``benchmarks/bench_idle_nodes.py``), on a box the suite keeps busy. The tests already work in topics and keyspaces of their own, named
 at random, so two workers on one node are two more tests on it.
 
 The workers find the controller's directory in :data:`NODES_DIR_ENV`, which they
@@ -13,7 +13,7 @@ inherit (it is set before they start). A worker asks for a node with a file
 ``want-KIND``; the controller answers with ``KIND.json``: the node's address, or why
 the node cannot start (``skip`` when its jars are not cached, as a worker's own node
 would skip; ``error`` otherwise). The controller stops the nodes after the workers are
-done (``pytest_unconfigure``). Without xdist, each process starts its own, as before.
+done (``pytest_unconfigure``). A process that is no xdist worker starts its own.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
+
+from tests.support.process import wait_for
 
 #: The controller's directory of requests and answers; only workers of one run see it.
 NODES_DIR_ENV: Final = "PYTEST_FANOUT_NODES_DIR"
@@ -114,12 +115,7 @@ def shared_node(kind: str) -> str | None:
         return None
     answer_path = Path(root) / f"{kind}.json"
     (Path(root) / f"want-{kind}").touch()
-    deadline = time.monotonic() + WAIT_S
-    while not answer_path.exists():
-        if time.monotonic() > deadline:
-            msg = f"the run's {kind} node did not answer in {WAIT_S:.0f}s ({root})"
-            raise RuntimeError(msg)
-        time.sleep(POLL_S)
+    wait_for(answer_path.exists, WAIT_S, f"the run's {kind} node ({root})", every=POLL_S)
     answer = json.loads(answer_path.read_text())
     if "skip" in answer:
         pytest.skip(answer["skip"])
