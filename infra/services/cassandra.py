@@ -81,11 +81,11 @@ _JPMS: Final = (
     "--add-opens", "java.base/java.lang=ALL-UNNAMED",
     "--add-opens", "java.base/java.util=ALL-UNNAMED",
 )
-#: G1 as Cassandra's jvm17-server.options sets it, with the GC threads capped for 2 cores.
 #: Milliseconds between ticks of the node's approximate clock, which times requests out
 #: (Cassandra's default: 2). At 10 an idle node takes 0.66 CPU-s a minute, not 0.94
 #: (design §10).
 CLOCK_TICK_MS: Final = 10
+#: G1 as Cassandra's jvm17-server.options sets it, with the GC threads capped for 2 cores.
 _GC: Final = ("-XX:+UseG1GC", "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
               "-XX:MaxGCPauseMillis=300", "-XX:InitiatingHeapOccupancyPercent=70",
               "-XX:ParallelGCThreads=2", "-XX:ConcGCThreads=1")

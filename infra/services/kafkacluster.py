@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.services.broker import (
     JIT,
+    KAFKA_METADATA_IDLE_MS,
     LOG4J2,
     SERVER_PROPERTIES,
     BrokerError,
@@ -52,10 +53,6 @@ from infra.services.process import LOOPBACK, free_port, port_free
 log = logging.getLogger(__name__)
 
 CLUSTER_FILE: Final = "cluster.json"
-#: The controller's no-op record to an idle metadata log: Kafka's default here, under
-#: which the quorum's fault tests were measured (the one-node broker's
-#: ``METADATA_IDLE_MS`` saves an idle node's CPU).
-QUORUM_METADATA_IDLE_MS: Final = 500
 
 #: What a cluster changes in the single node's ``server.properties`` (``{rf}``: the
 #: node count, ``{isr}``: a majority of it). A fenced broker loses its leaderships at
@@ -300,7 +297,10 @@ class KafkaCluster:
         base = SERVER_PROPERTIES.format(node=node, host=self.address(node), port=ports.port,
                                          controller_port=ports.controller_port,
                                          log_dir=self.config_path(node).parent / "log",
-                                         metadata_idle_ms=QUORUM_METADATA_IDLE_MS)
+                                         # Kafka's own: the quorum's fault tests were
+                                         # measured under it (broker.METADATA_IDLE_MS
+                                         # only saves an idle node's CPU).
+                                         metadata_idle_ms=KAFKA_METADATA_IDLE_MS)
         voters = ",".join(f"{n}@{self.address(n)}:{self._ports[n].controller_port}"
                           for n in self.node_ids)
         overrides = {"controller.quorum.voters": voters} | {

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.plugins.nodes import shared_node
+from tests.plugins.nodes import address, local_node, shared_node
 
 
 @pytest.fixture(scope="session")
@@ -35,13 +35,12 @@ def cassandra_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield shared
         close_pools(shared)
         return
-    from infra.services.cassandra import LocalCassandra
-    from infra.services.jars import CASSANDRA, JarError, classpath
+    from infra.services.jars import JarError
 
     try:
-        classpath(CASSANDRA)
+        node = local_node("cassandra", tmp_path_factory.mktemp("cassandra"))
     except JarError as exc:
         pytest.skip(f"no Cassandra to test against: {exc}")
-    with LocalCassandra(tmp_path_factory.mktemp("cassandra"), heap_mb=512) as node:
-        yield node.hosts
-        close_pools(node.hosts)
+    with node:
+        yield address(node)
+        close_pools(address(node))

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.services.broker import KafkaBroker
 from ingest.settings import KafkaSettings
 from ingest.topics import create_topics
-from tests.plugins.nodes import shared_node
+from tests.plugins.nodes import address, local_node, shared_node
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +30,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shared:
         yield shared
         return
-    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
-        yield broker.bootstrap
+    with local_node("kafka", tmp_path_factory.mktemp("kafka")) as broker:
+        yield address(broker)
 
 
 @pytest.fixture

@@ -5,8 +5,10 @@ session's Kafka node and Cassandra node once, each when a worker first asks for 
 and every worker's ``kafka_bootstrap`` and ``cassandra_hosts`` use them: one JVM of
 each for the step instead of one a worker. A Cassandra node costs about 10 CPU-seconds
 to start and a Kafka node 3.5, and idle each takes 1-2 % of a core
-(``benchmarks/bench_idle_nodes.py``), on a box the suite keeps busy. The tests already work in topics and keyspaces of their own, named
-at random, so two workers on one node are two more tests on it.
+(``benchmarks/bench_idle_nodes.py``), on a box the suite keeps busy. The tests already
+work in topics and keyspaces of their own, named at random, so two workers on one node
+are two more tests on it. :func:`local_node` makes the node, here and for a process
+that starts its own.
 
 The workers find the controller's directory in :data:`NODES_DIR_ENV`, which they
 inherit (it is set before they start). A worker asks for a node with a file
@@ -78,22 +80,10 @@ class Keeper:
         draft.replace(self.root / f"{kind}.json")
 
     def _start(self, kind: str) -> str:
-        if kind == "kafka":
-            from infra.services.broker import KafkaBroker
-
-            broker = self._keep(KafkaBroker(self.root / "kafka"))
-            return broker.start().bootstrap
-        from infra.services.cassandra import LocalCassandra
-        from infra.services.jars import CASSANDRA, classpath
-
-        classpath(CASSANDRA)  # JarError (a skip) when the jars are not cached
-        node = self._keep(LocalCassandra(self.root / "cassandra", heap_mb=512))
-        return node.start().hosts
-
-    def _keep(self, node: Any) -> Any:
+        node = local_node(kind, self.root / kind)
         with self._lock:
             self.nodes.append(node)
-        return node
+        return address(node.start())
 
     def stop(self) -> None:
         """Stop watching, wait for a node still starting, then stop every node."""
@@ -105,6 +95,25 @@ class Keeper:
             with contextlib.suppress(Exception):
                 node.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def local_node(kind: str, data_dir: Path) -> Any:
+    """A local ``kind`` node (not started) as the suite runs one: a Kafka node, or a
+    Cassandra node at a 512 MiB heap; JarError when Cassandra's jars are not cached."""
+    if kind == "kafka":
+        from infra.services.broker import KafkaBroker
+
+        return KafkaBroker(data_dir)
+    from infra.services.cassandra import LocalCassandra
+    from infra.services.jars import CASSANDRA, classpath
+
+    classpath(CASSANDRA)
+    return LocalCassandra(data_dir, heap_mb=512)
+
+
+def address(node: Any) -> str:
+    """Where clients reach a started :func:`local_node`."""
+    return str(node.bootstrap if hasattr(node, "bootstrap") else node.hosts)
 
 
 def shared_node(kind: str) -> str | None:
@@ -124,7 +133,7 @@ def shared_node(kind: str) -> str | None:
     return str(answer["address"])
 
 
-_KEEPER: Final = pytest.StashKey["Keeper"]()
+_KEEPER: Final = pytest.StashKey[Keeper]()
 
 
 def _shares(config: pytest.Config) -> bool:
