@@ -104,10 +104,16 @@ def test_the_local_node_compiles_with_c1_only(kafka_bootstrap: str) -> None:
     if os.environ.get("KAFKA_BOOTSTRAP"):
         pytest.skip("the suite runs against an external Kafka")
     port = int(kafka_bootstrap.rsplit(":", 1)[1])
-    nodes = [p for p in psutil.process_iter()
-             if p.name() == "java" and "kafka.Kafka" in p.cmdline()
-             and any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                     for c in p.net_connections())]
+
+    def listening(process: psutil.Process) -> bool:
+        try:
+            return (process.name() == "java" and "kafka.Kafka" in process.cmdline()
+                    and any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                            for c in process.net_connections()))
+        except psutil.Error:  # gone meanwhile, or a zombie another test's JVM left
+            return False
+
+    nodes = [p for p in psutil.process_iter() if listening(p)]
     assert nodes, f"no Kafka node of this machine listens on the session's {kafka_bootstrap}"
     assert JIT == ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
     assert all(set(JIT) <= set(p.cmdline()) for p in nodes)
