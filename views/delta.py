@@ -12,7 +12,9 @@ TL_DEL     user_id, tweet_id, author_id, created_at (0 if not known)
 TL_WIPE    author_id, raw (user ids): drop all of the author's tweets there
 HORIZON    created_at, tweet_id, raw (user ids): raise each user's horizon to it
 TWEET      tweet_id, author_id, created_at (0 if not known), text, flag (1 = deleted),
-           reply_to (the user a reply answers; 0: not a reply)
+           reply_to (the user a reply answers; 0: not a reply), record (the code of the
+           record's kind, ``ingest.events.Kind``) and ref_id (its flat form's ref_id:
+           the tweet it refers to, 0: none)
 REPOST     tweet_id (the repost's id), author_id (reposter), created_at, flag (1 = shown,
            0 = hidden: undone, or superseded), original_id, original_author
 RELATION   user_id (who acts), author_id (who is acted on), created_at, text ("block" or
@@ -105,14 +107,22 @@ class Delta(NamedTuple):
     reply_to: int = 0
     original_id: int = 0
     original_author: int = 0
+    record: int = 0
+    ref_id: int = 0
 
     # -- tables ----------------------------------------------------------------------
     @classmethod
     def tweet(cls, tweet_id: int, author_id: int, created_at: int, text: str | None,
-              reply_to: int = 0) -> Delta:
-        """TWEET: a posted tweet (a reply names ``reply_to``), for hydration and ``author_tweets``."""
+              reply_to: int = 0, record: int = 0, ref_id: int = 0) -> Delta:
+        """TWEET: a posted tweet, for hydration and ``author_tweets``.
+
+        A reply names ``reply_to``; ``record`` is the code of the kind of record that
+        posted it and ``ref_id`` the tweet it refers to, which the stores keep as they
+        are, whatever the kind (a post: its code, 0).
+        """
         return cls(DeltaKind.TWEET, tweet_id=tweet_id, author_id=author_id,
-                   created_at=created_at, text=text, reply_to=reply_to)
+                   created_at=created_at, text=text, reply_to=reply_to, record=int(record),
+                   ref_id=ref_id)
 
     @classmethod
     def repost(cls, tweet_id: int, author_id: int, created_at: int, original: Key,
@@ -236,7 +246,7 @@ class Delta(NamedTuple):
 
 DELTA_FIELDS = Delta._fields
 #: The delta row's columns, from :class:`Delta`'s fields, and Spark's schema of them.
-DELTA_COLUMNS = columns_of(Delta, int32=("kind", "flag", "partition"))
+DELTA_COLUMNS = columns_of(Delta, int32=("kind", "flag", "partition", "record"))
 DELTA_DDL = ddl(DELTA_COLUMNS)
 
 #: What the join's Spark step emits: one row per processor call, its deltas packed

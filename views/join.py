@@ -339,7 +339,8 @@ def _post(state: AuthorState, key: int, post: Change, cfg: JoinConfig, out: _Out
         return
     if post.tweet_id in state.tweets or post.tweet_id in state.reposts:
         return
-    out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text, post.other_id))
+    out.emit(Delta.tweet(post.tweet_id, key, post.created_at, post.text, post.other_id,
+                         post.kind, post.ref_id))
     _keep(state, post.tweet_id, post.created_at, cfg.cap)
     if not state.celebrity:
         for follower in state.active_followers():

@@ -12,6 +12,11 @@ Migration notes:
   VERSION 2), and the checkpoint path carries that version, so a job of this version
   starts a fresh checkpoint beside the old one and rebuilds the view from the topics;
   an old job's checkpoint is left untouched.
+- **Tweet references.** The delta row gained ``record`` and ``ref_id`` (a TWEET's kind
+  of record and the tweet it refers to, kept by the stores: ``views.stores.rows.TweetRow``).
+  Delta rows live inside one batch (packed from the processor to the sink, shuffled by
+  the executor sink), never in the join state or a checkpoint, so a checkpoint carries
+  on; the stores gain the columns (SQLite on open, Cassandra schema step 9).
 """
 
 from __future__ import annotations
@@ -104,7 +109,8 @@ OLD_DELTA_DDL = (
     "author_id long not null, created_at long not null, flag int not null, "
     "text string, name string, topic string, partition int not null, "
     "offset long not null, raw binary, reply_to long not null, "
-    "original_id long not null, original_author long not null"
+    "original_id long not null, original_author long not null, record int not null, "
+    "ref_id long not null"
 )
 OLD_ROUTED_DDL = OLD_DELTA_DDL + ", route long not null"
 OLD_TALLY_DDL = ("topic string, partition int not null, offset long not null, "
@@ -126,6 +132,8 @@ OLD_DELTA_SCHEMA = StructType([
     StructField("reply_to", LongType(), nullable=False),
     StructField("original_id", LongType(), nullable=False),
     StructField("original_author", LongType(), nullable=False),
+    StructField("record", IntegerType(), nullable=False),
+    StructField("ref_id", LongType(), nullable=False),
 ])
 OLD_ROUTED_SCHEMA = StructType([*OLD_DELTA_SCHEMA.fields,
                                 StructField("route", LongType(), nullable=False)])
@@ -148,6 +156,7 @@ OLD_ROUTED_ARROW = pa.schema([
     pa.field("offset", pa.int64(), False), pa.field("raw", pa.binary()),
     pa.field("reply_to", pa.int64(), False), pa.field("original_id", pa.int64(), False),
     pa.field("original_author", pa.int64(), False),
+    pa.field("record", pa.int32(), False), pa.field("ref_id", pa.int64(), False),
     pa.field("route", pa.int64(), False),
 ])
 OLD_TALLY_ARROW = pa.schema([

@@ -174,7 +174,7 @@ def _rival(row: TweetRow, other: TweetRow | None) -> bool:
 
 def _fold_tweet(plan: WritePlan, d: Delta) -> None:
     row = TweetRow(d.tweet_id, d.author_id, d.created_at, d.text or "", bool(d.flag),
-                   reply_to=d.reply_to)
+                   reply_to=d.reply_to, record=d.record, ref_id=d.ref_id)
     old = plan.tweets.get(d.tweet_id)
     repost = plan.reposts.get(d.tweet_id)
     if row.created_at and repost is not None and _rival(row, repost):

@@ -48,7 +48,10 @@ class TweetRow(NamedTuple):
     A post has ``original_id`` 0 and, if it is a reply, ``reply_to`` the user it
     answers. A repost has ``original_id``/``original_author`` and empty text;
     its ``deleted`` is "not shown" (undone or superseded, see ``views.join``), which
-    unlike a post's delete may be lifted again by a later write.
+    unlike a post's delete may be lifted again by a later write. ``record`` and
+    ``ref_id`` are a post's kind of record and the tweet it refers to (0, 0 for a plain
+    post and a repost): kept as they came, so that a new kind that posts needs no
+    column of its own (``serving.render`` says what the reference is from the kind).
     """
 
     tweet_id: int
@@ -59,6 +62,8 @@ class TweetRow(NamedTuple):
     reply_to: int = 0
     original_id: int = 0
     original_author: int = 0
+    record: int = 0
+    ref_id: int = 0
 
     @property
     def is_repost(self) -> bool:

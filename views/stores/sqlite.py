@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS author_tweets (
 CREATE TABLE IF NOT EXISTS tweets (
   tweet_id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
   text TEXT NOT NULL, deleted INTEGER NOT NULL, reply_to INTEGER NOT NULL DEFAULT 0,
-  original_id INTEGER NOT NULL DEFAULT 0, original_author INTEGER NOT NULL DEFAULT 0);
+  original_id INTEGER NOT NULL DEFAULT 0, original_author INTEGER NOT NULL DEFAULT 0,
+  record INTEGER NOT NULL DEFAULT 0, ref_id INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS tweets_by_original ON tweets (original_id, created_at, tweet_id)
   WHERE original_id != 0;
 CREATE TABLE IF NOT EXISTS follows (
@@ -103,12 +104,14 @@ _SAME = "tweets.author_id = excluded.author_id"
 #: A delete: the author's own hides their tweet (keeping the first known time, which
 #: makes the row a claim); one of known time is a claim that may outrank another's.
 _GONE = (
-    "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0) ON CONFLICT (tweet_id) DO UPDATE "
+    "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0, 0, 0) ON CONFLICT (tweet_id) DO UPDATE "
     f"SET deleted = 1, text = '', created_at = CASE WHEN {_SAME} AND tweets.created_at != 0 "
     "THEN tweets.created_at ELSE excluded.created_at END, author_id = excluded.author_id, "
     f"reply_to = CASE WHEN {_SAME} THEN tweets.reply_to ELSE 0 END, "
     f"original_id = CASE WHEN {_SAME} THEN tweets.original_id ELSE 0 END, "
-    f"original_author = CASE WHEN {_SAME} THEN tweets.original_author ELSE 0 END "
+    f"original_author = CASE WHEN {_SAME} THEN tweets.original_author ELSE 0 END, "
+    f"record = CASE WHEN {_SAME} THEN tweets.record ELSE 0 END, "
+    f"ref_id = CASE WHEN {_SAME} THEN tweets.ref_id ELSE 0 END "
     f"WHERE {_SAME} OR (excluded.created_at != 0 AND {_RIVAL})")
 #: The change feed (:class:`SQLiteFeed`): ``page_changes`` holds a row for each batch
 #: that may change a page (:meth:`Changes.of`, with the homes a dormant reader's
@@ -138,6 +141,10 @@ BLOCKED_BY = "blocked_by"
 #: Columns this version added to older tables: a file without them predates DESIGN §4b.
 _NEW_COLUMNS = {"tweets": ("reply_to", "original_id", "original_author"),
                 "users": ("deleted",), "timeline_meta": ("read_at",)}
+#: Columns added since, which :meth:`SQLiteStore.open` adds to a file without them (at
+#: the table's end, where SCHEMA has them: the inserts give every column in order).
+_ADDED_COLUMNS = {"tweets": (("record", "INTEGER NOT NULL DEFAULT 0"),
+                             ("ref_id", "INTEGER NOT NULL DEFAULT 0"))}
 
 
 def _relation_rows(r: RelationRow) -> list[tuple[int, int, str, int]]:
@@ -284,8 +291,18 @@ class SQLiteStore(Store):
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._check_columns()
+        self._add_columns()
         self._conn().executescript(SCHEMA)
         return self
+
+    def _add_columns(self) -> None:
+        """Add :data:`_ADDED_COLUMNS` to a file written before them."""
+        db = self._conn()
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            for name, declared in columns:
+                if have and name not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declared}")
 
     def _check_columns(self) -> None:
         """Refuse a file written before DESIGN §4b: its views lack what reads now need."""
@@ -427,11 +444,13 @@ class SQLiteStore(Store):
         # id (a forged or mistaken delete) neither hides it nor keeps it hidden. Of two
         # authors' claims, the earlier owns the id (views.stores.plan): _RIVAL.
         db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0, ?, 0, 0) ON CONFLICT (tweet_id) "
+            "INSERT INTO tweets VALUES (?, ?, ?, ?, 0, ?, 0, 0, ?, ?) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
             "text = excluded.text, deleted = 0, reply_to = excluded.reply_to, "
-            f"original_id = 0, original_author = 0 WHERE {_RIVAL}",
-            [(t.tweet_id, t.author_id, t.created_at, t.text, t.reply_to) for t in live])
+            "original_id = 0, original_author = 0, record = excluded.record, "
+            f"ref_id = excluded.ref_id WHERE {_RIVAL}",
+            [(t.tweet_id, t.author_id, t.created_at, t.text, t.reply_to, t.record, t.ref_id)
+             for t in live])
         # A tweet deleted in an earlier batch stays deleted, and one another author
         # owns is not this author's entry: no live row for either. In author_tweets'
         # key order, as the follows (_write_graph).
@@ -465,9 +484,9 @@ class SQLiteStore(Store):
             "DELETE FROM author_tweets WHERE author_id = ? AND created_at = ? AND tweet_id = ?",
             [(r.author_id, r.created_at, r.tweet_id) for r in rows if r.deleted])
         db.executemany(
-            "INSERT INTO tweets VALUES (?, ?, ?, '', ?, 0, ?, ?) ON CONFLICT (tweet_id) "
+            "INSERT INTO tweets VALUES (?, ?, ?, '', ?, 0, ?, ?, 0, 0) ON CONFLICT (tweet_id) "
             "DO UPDATE SET author_id = excluded.author_id, created_at = excluded.created_at, "
-            "text = '', deleted = excluded.deleted, reply_to = 0, "
+            "text = '', deleted = excluded.deleted, reply_to = 0, record = 0, ref_id = 0, "
             "original_id = excluded.original_id, original_author = excluded.original_author "
             f"WHERE tweets.author_id = excluded.author_id OR {_RIVAL}",
             [(r.tweet_id, r.author_id, r.created_at, int(r.deleted), r.original_id,
@@ -725,7 +744,7 @@ class SQLiteStore(Store):
     def tweets(self, ids: Sequence[int]) -> dict[int, TweetRow]:
         return {r[0]: TweetRow(r[0], r[1], r[2], r[3], bool(r[4]), *r[5:]) for r in self._many(
             "SELECT tweet_id, author_id, created_at, text, deleted, reply_to, original_id, "
-            "original_author FROM tweets WHERE tweet_id IN ({})", ids)}
+            "original_author, record, ref_id FROM tweets WHERE tweet_id IN ({})", ids)}
 
     def users(self, ids: Sequence[int]) -> dict[int, UserRow]:
         return {r[0]: UserRow(r[0], r[1], r[2], bool(r[3])) for r in self._many(

@@ -238,7 +238,7 @@ def _check_markers(ops: list[cql.Op]) -> None:
 
 
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
-    plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4),
+    plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4, record=14, ref_id=9),
                  Delta.tweet_deleted(11, 1),       # time from the table
                  Delta.tweet_deleted(12, 1),       # never posted
                  Delta.tweet(13, 1, 7, "late"),    # its author deleted it
@@ -248,11 +248,11 @@ def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
               14: cql.TweetState(None, True, 3), 15: cql.TweetState(6, False, 1)}
     ops = cql.tweet_ops(plan, states, 100)
     _check_markers(ops)
-    assert ops == [("tweet_live", (10, 1, 5, "hi", 4, 100)), ("author_add", (1, 5, 10, 100)),
+    assert ops == [("tweet_live", (10, 1, 5, "hi", 4, 14, 9, 100)), ("author_add", (1, 5, 10, 100)),
                    ("tweet_gone_at", (100, 1, 4, 11)), ("author_del", (100, 1, 4, 11)),
                    ("tweet_gone", (100, 1, 12)),
                    # Over another author's row, every cell is written (it may be a repost's).
-                   ("tweet_take", (14, 1, 8, "mine", False, 0, 100)),
+                   ("tweet_take", (14, 1, 8, "mine", False, 0, 0, 0, 100)),
                    ("author_add", (1, 8, 14, 100))]
     assert cql.TweetState.decode([(4, None, 1, None)]) == cql.TweetState(4, False, 1)
     assert cql.TweetState.decode([(4, False, 1, 9)]) == cql.TweetState(4, False, 1, 9)
@@ -271,9 +271,9 @@ def test_of_two_authors_claims_the_earlier_keeps_the_row() -> None:
               34: cql.TweetState(2, False, 2)}
     ops = cql.tweet_ops(plan, states, 100) + cql.repost_ops(plan.reposts, states, 100)
     _check_markers(ops)
-    assert ops == [("tweet_take", (31, 1, 5, "earlier", False, 0, 100)),
+    assert ops == [("tweet_take", (31, 1, 5, "earlier", False, 0, 0, 0, 100)),
                    ("author_add", (1, 5, 31, 100)),
-                   ("tweet_take", (32, 1, 3, "", True, 0, 100)),
+                   ("tweet_take", (32, 1, 3, "", True, 0, 0, 0, 100)),
                    ("author_del", (100, 1, 3, 32)),
                    ("repost_set", (34, 1, 1, False, 10, 2, 100)),
                    ("author_add", (1, 1, 34, 100)), ("repost_add", (10, 1, 34, 1, 100))]
@@ -624,7 +624,7 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
                                               load_steps())] == [
             "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
             "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard",
-            "008_home_chunks"]
+            "008_home_chunks", "009_tweet_refs"]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]
@@ -895,7 +895,7 @@ def test_step_4_copies_celebrity_edges_into_the_readers_relations(cassandra_host
     with _upgraded(cassandra_hosts, 3, rows, ["004_page_changes", "005_repost_changes",
                                               "006_dead_letter_partitions",
                                               "007_page_changes_by_shard",
-                                              "008_home_chunks"]) as url:
+                                              "008_home_chunks", "009_tweet_refs"]) as url:
         with writing_store(url).open() as store:
             assert sorted(store.home_start(1, None, 5).celebrities) == [7, 8]
             assert store.home_start(2, None, 5).celebrities == [7]
@@ -910,7 +910,7 @@ def test_step_6_lists_the_partitions_of_stored_dead_letters(cassandra_hosts: str
             for letter in (("tweets", 0, 5), ("tweets", 0, 6), ("users", 2, 1))]
     with _upgraded(cassandra_hosts, 5, rows, ["006_dead_letter_partitions",
                                               "007_page_changes_by_shard",
-                                              "008_home_chunks"]) as url:
+                                              "008_home_chunks", "009_tweet_refs"]) as url:
         with writing_store(url).open() as store:
             assert store.dead_letter_count() == 3
             store.apply([Delta.dead_letter("follows", 3, 9, "bad", b"x")], 1)
@@ -925,7 +925,7 @@ def test_step_8_copies_each_home_timeline_into_one_row(cassandra_hosts: str) -> 
     rows = [("INSERT INTO home_timeline (user_id, created_at, tweet_id, author_id) "
              "VALUES (%s, %s, %s, %s)", row)
             for row in ((1, 5, 50, 9), (1, 7, 70, 9), (1, 6, 60, 8), (2, 3, 30, 9))]
-    with _upgraded(cassandra_hosts, 7, rows, ["008_home_chunks"]) as url:
+    with _upgraded(cassandra_hosts, 7, rows, ["008_home_chunks", "009_tweet_refs"]) as url:
         with writing_store(url).open() as store:
             assert store.cached(1, None, 5) == [Entry(7, 70, 9), Entry(6, 60, 8), Entry(5, 50, 9)]
             assert store.cached(2, None, 5) == [Entry(3, 30, 9)]
@@ -933,6 +933,18 @@ def test_step_8_copies_each_home_timeline_into_one_row(cassandra_hosts: str) -> 
             store.apply([Delta.timeline_remove(1, 60, 8, 6), Delta.timeline_add(1, 80, 9, 8)], 1)
             assert store.cached(1, None, 5) == [Entry(8, 80, 9), Entry(7, 70, 9), Entry(5, 50, 9)]
             assert store.home_users() == [1, 2]
+
+
+def test_step_9_reads_older_tweets_as_plain_posts(cassandra_hosts: str) -> None:
+    """A tweet stored before step 9 has no kind of record or reference: it reads as a
+    plain post's (0, 0); one written after keeps both."""
+    rows = [("INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, reply_to) "
+             "VALUES (%s, %s, %s, %s, false, 0)", (1, 2, 3, "old"))]
+    with _upgraded(cassandra_hosts, 8, rows, ["009_tweet_refs"]) as url:
+        with writing_store(url).open() as store:
+            store.apply([Delta.tweet(4, 2, 5, "new", record=14, ref_id=1)], 1)
+            assert store.tweets([1, 4]) == {1: TweetRow(1, 2, 3, "old", False),
+                                            4: TweetRow(4, 2, 5, "new", False, 0, 0, 0, 14, 1)}
 
 
 def test_a_keyspace_a_test_gives_back_is_the_next_ones_empty_or_is_dropped(

@@ -35,6 +35,7 @@ from ingest.events import (
     Delete,
     Event,
     Follow,
+    Kind,
     Post,
     Relation,
     Repost,
@@ -54,7 +55,7 @@ from views.stores.cassandra.statements import BATCH_BUCKET
 from views.stores.cassandra.store import CassandraStore
 from views.stores.contract import Store
 from views.stores.plan import ID_CONFLICTS
-from views.stores.rows import Entry, Relations
+from views.stores.rows import Entry, Relations, TweetRow
 from views.stores.sqlite import SQLiteStore
 from views.stores.versions import ChangeFeed
 
@@ -425,8 +426,23 @@ def test_a_reply_names_the_user_it_answers(backend: Backend, space: Space) -> No
     a, b, t1, t2 = space(1), space(2), space(11), space(12)
     store.apply([post(t1, a, 3, "hi"), post(t2, b, 4, "hi yourself", reply_to=a)])
     rows = store.tweets([t1, t2])
-    assert rows[t2] == (t2, b, 4, "hi yourself", False, a, 0, 0)
+    assert rows[t2] == (t2, b, 4, "hi yourself", False, a, 0, 0, 0, 0)
     assert (rows[t1].reply_to, rows[t1].is_repost, rows[t2].is_repost) == (0, False, False)
+
+
+def test_a_post_keeps_its_kind_of_record_and_the_tweet_it_refers_to(backend: Backend,
+                                                                    space: Space) -> None:
+    """Whatever the kind (14: none of the contract's, as a quote would be), as it came."""
+    store = backend.store()
+    a, b, t1, t2, t3 = space(1), space(2), space(11), space(12), space(13)
+    store.apply([Delta.tweet(t1, a, 3, "hi", record=Kind.POST),
+                 Delta.tweet(t2, b, 4, "look", reply_to=a, record=14, ref_id=t1),
+                 Delta.tweet(t3, b, 5, "gone", record=14, ref_id=t1)])
+    store.apply([Delta.tweet_deleted(t3, b, 5)])
+    rows = store.tweets([t1, t2, t3])
+    assert rows[t2] == (t2, b, 4, "look", False, a, 0, 0, 14, t1)
+    assert (rows[t1].record, rows[t1].ref_id) == (Kind.POST, 0)
+    assert rows[t3].deleted and (rows[t3].record, rows[t3].ref_id) == (14, t1)
 
 
 def test_a_repost_is_shown_hidden_and_shown_again(backend: Backend, space: Space) -> None:
@@ -442,7 +458,7 @@ def test_a_repost_is_shown_hidden_and_shown_again(backend: Backend, space: Space
     shown = (False, {o: [Entry(5, rid, r)]}, [rid])
     hidden = (True, {}, [])
     assert state() == shown
-    assert store.tweets([rid])[rid] == (rid, r, 5, "", False, 0, o, a)
+    assert store.tweets([rid])[rid] == (rid, r, 5, "", False, 0, o, a, 0, 0)
     assert store.tweets([rid])[rid].is_repost
     store.apply([repost(rid, r, 5, (o, a), shown=False)])
     assert state() == hidden
@@ -848,6 +864,24 @@ def test_a_sqlite_file_from_before_4b_is_refused_with_the_way_out(tmp_path: Path
         store.open()
     store.close()
     SQLiteStore(tmp_path / "new.sqlite").open().close()  # a fresh file is created as usual
+
+
+def test_a_sqlite_file_from_before_tweet_references_gains_them(tmp_path: Path) -> None:
+    """Its tweets read as plain posts (record and ref_id 0), and new ones keep theirs."""
+    path = tmp_path / "old.sqlite"
+    SQLiteStore(path).open().close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("ALTER TABLE tweets DROP COLUMN ref_id")
+        db.execute("ALTER TABLE tweets DROP COLUMN record")
+        db.execute("INSERT INTO tweets VALUES (1, 2, 3, 'old', 0, 0, 0, 0)")
+        db.commit()
+    store = SQLiteStore(path).open()
+    try:
+        store.apply([Delta.tweet(4, 2, 5, "new", record=14, ref_id=1)])
+        assert store.tweets([1, 4]) == {1: TweetRow(1, 2, 3, "old", False),
+                                        4: TweetRow(4, 2, 5, "new", False, 0, 0, 0, 14, 1)}
+    finally:
+        store.close()
 
 
 def test_the_change_feed_names_what_a_batch_touched(backend: Backend, space: Space) -> None:

@@ -173,9 +173,11 @@ def tweet_rows(pages: list[Rows]) -> dict[int, TweetRow]:
     """Tweets and reposts by id; cells never written (a delete never posted) read as zeros."""
     out = {}
     for rows in pages:
-        for tweet, author, created_at, body, deleted, reply_to, original, original_author in rows:
+        for (tweet, author, created_at, body, deleted, reply_to, original, original_author,
+             record, ref_id) in rows:
             out[tweet] = TweetRow(tweet, author or 0, created_at or 0, body or "", bool(deleted),
-                                  reply_to or 0, original or 0, original_author or 0)
+                                  reply_to or 0, original or 0, original_author or 0,
+                                  record or 0, ref_id or 0)
     return out
 
 

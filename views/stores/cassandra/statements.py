@@ -84,15 +84,16 @@ STATEMENTS: Final[dict[str, str]] = {
     "author_page": "SELECT created_at, tweet_id FROM author_tweets "
                    "WHERE author_id = ? AND (created_at, tweet_id) < (?, ?) LIMIT ?",
     "tweet_live": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
-                  "reply_to) VALUES (?, ?, ?, ?, false, ?) USING TIMESTAMP ?",
+                  "reply_to, record, ref_id) VALUES (?, ?, ?, ?, false, ?, ?, ?) "
+                  "USING TIMESTAMP ?",
     "tweet_gone": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, deleted = true, "
                   "body = '' WHERE tweet_id = ?",
     "tweet_gone_at": "UPDATE tweets USING TIMESTAMP ? SET author_id = ?, created_at = ?, "
                      "deleted = true, body = '' WHERE tweet_id = ?",
     # A post whose claim outranks another author's stored row: every cell of it.
     "tweet_take": "INSERT INTO tweets (tweet_id, author_id, created_at, body, deleted, "
-                  "reply_to, original_id, original_author) VALUES (?, ?, ?, ?, ?, ?, 0, 0) "
-                  "USING TIMESTAMP ?",
+                  "reply_to, original_id, original_author, record, ref_id) "
+                  "VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?) USING TIMESTAMP ?",
     "tweet_state": "SELECT created_at, deleted, author_id, original_id FROM tweets "
                    "WHERE tweet_id = ?",
     # -- reposts ---------------------------------------------------------------------------
@@ -178,7 +179,8 @@ STATEMENTS: Final[dict[str, str]] = {
     # (views.stores.cassandra.rows): the partition key comes first in each row, and the
     # LIMIT bounds the rows of the request, so that the node reads its partitions at once.
     "tweet_get_in": "SELECT tweet_id, author_id, created_at, body, deleted, reply_to, "
-                    "original_id, original_author FROM tweets WHERE tweet_id IN ? LIMIT ?",
+                    "original_id, original_author, record, ref_id FROM tweets "
+                    "WHERE tweet_id IN ? LIMIT ?",
     "user_get_in": "SELECT user_id, handle, name, deleted FROM users WHERE user_id IN ? LIMIT ?",
     "reposts_of_in": "SELECT original_id, created_at, tweet_id, author_id "
                      "FROM reposts_by_original WHERE original_id IN ? "
@@ -452,7 +454,7 @@ def tweet_ops(plan: WritePlan, states: Mapping[int, TweetState], ts: int) -> lis
         elif not row.deleted:
             if stored is None or not stored.deleted or owner != author:
                 ops.append(("tweet_live", (tweet, author, row.created_at, row.text,
-                                           row.reply_to, ts)))
+                                           row.reply_to, row.record, row.ref_id, ts)))
                 ops.append(("author_add", (author, row.created_at, tweet, ts)))
         elif owner != author:
             continue  # someone else's tweet
@@ -471,7 +473,8 @@ def _rival_tweet(row: TweetRow, stored: TweetState, ts: int) -> list[Op]:
     if not outranks(row, stored.created_at, stored.author_id):
         # The earlier claim's id: this author's own entry row goes if deleted.
         return [("author_del", (ts, author, at, tweet))] if row.deleted else []
-    take: Op = ("tweet_take", (tweet, author, at, row.text, row.deleted, row.reply_to, ts))
+    take: Op = ("tweet_take", (tweet, author, at, row.text, row.deleted, row.reply_to,
+                               row.record, row.ref_id, ts))
     if row.deleted:
         return [take, ("author_del", (ts, author, at, tweet))]
     return [take, ("author_add", (author, at, tweet, ts))]
