@@ -7,7 +7,8 @@ holds them to the one declaration; ``tests/serving/test_api.py`` reads pages bac
 against it and checks them against the SQL.
 
 Each entry says what it is: ``kind`` (post, reply or repost), the ``actor`` (the
-author, or the reposter) and the ``tweet`` shown, hydrated with its author. A page
+author, or the reposter) and the ``tweet`` shown, hydrated with its author, with
+``referenced_tweets`` when the kind of record that posted it names another tweet. A page
 from :mod:`serving.timeline` carries the rows it was decided on, so rendering reads
 nothing; for bare entries (:func:`hydrated` without rows) the rows are read in two
 bulk reads, and entries whose tweet is gone by then are dropped.
@@ -20,8 +21,9 @@ from datetime import datetime, timedelta
 
 import orjson
 
+from ingest.events import BY_CODE
 from serving.cursor import Since, encode_cursor, encode_gap
-from serving.shapes import Author, NewCount, TimelineEntry, TimelinePage
+from serving.shapes import Author, NewCount, TimelineEntry, TimelinePage, Tweet
 from serving.visibility import HomeEntry
 from views.delta import Key
 from views.stores.contract import TimelineReader
@@ -90,13 +92,26 @@ class _Render:
 def entry_dict(entry: HomeEntry, tweet: TweetRow, actor: Author, author: Author,
                iso: Callable[[int], str] = iso_millis) -> TimelineEntry:
     """One :class:`~serving.shapes.TimelineEntry`."""
+    shown: Tweet = {"id": str(tweet.tweet_id), "created_at": tweet.created_at,
+                    "created_at_iso": iso(tweet.created_at), "text": tweet.text,
+                    "author": author,
+                    "in_reply_to_user_id": str(tweet.reply_to) if tweet.reply_to else None}
+    if tweet.ref_id:
+        shown["referenced_tweets"] = [{"type": reference_type(tweet.record),
+                                       "id": str(tweet.ref_id)}]
     return {"tweet_id": str(entry.tweet_id), "kind": entry.kind,
             "created_at": entry.created_at, "created_at_iso": iso(entry.created_at),
-            "actor": actor,
-            "tweet": {"id": str(tweet.tweet_id), "created_at": tweet.created_at,
-                      "created_at_iso": iso(tweet.created_at), "text": tweet.text,
-                      "author": author,
-                      "in_reply_to_user_id": str(tweet.reply_to) if tweet.reply_to else None}}
+            "actor": actor, "tweet": shown}
+
+
+def reference_type(record: int) -> str:
+    """How a tweet posted by a record of kind ``record`` refers to its ``ref_id``: the op.
+
+    From the table of kinds (``ingest.events.KINDS``), so a new kind that posts names
+    its reference without a line here; a code no kind declares says only ``tweet``.
+    """
+    kind = BY_CODE.get(record)
+    return kind.op if kind is not None else "tweet"
 
 
 def page_body(user: int, entries: list[TimelineEntry], next_key: Key | None,

@@ -35,6 +35,17 @@ class Author(TypedDict):
 
 
 @with_config(_STRICT)
+class ReferencedTweet(TypedDict):
+    """A tweet another refers to, and how: the kind of record that posted the other."""
+
+    type: Annotated[str, Field(description="The op of the record that posted the referring "
+                                           "tweet (ingest.events.KINDS), e.g. quote.",
+                               examples=["quote"])]
+    id: Annotated[str, Field(description="The tweet referred to, a decimal string. " + ID_NOTE,
+                             examples=["9223372036854775805"])]
+
+
+@with_config(_STRICT)
 class Tweet(TypedDict):
     """The tweet an entry shows, hydrated with its author."""
 
@@ -47,6 +58,9 @@ class Tweet(TypedDict):
     author: Author
     in_reply_to_user_id: Annotated[str | None, Field(
         description="For a reply, the user it answers (decimal string); else null.")]
+    referenced_tweets: NotRequired[Annotated[list[ReferencedTweet], Field(
+        description="The tweet this one refers to, for a kind of post that names one; "
+                    "absent otherwise.")]]
 
 
 @with_config(_STRICT)
