@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest import events
 from ingest.errors import InvalidEvent
 from ingest.events import (
     FOLLOWS,
@@ -30,7 +32,9 @@ from ingest.events import (
     OPS,
     TOPICS,
     TWEETS,
+    Follow,
     Kind,
+    Post,
     decode,
     encode,
     flatten,
@@ -38,10 +42,15 @@ from ingest.events import (
 )
 from ingest.fields import id_of, only, text_of, time_of
 from ingest.kinds import FLAT_COLUMNS, Columns, Record, RecordKind, flattener, writer
+from serving.render import hydrated, page_body
+from serving.shapes import parse_page
+from serving.timeline import home_page
+from views import join, reference
 from views.join import Change, JoinConfig, apply_batch
 from views.reference import Reference
 from views.row import EVENT_COLUMNS, event_fields, to_event
 from views.source import event_row
+from views.stores.sqlite import SQLiteStore
 
 T = 1_704_067_200_000
 
@@ -151,32 +160,39 @@ class _Codes(IntEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Quote(Record):
-    """A post that quotes another tweet (not part of the contract)."""
+    """A post that quotes another tweet, and may reply too (not part of the contract)."""
 
     tweet_id: int
     author_id: int
     created_at: int
     quoted_tweet_id: int
     text: str
+    in_reply_to_user_id: int = 0
     op = "quote"
     topic = TWEETS
+
+    @property
+    def key(self) -> int:
+        return self.author_id
 
 
 def _parse_quote(body: dict[str, Any], kind: RecordKind) -> tuple[Any, ...]:
     only(body, kind.allowed)
+    reply_to = id_of(body, "in_reply_to_user_id") if "in_reply_to_user_id" in body else 0
     return (id_of(body, "tweet_id"), id_of(body, "author_id"), time_of(body),
-            id_of(body, "quoted_tweet_id"), text_of(body, "text", MAX_TEXT, allow_empty=False))
+            id_of(body, "quoted_tweet_id"), text_of(body, "text", MAX_TEXT, allow_empty=False),
+            reply_to)
 
 
 QUOTE = RecordKind(_Codes.QUOTE, Quote.op, Quote, _parse_quote,
-                   Columns("author_id", tweet_id="tweet_id", ref_id="quoted_tweet_id",
-                           text="text"))
+                   Columns("author_id", tweet_id="tweet_id", other_id="in_reply_to_user_id",
+                           ref_id="quoted_tweet_id", text="text"))
 
 
 def test_a_row_derives_a_new_kinds_body_flat_form_and_json() -> None:
     quote = Quote(5, 7, T, 3, 'a "quote"')
     assert QUOTE.allowed == {"v", "op", "tweet_id", "author_id", "created_at",
-                             "quoted_tweet_id", "text"}
+                             "quoted_tweet_id", "text", "in_reply_to_user_id"}
     assert flattener([QUOTE])(quote) == (_Codes.QUOTE, 7, T, 5, 0, 3, 'a "quote"', None)
     assert QUOTE.event_of((7, T, 5, 0, 3, 'a "quote"', None)) == quote
     body = {"v": 1, "op": "quote", "tweet_id": 5, "author_id": 7, "created_at": T,
@@ -199,3 +215,58 @@ def test_flatten_and_unflatten_refuse_what_no_kind_declares() -> None:
         flatten(Quote(5, 7, T, 3, "q"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="row kind 14 carries no event"):
         unflatten(14, 7, T, 5, 0, 3, "q", None)
+
+
+# -- the same kind, end to end: what a row of KINDS and two lines make of it ---------------------
+
+@pytest.fixture
+def quote_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QUOTE as a row of ``KINDS``, its rule's line and its fold's line would make it.
+
+    Each table ``ingest.events`` derives from ``KINDS`` gains the row (its code, its op
+    on ``tweets``, its flat form, its JSON); the join posts it with the post's rule and
+    the reference folds it as a post (``docs/design.md``, "Kinds of record", lists the
+    files a quote in the contract would touch). Nothing else is told of it.
+    """
+    assert len(join._RULES) == QUOTE.kind  # the next code: the rule goes at its index
+    monkeypatch.setitem(events.BY_CODE, int(QUOTE.kind), QUOTE)
+    monkeypatch.setitem(events.OPS[TWEETS], QUOTE.op, QUOTE)
+    monkeypatch.setitem(events._FLATTEN, Quote, flattener([QUOTE]))
+    monkeypatch.setitem(events._WRITE, Quote, writer(QUOTE, events.VERSION))
+    monkeypatch.setattr(join, "_RULES", [*join._RULES, join._post])
+    monkeypatch.setitem(reference._FOLDS, Quote, Reference._post)
+
+
+@pytest.mark.usefixtures("quote_declared")
+def test_a_quote_is_decoded_fanned_out_stored_and_served_with_the_tweet_it_quotes(
+        tmp_path: Path) -> None:
+    reader, author, other = 1, 7, 9
+    body = {"v": 1, "op": "quote", "tweet_id": 5, "author_id": author, "created_at": T + 2,
+            "quoted_tweet_id": 3, "text": "look", "in_reply_to_user_id": other}
+    value = json.dumps(body, separators=(",", ":")).encode()
+    quote = decode(TWEETS, str(author).encode(), value)
+    assert quote == Quote(5, author, T + 2, 3, "look", other) and encode(quote)[1] == value
+    history = [Follow(reader, author, T), Follow(reader, other, T), Post(3, other, T + 1, "hi"),
+               quote]
+    by_key: dict[int, list[Change]] = {}
+    for offset, event in enumerate(history):
+        by_key.setdefault(event.key, []).append(Change.of(event, offset))
+    deltas = [d for key, changes in by_key.items()
+              for d in apply_batch(None, key, changes, JoinConfig())[1]]
+    store = SQLiteStore(tmp_path / "view.sqlite").open()
+    try:
+        store.apply(deltas)
+        assert store.tweets([5])[5][-2:] == (QUOTE.kind, 3)
+        page = home_page(store, reader, None, 10)
+        served = parse_page(page_body(reader, hydrated(store, page.entries, page.tweets,
+                                                       page.users), page.next_key))
+    finally:
+        store.close()
+    first, second = served["entries"]
+    assert (first["tweet_id"], first["kind"], second["tweet_id"]) == ("5", "reply", "3")
+    assert first["tweet"]["referenced_tweets"] == [{"type": "quote", "id": "3"}]
+    assert first["tweet"]["in_reply_to_user_id"] == str(other)
+    assert "referenced_tweets" not in second["tweet"]
+    expected = Reference().add(history).home(reader, 10)
+    assert [(str(r.entry_id), r.created_at) for r in expected] == [
+        (e["tweet_id"], e["created_at"]) for e in served["entries"]]
