@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from infra.checks import logtail
 from ingest import events
 from ingest.errors import InvalidEvent
 from ingest.events import (
@@ -225,8 +226,9 @@ def quote_declared(monkeypatch: pytest.MonkeyPatch) -> None:
 
     Each table ``ingest.events`` derives from ``KINDS`` gains the row (its code, its op
     on ``tweets``, its flat form, its JSON); the join posts it with the post's rule and
-    the reference folds it as a post (``docs/design.md``, "Kinds of record", lists the
-    files a quote in the contract would touch). Nothing else is told of it.
+    the reference folds it as a post, and logtail names its author (``docs/design.md``,
+    "Kinds of record", lists the files a quote in the contract would touch). Nothing
+    else is told of it.
     """
     assert len(join._RULES) == QUOTE.kind  # the next code: the rule goes at its index
     monkeypatch.setitem(events.BY_CODE, int(QUOTE.kind), QUOTE)
@@ -235,6 +237,7 @@ def quote_declared(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(events._WRITE, Quote, writer(QUOTE, events.VERSION))
     monkeypatch.setattr(join, "_RULES", [*join._RULES, join._post])
     monkeypatch.setitem(reference._FOLDS, Quote, Reference._post)
+    monkeypatch.setitem(logtail._NAMED, Quote, logtail._author)
 
 
 @pytest.mark.usefixtures("quote_declared")
@@ -246,6 +249,7 @@ def test_a_quote_is_decoded_fanned_out_stored_and_served_with_the_tweet_it_quote
     value = json.dumps(body, separators=(",", ":")).encode()
     quote = decode(TWEETS, str(author).encode(), value)
     assert quote == Quote(5, author, T + 2, 3, "look", other) and encode(quote)[1] == value
+    assert logtail.named_users(quote) == (author,)  # type: ignore[arg-type]
     history = [Follow(reader, author, T), Follow(reader, other, T), Post(3, other, T + 1, "hi"),
                quote]
     by_key: dict[int, list[Change]] = {}
