@@ -132,7 +132,8 @@ def test_step_7_upgrades_a_keyspace_whose_feed_then_reads_by_shard(cassandra_hos
             replication = config.replication.cql_map()
             apply_schema(session, config.keyspace, replication, load_steps()[:6])
             assert [s.label for s in apply_schema(session, config.keyspace, replication)] == [
-                "007_page_changes_by_shard", "008_home_chunks"]
+                "007_page_changes_by_shard", "008_home_chunks",
+                "009_tweet_refs"]
             assert apply_schema(session, config.keyspace, replication) == []
         finally:
             cluster.shutdown()
