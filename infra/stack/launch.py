@@ -43,6 +43,7 @@ from infra.stack.stack import (
     StackError,
     api_env,
     stop_service,
+    stop_services,
 )
 from ingest.settings import PARTITIONS_ENV, TOPIC_PREFIX_ENV, KafkaSettings
 from ingest.topics import create_topics
@@ -121,8 +122,7 @@ def up(run_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | No
         if job is not None:
             job.await_ready()
     except BaseException:
-        for name in reversed(started):
-            stop_service(stack, name)
+        stop_services(stack, started)
         stack.save()
         raise
     stack.save()

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -274,9 +274,8 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     if stack is None:
         hosts_mod.remove(run_dir)  # what a crashed first `up --hosts` may have left
         return None
-    stopped = [member for step in DOWN_STEPS
-               for member in _stop_together(
-                   stack, [m for name in step for m in stack.members(name)], timeout)]
+    stopped = stop_services(stack, [m for name in SERVICES + (BESIDE,)
+                                    for m in stack.members(name)], timeout)
     stack.pids.clear()
     stack.markers.clear()
     stack.save()
@@ -285,14 +284,27 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     return stack
 
 
+def stop_services(stack: Stack, names: Iterable[str], timeout: float = 30.0) -> list[str]:
+    """Stop the services (or nodes) ``names`` in :data:`DOWN_STEPS`' order; those running.
+
+    What ``down`` does to a whole stack, and a failed ``up`` to what it started.
+    """
+    wanted = list(dict.fromkeys(names))
+    steps = [[m for name in step for m in stack.members(name) if m in wanted]
+             for step in DOWN_STEPS]
+    placed = {m for step in steps for m in step}
+    steps.append([m for m in wanted if m not in placed])  # none today: last, if any
+    return [member for step in steps for member in _stop_together(stack, step, timeout)]
+
+
 def _stop_together(stack: Stack, names: list[str], timeout: float) -> list[str]:
     """Stop the services ``names`` side by side; those that were running.
 
     Together, not one after the other: the last node of a KRaft quorum stopped alone
     waits out its whole timeout for a controller that is gone.
     """
-    if len(names) == 1:
-        return names if stop_service(stack, names[0], timeout) else []
+    if len(names) <= 1:
+        return [n for n in names if stop_service(stack, n, timeout)]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(names)) as pool:
