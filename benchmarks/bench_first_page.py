@@ -16,8 +16,10 @@ reads first pages (limit 20) of distinct random users through the API's own path
 (``serving.reads.Read``: assemble, filter, hydrate, render; no page cache), with the
 first batch at ``limit × share + 1`` for each share, in turns for ``--rounds``
 rounds. Reported a share: the median over rounds of the process's CPU a page (the
-driver's I/O thread included), the wall time a page, and the driver's requests a
-page (Cassandra) with the statements they ran.
+driver's I/O thread included), split into the reading thread's (the read path, and the
+driver's work to send) and the other threads' (the driver's I/O thread: receiving and
+decoding), the wall time a page, and the driver's requests a page (Cassandra) with the
+statements they ran.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import json
 import random
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from bench_store_reads import caught_up, fanout
 from harness import ROOT, argument_parser, save
 from pipeline import scratch
@@ -89,6 +93,11 @@ def read_pages(store: Any, users: list[int], limit: int) -> None:
             pass
 
 
+def threads_now() -> dict[int, float]:
+    """CPU-seconds of each live thread of this process, by native id."""
+    return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+
+
 def weigh(url: str, args: Any, requests: Requests) -> dict[str, Any]:
     shares = [float(s) for s in args.shares.split(",")]
     users = list(range(1, args.users + 1))
@@ -101,11 +110,17 @@ def weigh(url: str, args: Any, requests: Requests) -> dict[str, Any]:
                 timeline._first_batch = first_batch(share)  # type: ignore[assignment]
                 sample = rng.sample(users, min(args.pages, len(users)))
                 requests.by.clear()
+                before = threads_now()
                 cpu, wall = time.process_time(), time.perf_counter()
                 read_pages(store, sample, args.limit)
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                after = threads_now()
+                me = threading.get_native_id()
+                reading = after.get(me, 0.0) - before.get(me, 0.0)
                 n = len(sample)
                 runs[share].append({"cpu_ms": cpu / n * 1e3, "wall_ms": wall / n * 1e3,
+                                    "reading_thread_ms": reading / n * 1e3,
+                                    "other_threads_ms": (cpu - reading) / n * 1e3,
                                     "requests": sum(requests.by.values()) / n,
                                     **{f"requests {k}": v / n for k, v in requests.by.items()}})
                 print(f"  round {round_ + 1}, first batch {int(args.limit * share) + 1}: "
