@@ -296,13 +296,21 @@ class SQLiteStore(Store):
         return self
 
     def _add_columns(self) -> None:
-        """Add :data:`_ADDED_COLUMNS` to a file written before them."""
+        """Add :data:`_ADDED_COLUMNS` to a file written before them.
+
+        The job, the API's workers and ``verify`` open one file side by side: a column
+        another process added meanwhile is there, not an error.
+        """
         db = self._conn()
         for table, columns in _ADDED_COLUMNS.items():
             have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             for name, declared in columns:
                 if have and name not in have:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declared}")
+                    try:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declared}")
+                    except sqlite3.OperationalError as exc:
+                        if "duplicate column" not in str(exc):
+                            raise
 
     def _check_columns(self) -> None:
         """Refuse a file written before DESIGN §4b: its views lack what reads now need."""
