@@ -62,7 +62,7 @@ def percentiles(curves: dict[str, HdrHistogram], out: Path, title: str) -> Path:
     ax.set_ylabel("latency (ms)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return _save(fig, out)
 
 
@@ -89,7 +89,7 @@ def over_time(rows: Sequence[dict[str, Any]], start: float, measure_from: float,
     for ax in (top, bottom):
         _shade_warmup(ax, measure_from - start)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        _legend(ax, fontsize=7, loc="upper left")
     return _save(fig, out)
 
 
@@ -115,7 +115,7 @@ def fanout_lag(samples: Sequence[dict[str, Any]], batches: Sequence[tuple[float,
     ax.set_ylabel("lag (ms)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax, fontsize=7)
     return _save(fig, out)
 
 
@@ -149,8 +149,8 @@ def streams(open_series: Sequence[tuple[float, int]], events: Sequence[tuple[flo
     bottom.set_xlabel("seconds since start")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    right.legend(fontsize=7, loc="upper right")
+        _legend(ax, fontsize=7, loc="upper left")
+    _legend(right, fontsize=7, loc="upper right")
     return _save(fig, out)
 
 
@@ -161,6 +161,12 @@ def _x(percentile: float) -> float:
 def _shade_warmup(ax: Axes, until: float) -> None:
     if until > 0:
         ax.axvspan(0, until, color="grey", alpha=0.15, label="warm-up")
+
+
+def _legend(ax: Any, **style: Any) -> None:
+    """The axes' legend, if anything drawn on them has a label (an empty run draws none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**style)
 
 
 def _save(fig: Any, out: Path) -> Path:
