@@ -126,7 +126,7 @@ class Requests:
 
     def _sent(self, future: Any) -> None:
         text = getattr(getattr(future.query, "prepared_statement", None), "query_string", "")
-        table = (re.findall(r"\bFROM (\w+)", text) or ["?"])[0]
+        table = (re.findall(r"\bFROM (?:\w+\.)?(\w+)", text) or ["?"])[0]  # keyspace.table
         self.sent.append(table)
         fetch = future.start_fetching_next_page
 

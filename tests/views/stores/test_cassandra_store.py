@@ -237,6 +237,15 @@ def _check_markers(ops: list[cql.Op]) -> None:
         assert cql.STATEMENTS[name].count("?") == len(params), name
 
 
+def test_statements_are_prepared_with_every_table_qualified() -> None:
+    for name, text in cql.STATEMENTS.items():
+        qualified = cql.in_keyspace(text, "ks")
+        assert qualified.replace("ks.", "") == text, name
+        assert not re.search(r"\b(FROM|INTO|UPDATE)\s+(?!ks\.)", qualified), name
+    assert cql.in_keyspace("UPDATE tweets USING TIMESTAMP ? SET deleted = true", "k_1") == (
+        "UPDATE k_1.tweets USING TIMESTAMP ? SET deleted = true")
+
+
 def test_tweet_ops_keep_deletes_sticky_and_resolve_times() -> None:
     plan = _plan(Delta.tweet(10, 1, 5, "hi", reply_to=4, record=14, ref_id=9),
                  Delta.tweet_deleted(11, 1),       # time from the table

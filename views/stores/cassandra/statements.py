@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -238,6 +239,20 @@ PACK_MAX: Final = 24
 #: partitions past 50 KiB (``batch_size_fail_threshold``); a single partition's batch
 #: or statement is not held to it.
 PACK_BYTES: Final = 4096
+
+
+#: A table a statement names (after FROM, INTO or UPDATE).
+_TABLE: Final = re.compile(r"\b(FROM|INTO|UPDATE)\s+([a-z_][a-z0-9_]*)\b")
+
+
+def in_keyspace(text: str, keyspace: str) -> str:
+    """``text`` with every table it names qualified by ``keyspace``.
+
+    The store prepares its statements so: Cassandra 5.0 warns of a statement prepared
+    unqualified in a session's keyspace (``USE``), and with the keyspace in the prepare
+    instead (protocol v5) it warned of every statement.
+    """
+    return _TABLE.sub(lambda m: f"{m.group(1)} {keyspace}.{m.group(2)}", text)
 
 
 #: Single-row lookups the writer makes for many keys at once, and the statement that

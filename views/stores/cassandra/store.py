@@ -189,8 +189,8 @@ class CassandraStore(Store):
                 schema.apply_schema(session, keyspace, self.config.replication.cql_map())
             else:
                 schema.require_current(session, keyspace)
-            session.set_keyspace(keyspace)
-            self._statements = self._prepare(session)
+            session.set_keyspace(keyspace)  # for what runs unqualified CQL on it
+            self._statements = self._prepare(session, keyspace)
         except BaseException:
             cluster.shutdown()
             raise
@@ -203,10 +203,11 @@ class CassandraStore(Store):
         return schema.connect(self.config, wait=self.retry_s)
 
     @staticmethod
-    def _prepare(session: Any) -> dict[str, Any]:
+    def _prepare(session: Any, keyspace: str) -> dict[str, Any]:
+        """Every statement, its tables qualified by ``keyspace`` (:func:`cql.in_keyspace`)."""
         prepared = {}
         for name, text in cql.STATEMENTS.items():
-            statement = session.prepare(text)
+            statement = session.prepare(cql.in_keyspace(text, keyspace))
             statement.is_idempotent = True  # every write is keyed, at an explicit timestamp
             prepared[name] = statement
         return prepared
