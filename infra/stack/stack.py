@@ -274,8 +274,8 @@ def down(run_dir: Path, timeout: float = 30.0) -> Stack | None:
     if stack is None:
         hosts_mod.remove(run_dir)  # what a crashed first `up --hosts` may have left
         return None
-    stopped = stop_services(stack, [m for name in SERVICES + (BESIDE,)
-                                    for m in stack.members(name)], timeout)
+    stopped = stop_services(stack, [m for name in SERVICES for m in stack.members(name)],
+                            timeout)
     stack.pids.clear()
     stack.markers.clear()
     stack.save()

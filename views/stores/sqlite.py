@@ -107,12 +107,9 @@ _GONE = (
     "INSERT INTO tweets VALUES (?, ?, ?, '', 1, 0, 0, 0, 0, 0) ON CONFLICT (tweet_id) DO UPDATE "
     f"SET deleted = 1, text = '', created_at = CASE WHEN {_SAME} AND tweets.created_at != 0 "
     "THEN tweets.created_at ELSE excluded.created_at END, author_id = excluded.author_id, "
-    f"reply_to = CASE WHEN {_SAME} THEN tweets.reply_to ELSE 0 END, "
-    f"original_id = CASE WHEN {_SAME} THEN tweets.original_id ELSE 0 END, "
-    f"original_author = CASE WHEN {_SAME} THEN tweets.original_author ELSE 0 END, "
-    f"record = CASE WHEN {_SAME} THEN tweets.record ELSE 0 END, "
-    f"ref_id = CASE WHEN {_SAME} THEN tweets.ref_id ELSE 0 END "
-    f"WHERE {_SAME} OR (excluded.created_at != 0 AND {_RIVAL})")
+    + ", ".join(f"{c} = CASE WHEN {_SAME} THEN tweets.{c} ELSE 0 END"
+                for c in ("reply_to", "original_id", "original_author", "record", "ref_id"))
+    + f" WHERE {_SAME} OR (excluded.created_at != 0 AND {_RIVAL})")
 #: The change feed (:class:`SQLiteFeed`): ``page_changes`` holds a row for each batch
 #: that may change a page (:meth:`Changes.of`, with the homes a dormant reader's
 #: regenerated cache touched), written in the batch's transaction, numbered by ``seq``
