@@ -46,28 +46,30 @@ _SPACES = itertools.count(1)
 
 @dataclasses.dataclass
 class Backend:
-    """Makes an open store from (cap, inactive_ms), with no trim slack.
+    """Makes an open store from (cap, inactive_ms, upkeep), with no trim slack.
 
-    ``examples`` sizes the property test.
+    ``examples`` sizes the property test. ``upkeep`` is Cassandra's
+    (``statements.blind_users``): the exact dormancy tests keep every timeline up every
+    batch (1), as SQLite does; the property test also draws blind batches.
     """
 
     name: str
-    make: Callable[[int, int], SQLiteStore | CassandraStore]
+    make: Callable[[int, int, int], SQLiteStore | CassandraStore]
     examples: int
 
 
 @pytest.fixture(params=["sqlite", "cassandra"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if request.param == "sqlite":
-        yield Backend("sqlite", lambda cap, inactive_ms: SQLiteStore(
+        yield Backend("sqlite", lambda cap, inactive_ms, upkeep: SQLiteStore(
             ":memory:", cap=cap, trim_slack=0, inactive_days=inactive_ms * MS).open(), 300)
         return
     with fresh_keyspace(request.getfixturevalue("cassandra_hosts"), "trim_slack=0") as url:
         store = writing_store(url).open()
 
-        def make(cap: int, inactive_ms: int) -> CassandraStore:
+        def make(cap: int, inactive_ms: int, upkeep: int) -> CassandraStore:
             # One open store for the test; its settings are plain attributes, set per use.
-            store.cap, store.inactive_ms = cap, inactive_ms
+            store.cap, store.inactive_ms, store.upkeep = cap, inactive_ms, upkeep
             return store
 
         try:
@@ -76,8 +78,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             store.close()
 
 
-def _join(backend: Backend, config: JoinConfig, inactive_ms: int) -> LocalJoin:
-    return LocalJoin(config, backend.make(config.cap, inactive_ms))
+def _join(backend: Backend, config: JoinConfig, inactive_ms: int, upkeep: int = 1) -> LocalJoin:
+    return LocalJoin(config, backend.make(config.cap, inactive_ms, upkeep))
 
 
 def _remap(event: Event, ns: int) -> Event:
@@ -131,9 +133,10 @@ def test_pages_of_dormant_and_returning_users_equal_the_sql(backend: Backend) ->
     @settings(max_examples=backend.examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(history=lives(), seed=st.integers(0, 2**32), batches=st.integers(1, 8),
-           cap=st.integers(1, 5), promote_at=st.integers(2, 6), inactive_ms=st.integers(1, 12))
+           cap=st.integers(1, 5), promote_at=st.integers(2, 6), inactive_ms=st.integers(1, 12),
+           upkeep=st.sampled_from([1, 2, 8]))
     def run(history: list[Event], seed: int, batches: int, cap: int, promote_at: int,
-            inactive_ms: int) -> None:
+            inactive_ms: int, upkeep: int) -> None:
         ns = next(_SPACES)
         history = [_remap(e, ns) for e in history]
         rng = random.Random(seed)
@@ -141,7 +144,7 @@ def test_pages_of_dormant_and_returning_users_equal_the_sql(backend: Backend) ->
         # Roughly in time order, as a live system sees it, with some out-of-order arrival.
         arrivals.sort(key=lambda e: e.created_at + rng.uniform(-4, 4))
         config = JoinConfig(cap, promote_at, max(1, promote_at - 1))
-        join = _join(backend, config, inactive_ms)
+        join = _join(backend, config, inactive_ms, upkeep)
         size = max(1, -(-len(arrivals) // batches))
         for start in range(0, len(arrivals), size):
             join.run(arrivals[start:start + size])

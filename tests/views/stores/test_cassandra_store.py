@@ -88,6 +88,8 @@ def test_url_defaults() -> None:
     assert config.replication.cql_map() == "{'class': 'SimpleStrategy', 'replication_factor': 1}"
     assert config.read_cl == config.write_cl == ConsistencyLevel.LOCAL_QUORUM
     assert (config.auto_schema, config.ssl, config.trim_slack) == (False, False, None)
+    assert config.upkeep == 8
+    assert parse_url("cassandra://cassandra/fanout?upkeep=1").upkeep == 1
 
 
 def test_ports_and_ipv6_hosts() -> None:
@@ -113,6 +115,7 @@ def test_ports_and_ipv6_hosts() -> None:
     ("cassandra://a/ks?schema=create", "check or auto"),
     ("cassandra://a/ks?ssl=yes", "0/1/true/false"),
     ("cassandra://a/ks?trim_slack=-1", "whole number"),
+    ("cassandra://a/ks?upkeep=0", "at least 1"),
     ("sqlite:///x", "not a cassandra"),
 ])
 def test_bad_urls_say_what_is_wrong(url: str, says: str) -> None:
@@ -420,6 +423,79 @@ def test_adds_at_or_below_the_horizon_are_dropped() -> None:
     assert meta[2].chunks == meta[3].chunks == 1
 
 
+def test_blind_users_are_those_a_batch_only_adds_to_and_whose_turn_it_is_not() -> None:
+    users = range(1, 401)
+    plan = _plan(*(Delta.timeline_add(u, 1000 + u, 7, 5) for u in users),
+                 Delta.timeline_remove(5, 1005, 7, 5), Delta.timeline_add(8, 2000, 7, 6),
+                 Delta.timeline_add(8, 2001, 7, 7), Delta.timeline_add(8, 2002, 7, 8),
+                 *pack(0, {}, horizons={7: (3, 11)}))
+    plan.read(6, 9)
+    ts = 1_796_564_607_871_166
+    turn = cql.due(np.array(users), ts, 8)
+    assert 0.05 < turn.mean() < 0.25  # about one user in 8
+    assert (cql.due(np.array(users), ts, 8) == turn).all()  # the batch again: the same
+    assert (cql.due(np.array(users), ts + cql.STRIDE, 8) != turn).any()  # the next: others
+    blind = cql.blind_users(plan, ts, 8, limit=2)
+    # Kept up: a remove (5), a read (6), a horizon (7), past the limit (8), their turn.
+    assert blind == {u for u, due in zip(users, turn, strict=True) if not due} - {5, 6, 7, 8}
+    assert not blind & set(cql.meta_users(plan, blind))
+    assert set(cql.meta_users(plan, blind)) | blind == set(users)
+    assert cql.blind_users(plan, ts, 1, limit=2) == set()  # upkeep 1: every user kept up
+
+
+def test_a_dormant_user_kept_up_loses_what_blind_batches_stored() -> None:
+    plan = _plan(Delta.timeline_add(1, 10, 7, 5), Delta.timeline_add(2, 11, 7, 5),
+                 Delta.timeline_add(3, 12, 7, 5))
+    meta = {1: cql.Meta(), 2: cql.Meta(horizon=DORMANT)}  # 3: blind
+    assert cql.dormant_added(plan.adds, meta) == [2]
+    assert cql.kept_adds(plan, meta).tolist() == [[1, 5, 10, 7], [3, 5, 12, 7]]
+
+
+def test_a_blind_batch_writes_one_row_and_a_kept_up_one_counts_the_rows_it_missed(
+        keyspace: str, session: Any) -> None:
+    """Adds only: a user's ``home_chunks`` row and no ``timeline_meta`` until its turn,
+    which counts the blind rows, so the rows are merged about every CHUNKS_MAX; the
+    cache above the horizon stays exact throughout."""
+    store = RecordingStore(parse_url(_with(keyspace, "upkeep=4")), cap=100)
+    store.executed = []
+    store.open()
+    u, a = 10**9 + 40, 10**9 + 41
+    try:
+        store.apply([*pack(0, {}, horizons={u: (3, 10**9 + 100)})], 1)  # kept up: the horizon
+        expected: list[Entry] = []
+        blind = turns = merges = since = 0
+        for i in range(300):
+            t = 10**9 + 200 + i
+            below = Delta.timeline_add(u, 10**9 + 600 + i, a, 1)  # under the horizon
+            store.executed = []
+            store.apply([Delta.tweet(t, a, 10 + i, "x"), Delta.timeline_add(u, t, a, 10 + i),
+                         below], 2 + i)
+            expected.insert(0, Entry(10 + i, t, a))
+            ts = dict(store.executed)["clock_set"][0]
+            names = {n for n, _ in store.executed}
+            since += 1
+            if cql.due(np.array([u]), ts, 4)[0]:
+                turns += 1
+                assert "meta_set" in names
+            else:
+                blind += 1
+                assert not {"meta_get", "meta_get_in", "meta_set", "home_merge"} & names
+            rows = session.execute("SELECT count(*) FROM home_chunks WHERE user_id = %s",
+                                   (u,)).one()[0]
+            if "home_merge" in names:
+                merges += 1
+                assert rows == 1 and since > cql.CHUNKS_MAX // 4, since
+                since = 0
+            assert rows == since + 1 or merges == 0 and rows == since
+            assert store.cached(u, None, 200) == expected
+            assert store.horizon(u) == (3, 10**9 + 100)
+            if merges >= 2:
+                break
+        assert merges >= 2 and blind > turns > 0
+    finally:
+        store.close()
+
+
 def test_a_users_adds_beyond_the_cap_in_one_batch_raise_the_horizon() -> None:
     adds = np.array([(2, 1, 10, 1), (2, 2, 20, 1), (2, 3, 30, 1), (2, 4, 40, 1), (3, 1, 10, 1),
                      (4, 5, 50, 1), (4, 5, 50, 2), (4, 6, 60, 1)])
@@ -683,7 +759,7 @@ def _with(url: str, options: str) -> str:
 
 
 def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
-    store = RecordingStore(parse_url(_with(keyspace, "trim_slack=0")), cap=1)
+    store = RecordingStore(parse_url(_with(keyspace, "trim_slack=0&upkeep=1")), cap=1)
     store.executed = []
     store.open()
     u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11

@@ -138,11 +138,13 @@ def _read_all(store: Store, users: list[int], tweets: list[int]) -> dict[str, ob
 
 
 @contextmanager
-def _keyspaces(hosts: str, inactive_days: float = 0.0
+def _keyspaces(hosts: str, inactive_days: float = 0.0, options: str = ""
                ) -> Iterator[tuple[CassandraStore, CassandraStore]]:
     """Open stores in two fresh keyspaces: the driver path's, and the executors'; both
-    retry a timed-out write, as the job's writers do (:func:`writing_store`)."""
-    with fresh_keyspace(hosts) as a, fresh_keyspace(hosts) as b:
+    retry a timed-out write, as the job's writers do (:func:`writing_store`).
+
+    ``options``: the stores' URL options (the executors' tasks open it from the URL)."""
+    with fresh_keyspace(hosts, options) as a, fresh_keyspace(hosts, options) as b:
         driver, executors = (writing_store(url, CAP, inactive_days) for url in (a, b))
         driver.open()
         executors.open()
@@ -344,7 +346,8 @@ def test_stages_keep_inactive_users_as_the_driver_path_does(cassandra_hosts):
     join = LocalJoin(JoinConfig(cap=CAP, promote_at=15, demote_below=12), reference)
     users = sorted(u.user_id for u in history.users)
     went_dormant, regenerated = set(), {}
-    with _keyspaces(cassandra_hosts, days) as (driver, executors):
+    # Dormancy batch by batch, as SQLite's: every timeline kept up every batch.
+    with _keyspaces(cassandra_hosts, days, "upkeep=1") as (driver, executors):
         sink = ExecutorSink(executors)
         before: set[int] = set()
         for batch_id, start in enumerate(range(0, len(events), 200)):

@@ -66,14 +66,19 @@ _SPACES = itertools.count(1)
 
 @dataclasses.dataclass
 class Backend:
-    """Makes open stores of one kind; ``examples`` sizes its property tests."""
+    """Makes open stores of one kind; ``examples`` sizes its property tests.
+
+    ``upkeep`` is Cassandra's (``statements.blind_users``; SQLite keeps every timeline up
+    every batch): the contract's exact counts, trims and horizons are those of
+    timelines kept up every batch (1); the property tests also draw blind batches.
+    """
 
     name: str
-    make: Callable[[int, int | None], Store]
+    make: Callable[[int, int | None, int], Store]
     examples: int
 
-    def store(self, cap: int = 800, slack: int | None = None) -> Store:
-        return self.make(cap, slack)
+    def store(self, cap: int = 800, slack: int | None = None, upkeep: int = 1) -> Store:
+        return self.make(cap, slack, upkeep)
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +88,18 @@ def cassandra_url(cassandra_hosts: str) -> Iterator[str]:
         yield url
 
 
-def _shared(open_store: Callable[[], CassandraStore]) -> Callable[[int, int | None], Store]:
-    """One open store per module; cap and slack are plain attributes, set per use."""
+def _shared(open_store: Callable[[], CassandraStore]
+            ) -> Callable[[int, int | None, int], Store]:
+    """One open store per module; cap, slack and upkeep are plain attributes, set per use."""
     holder: list[CassandraStore] = []
 
-    def make(cap: int, slack: int | None) -> Store:
+    def make(cap: int, slack: int | None, upkeep: int) -> Store:
         if not holder:
             holder.append(open_store())
         store = holder[0]
         store.cap = cap
         store.trim_slack = max(16, cap // 4) if slack is None else slack
+        store.upkeep = upkeep
         return store
 
     make.close = lambda: [s.close() for s in holder]  # type: ignore[attr-defined]
@@ -113,7 +120,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         return
     opened: list[SQLiteStore] = []
 
-    def make(cap: int, slack: int | None) -> Store:
+    def make(cap: int, slack: int | None, upkeep: int) -> Store:
         for old in opened:
             old.close()
         opened.append(SQLiteStore(tmp_path / f"s{len(opened)}.sqlite", cap=cap,
@@ -758,16 +765,17 @@ def test_served_timelines_equal_the_sql(backend: Backend) -> None:
               suppress_health_check=[HealthCheck.too_slow])
     @given(history=st.lists(events(), min_size=5, max_size=60), seed=st.integers(0, 2**32),
            cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
-           promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2), slack=st.integers(0, 3))
+           promote_at=st.integers(1, 4), demote_gap=st.integers(0, 2), slack=st.integers(0, 3),
+           upkeep=st.sampled_from([1, 2, 8]))
     def run(history: list[Event], seed: int, cuts: list[int], cap: int, promote_at: int,
-            demote_gap: int, slack: int) -> None:
+            demote_gap: int, slack: int, upkeep: int) -> None:
         ns = next(_SPACES)
         history = [_remap(e, ns) for e in history]
         rng = random.Random(seed)
         arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
         rng.shuffle(arrivals)  # out of order
         config = JoinConfig(cap, promote_at, max(1, promote_at - demote_gap))
-        harness = Harness(config, store=backend.store(cap, slack))  # type: ignore[arg-type]
+        harness = Harness(config, store=backend.store(cap, slack, upkeep))  # type: ignore[arg-type]
         for batch in _split(arrivals, cuts):
             harness.run(batch)
         _check(harness.store, history, [_remap(Follow(u, u, 0), ns).follower_id
@@ -806,16 +814,16 @@ def test_served_4b_timelines_equal_the_sql(backend: Backend, reuse: bool) -> Non
               suppress_health_check=[HealthCheck.too_slow])
     @given(history=histories(max_size=50, reuse=reuse), seed=st.integers(0, 2**32),
            cuts=st.lists(st.integers(0, 200), max_size=6), cap=st.integers(1, 6),
-           promote_at=st.integers(1, 4), slack=st.integers(0, 3))
+           promote_at=st.integers(1, 4), slack=st.integers(0, 3), upkeep=st.sampled_from([1, 2, 8]))
     def run(history: list[Event], seed: int, cuts: list[int], cap: int, promote_at: int,
-            slack: int) -> None:
+            slack: int, upkeep: int) -> None:
         ns = next(_SPACES)
         history = [_remap(e, ns) for e in history]
         rng = random.Random(seed)
         arrivals = history + rng.sample(history, k=len(history) // 3)  # duplicates
         rng.shuffle(arrivals)  # out of order
         config = JoinConfig(cap, promote_at, max(1, promote_at - 1))
-        harness = Harness(config, store=backend.store(cap, slack))  # type: ignore[arg-type]
+        harness = Harness(config, store=backend.store(cap, slack, upkeep))  # type: ignore[arg-type]
         for batch in _split(arrivals, cuts):
             harness.run(batch)
         _check(harness.store, history, [_remap(Follow(u, u, 0), ns).follower_id
@@ -834,7 +842,7 @@ def test_replaying_every_batch_changes_nothing(backend: Backend) -> None:
         ns = next(_SPACES)
         history = [_remap(e, ns) for e in history]
         config = JoinConfig(3, 3, 2)
-        store = backend.store(3, 0)
+        store = backend.store(3, 0, upkeep=2)  # blind batches, each run twice
         states: dict[int, AuthorState] = {}
         arrivals = random.Random(seed).sample(history, k=len(history))
         for number, batch in enumerate(_split(arrivals, cuts)):

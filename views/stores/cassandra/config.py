@@ -31,6 +31,12 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``scan_timeout``  timeout of full-table reads: counts, home_users (default 120)
 ``trim_slack``  rows a timeline may grow past the cap before it is trimmed
                (default max(16, cap/4): trims are amortized, as in SQLite)
+``upkeep``     batches a timeline's upkeep is spread over (default 8; 1: every batch).
+               A batch that only adds to a user's timeline writes just its
+               ``home_chunks`` row; the user's ``timeline_meta`` (horizon, counts,
+               newest read), merge and dormancy are kept up in about one of
+               ``upkeep`` such batches, and in every batch that reads, removes,
+               wipes or raises the horizon (``statements.blind_users``)
 ``retry``      seconds the job's writes keep retrying while the cluster does not answer
                (a node restarting), with backoff, before the job stops (default 120)
 ``schema``     ``check`` (default: require ``fanout schema apply``) or ``auto``
@@ -131,6 +137,7 @@ class CassandraConfig:
     heartbeat_timeout_s: float = 4.0
     scan_timeout: float = 120.0
     trim_slack: int | None = None
+    upkeep: int = 8
     retry_s: float = 120.0
     auto_schema: bool = False
     ssl: bool = False
@@ -270,6 +277,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
                                     _number("heartbeat_timeout", t, 0, 3600)),
     "scan_timeout": lambda t: ("scan_timeout", _number("scan_timeout", t, 0, 86400)),
     "trim_slack": lambda t: ("trim_slack", _count("trim_slack", t)),
+    "upkeep": lambda t: ("upkeep", min(_int("upkeep", t), 1024)),
     "retry": lambda t: ("retry_s", _number("retry", t, -1, 86400)),
     "schema": lambda t: ("auto_schema", _schema_mode(t)),
     "ssl": lambda t: ("ssl", _flag("ssl", t)),

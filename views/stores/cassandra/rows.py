@@ -122,12 +122,19 @@ def cut_short(ops: Sequence[cql.Op], pages: Sequence[Rows]) -> list[int]:
 
 # -- decoders ------------------------------------------------------------------------------------
 
-def cached_page(rows: Rows, below: Key | None, limit: int) -> list[Entry]:
+def cached_page(rows: Rows, below: Key | None, limit: int,
+                horizon: Key | None = None) -> list[Entry]:
     """The cached entries strictly below ``below`` (or all), the first ``limit``.
 
-    ``rows``: the user's ``home_chunks`` rows (:func:`cached_query`), folded.
+    ``rows``: the user's ``home_chunks`` rows (:func:`cached_query`), folded. Entries at
+    or below ``horizon`` are not the cache's (a blind batch may have stored some:
+    :func:`~views.stores.cassandra.statements.blind_users`).
     """
-    found = page(fold(as_chunks(rows)), below, limit)
+    entries = fold(as_chunks(rows))
+    if horizon is not None and len(entries):
+        c, t = entries[:, 0], entries[:, 1]
+        entries = entries[(c > horizon[0]) | ((c == horizon[0]) & (t > horizon[1]))]
+    found = page(entries, below, limit)
     return list(map(as_entry, found.tolist()))
 
 

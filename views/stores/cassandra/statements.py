@@ -19,6 +19,7 @@ batches win whatever the order replicas see the writes in.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import re
@@ -719,13 +720,64 @@ class Meta:
     chunks: int = 0
 
 
-def meta_users(plan: WritePlan) -> list[int]:
+def meta_users(plan: WritePlan, blind: Collection[int] = ()) -> list[int]:
     """Users whose timeline_meta the batch reads and writes.
 
-    Added to, removed from, wiped, horizon raised, read.
+    Added to, removed from, wiped, horizon raised, read; less the ``blind`` ones
+    (:func:`blind_users`).
     """
-    return sorted({row[0] for row in plan.adds} | {row[0] for row in plan.removes}
-                  | set(wipe_users(plan.wipes)) | set(plan.horizons) | set(plan.activity))
+    added = set(np.unique(plan.adds.columns()[0]).tolist()).difference(blind)
+    return sorted(added | _kept_up(plan))
+
+
+def _kept_up(plan: WritePlan) -> set[int]:
+    """Users a batch touches other than by adding: each needs its timeline_meta."""
+    return ({row[0] for row in plan.removes} | set(wipe_users(plan.wipes))
+            | set(plan.horizons) | set(plan.activity))
+
+
+def due(users: np.ndarray, ts: int, upkeep: int) -> np.ndarray:
+    """Whether each user's timeline is kept up in the batch of timestamp ``ts``.
+
+    True for about one user in ``upkeep`` per batch, drawn afresh each batch by a mix
+    of the user and ``ts``, so a user touched now and then is kept up as often as one
+    touched every batch; the same ``ts`` (a batch run again) draws the same users.
+    """
+    x = users.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(ts & (2**64 - 1))
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(29)
+    return (x % np.uint64(upkeep)) == 0
+
+
+def blind_users(plan: WritePlan, ts: int, upkeep: int, limit: int) -> set[int]:
+    """Users whose share of the batch is their ``home_chunks`` row alone.
+
+    The batch only adds to their timelines, at most ``limit`` entries each (the cap
+    plus the slack: no cut to make as they come), and they are not :func:`due`. The
+    writer neither reads nor writes their timeline_meta: in a steady stream a batch
+    gives each of thousands of users an entry or two, and the meta's read and write
+    cost the node three times the row itself (benchmarks/RESULTS.md, "The Cassandra
+    store"). What the meta would have done waits for the user's next batch that
+    keeps it up:
+
+    - an add at or below the horizon is stored; readers take no cached entry there
+      (:meth:`~views.stores.cassandra.store.CassandraStore.cached`, ``serving.timeline``);
+    - the size and row count grow uncounted: a kept-up batch counts ``upkeep - 1``
+      rows for them (:func:`count_blind_rows`), so rows are merged about as often as
+      before; a timeline may hold the entries of those rows past ``cap + slack``
+      until that merge cuts it to the cap;
+    - a dormant user's adds are stored too, under the dormant horizon, and dropped
+      with the partition at the user's next kept-up batch (:func:`dormant_added`) or
+      when the user reads again (the cache is regenerated).
+
+    ``upkeep`` 1: every user is kept up every batch (none blind).
+    """
+    if upkeep <= 1 or not len(plan.adds):
+        return set()
+    users, counts = np.unique(plan.adds.columns()[0], return_counts=True)
+    free = users[(counts <= limit) & ~due(users, ts, upkeep)]
+    return set(free.tolist()).difference(_kept_up(plan))
 
 
 def decode_meta(rows: list[tuple[Any, ...]]) -> Meta:
@@ -772,7 +824,8 @@ def go_dormant(adds: Adds, meta: Mapping[int, Meta], inactive_ms: int) -> list[i
     and their cache is dropped (:func:`drop_ops`). A user who never read (-1) never
     goes dormant; 0 turns it off. The batch's HORIZON deltas cannot change who goes
     dormant (no key reaches DORMANT), so this may run before :func:`kept_adds`. Only
-    each user's newest add decides, so the adds are reduced to that, column-wise.
+    each user's newest add decides, so the adds are reduced to that, column-wise. A
+    user without ``meta`` (:func:`blind_users`) is left for a batch that keeps it up.
     """
     if not inactive_ms or not len(adds):
         return []
@@ -783,11 +836,21 @@ def go_dormant(adds: Adds, meta: Mapping[int, Meta], inactive_ms: int) -> list[i
     newest = np.maximum.reduceat(created[order], starts)
     out = []
     for user, at in zip(by_user[starts].tolist(), newest.tolist(), strict=True):
-        m = meta[user]
-        if 0 <= m.read_at < at - inactive_ms and m.horizon != DORMANT:
+        m = meta.get(user)
+        if m is not None and 0 <= m.read_at < at - inactive_ms and m.horizon != DORMANT:
             m.horizon, m.size, m.chunks = DORMANT, 0, 0
             out.append(user)
     return out
+
+
+def dormant_added(adds: Adds, meta: Mapping[int, Meta]) -> list[int]:
+    """Dormant users the batch adds to: blind batches may have stored their adds.
+
+    Kept up now, their partitions go again (:func:`drop_ops`), so that what blind
+    batches stored under the dormant horizon is not kept until they read.
+    """
+    users = np.unique(adds.columns()[0]).tolist()
+    return [u for u in users if u in meta and meta[u].horizon == DORMANT]
 
 
 def drop_ops(users: Iterable[int], ts: int) -> list[Op]:
@@ -804,14 +867,16 @@ def kept_adds(plan: WritePlan, meta: Mapping[int, Meta]) -> np.ndarray:
     """Adds above their user's horizon (raised by this batch's HORIZON deltas first).
 
     At or below the horizon a timeline is read through the query, not the cache, so
-    an add there would only be trimmed again. Returns the distinct kept adds as an
+    an add there would only be trimmed again. A user without ``meta`` keeps every add
+    (:func:`blind_users`). Returns the distinct kept adds as an
     ``(n, 4)`` int64 array of ``(user, created_at, tweet, author)`` rows, sorted:
     column-wise, because a catching-up batch carries millions of them
     (:class:`~views.stores.adds.SortedAdds`).
     """
     for user, key in plan.horizons.items():
         meta[user].horizon = max(meta[user].horizon, key)
-    kept = SortedAdds(plan.adds).kept({u: m.horizon for u, m in meta.items()})
+    kept = SortedAdds(plan.adds).kept(
+        collections.defaultdict(lambda: NO_HORIZON, {u: m.horizon for u, m in meta.items()}))
     rows = np.column_stack([c[kept.order] for c in kept.columns]) if len(kept) else _NO_ADDS
     if len(rows) > 1:  # sorted: a copy sent twice (a rerun, a duplicate) is adjacent
         rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
@@ -864,6 +929,24 @@ def add_ops(adds: np.ndarray, ts: int, meta: Mapping[int, Meta]) -> list[Op]:
     return ops
 
 
+def count_blind_rows(adds: np.ndarray, meta: Mapping[int, Meta], ts: int, upkeep: int) -> None:
+    """Count into each row estimate the blind batches (:func:`blind_users`) it missed.
+
+    A user kept up by turn (:func:`due`) in the batch of ``T`` ``ts``, whose timeline the
+    ``(n, 4)`` adds reach, was blind in about ``upkeep - 1`` batches since its last
+    turn, each a ``home_chunks`` row nobody counted: that many are added, so that
+    :func:`over_cap` merges the rows about every :data:`CHUNKS_MAX` of them, as with
+    every batch counted. An estimate, not a bound: a reader folds about that many
+    rows. The entries blind batches added go uncounted; a merge cuts them to the cap.
+    """
+    if upkeep <= 1 or not len(adds):
+        return
+    touched = np.unique(adds.reshape(-1, 4)[:, 0])
+    for user in touched[due(touched, ts, upkeep)].tolist():
+        if user in meta:
+            meta[user].chunks += upkeep - 1
+
+
 def over_cap(adds: np.ndarray, meta: Mapping[int, Meta], cap: int, slack: int) -> list[int]:
     """Count the ``(n, 4)`` adds into each size estimate; the users to merge and trim.
 
@@ -873,7 +956,8 @@ def over_cap(adds: np.ndarray, meta: Mapping[int, Meta], cap: int, slack: int) -
     """
     users, added = np.unique(adds.reshape(-1, 4)[:, 0], return_counts=True)
     for user, n in zip(users.tolist(), added.tolist(), strict=True):
-        meta[user].size += n
+        if user in meta:  # else blind (:func:`blind_users`)
+            meta[user].size += n
     return sorted(u for u, m in meta.items()
                   if m.size > cap + slack or m.chunks > CHUNKS_MAX)
 

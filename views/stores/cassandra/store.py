@@ -51,13 +51,19 @@ plus a batch, which costs space, not correctness — entries above the horizon a
 exact however many there are. ``timeline_meta`` and profiles (newest ``created_at``
 wins) are read-then-written: safe because one job writes a keyspace.
 
+**Blind batches.** A batch that only adds to a user's timeline writes the user's
+``home_chunks`` row and nothing else, unless it is the user's turn to be kept up (about
+one such batch in ``upkeep``): :func:`~.statements.blind_users` says which users, and
+what waits meanwhile.
+
 **Inactive users** (DESIGN §4b, as the SQLite store does them):
 ``timeline_meta.read_at`` keeps each user's newest read. A user whom an entry reaches
 more than ``inactive_ms`` after that read goes dormant: the horizon becomes
 :data:`~views.stores.rows.DORMANT` and the ``home_chunks`` partition is dropped (one partition
 tombstone at ``T+2``, above anything the batch added), so fan-out skips the user and
-reads evaluate at read time. A dormant user's next read regenerates the cache after
-phase (2): the newest ``cap`` entries of the followees off the celebrity path, read
+reads evaluate at read time. A dormant user's next read drops the partition (at
+``T+0``: what blind batches stored meanwhile) and regenerates the cache after phase (2):
+the newest ``cap`` entries of the followees off the celebrity path, read
 from ``author_tweets`` (this batch's tweets included), written at ``T+1``. A batch
 applied again finds the user no longer dormant (nothing is regenerated twice), or
 dormant with the partition dropped already.
@@ -156,6 +162,8 @@ class CassandraStore(Store):
         self._replica: Callable[[Any], Hashable] | None = None
         #: Rows a timeline may hold past the cap before it is trimmed (amortizes trims).
         self.trim_slack = max(16, cap // 4) if config.trim_slack is None else config.trim_slack
+        #: Batches a timeline's upkeep is spread over (:func:`.statements.blind_users`).
+        self.upkeep = config.upkeep
         self._floor = 0
         self._write_lock = threading.Lock()
         #: Timeline rows inserted since built (fan-out writes, regenerations included).
@@ -296,11 +304,13 @@ class CassandraStore(Store):
     def _write_removes(self, plan: WritePlan, ts: int) -> tuple[dict[int, cql.Meta], set[int]]:
         """Read what the batch needs, write tables, wipes and removes.
 
-        Returns timeline_meta, and the originals reposts were moved away from.
+        Returns timeline_meta (of the users kept up: :meth:`blind`), and the originals
+        reposts were moved away from.
         """
         found = self._lookup({"tweet_state": cql.lookup_ids(plan),
                               "home_get": sorted(cql.wipe_users(plan.wipes)),
-                              "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
+                              "user_time": sorted(plan.users),
+                              "meta_get": cql.meta_users(plan, self.blind(plan, ts - cql.REMOVE))})
         removes, _, moved = self._write_tweets(plan, found["tweet_state"], ts)
         return self._write_user_rows(plan, found, removes, ts), moved
 
@@ -326,6 +336,13 @@ class CassandraStore(Store):
         self._run(moves)  # first: see repost_moves
         self._run(cql.tweet_ops(plan, states, ts) + cql.repost_ops(plan.reposts, states, ts))
         return removes, skipped, cql.moved_originals(moves)
+
+    def blind(self, plan: WritePlan, ts: int) -> set[int]:
+        """The users whose share of the batch is one ``home_chunks`` row.
+
+        :func:`.statements.blind_users`; ``ts`` is the batch's ``T``.
+        """
+        return cql.blind_users(plan, ts, self.upkeep, self.cap + self.trim_slack)
 
     def _write_user_rows(self, plan: WritePlan, found: dict[str, dict[int, reads.Rows]],
                          removes: list[cql.Removed], ts: int) -> dict[int, cql.Meta]:
@@ -364,12 +381,16 @@ class CassandraStore(Store):
         user's in this batch, which :func:`cql.capped_adds` trims as they come, as the
         SQLite store inserts then trims them). ``ts`` is the batch's ``T``.
         """
-        back = np.array(self._regenerate(cql.record_reads(plan.activity, meta), meta),
-                        np.int64).reshape(-1, 4)
+        returning = cql.record_reads(plan.activity, meta)
+        back = np.array(self._regenerate(returning, meta), np.int64).reshape(-1, 4)
         dormant = cql.go_dormant(plan.adds, meta, inactive_ms)
+        if self.upkeep > 1:
+            dormant = sorted({*dormant, *cql.dormant_added(plan.adds, meta)})
         kept = cql.kept_adds(plan, meta)
         adds = cql.capped_adds(kept, meta, self.cap + self.trim_slack)
-        self._run(cql.drop_ops(dormant, ts + cql.TRIM)
+        # A returning user's partition goes first: what blind batches stored under
+        # the dormant horizon (:func:`cql.blind_users`) is no part of the new cache.
+        self._run(cql.drop_ops(returning, ts + cql.REMOVE) + cql.drop_ops(dormant, ts + cql.TRIM)
                   + cql.add_ops(np.concatenate((back, adds)), ts + cql.ADD, meta))
         return adds, len(back) + len(kept)
 
@@ -401,8 +422,10 @@ class CassandraStore(Store):
     def _write_trims(self, adds: np.ndarray, meta: dict[int, cql.Meta], ts: int) -> None:
         """Merge and trim the timelines past their bounds; write timeline_meta.
 
-        ``ts`` is ``T + TRIM``; the bounds are :func:`cql.over_cap`'s.
+        ``ts`` is ``T + TRIM``; the bounds are :func:`cql.over_cap`'s, after
+        :func:`cql.count_blind_rows`.
         """
+        cql.count_blind_rows(adds, meta, ts - cql.TRIM, self.upkeep)
         users = cql.over_cap(adds, meta, self.cap, self.trim_slack)
         found = self._lookup({"home_get": users})["home_get"]
         merges = [cql.merge_op(u, found[u], meta[u], self.cap, ts) for u in users]
@@ -430,9 +453,12 @@ class CassandraStore(Store):
         return contextlib.nullcontext()
 
     def cached(self, user: int, below: Key | None, limit: int) -> list[Entry]:
+        """Above the horizon, as :meth:`home_start` reads it: both in one round trip."""
         if limit <= 0:
             return []
-        return reads.cached_page(self._rows(*reads.cached_query(user)), below, limit)
+        meta, rows = self._run([("horizon_get", (user,)), reads.cached_query(user)],
+                               EXEC_PROFILE_DEFAULT)
+        return reads.cached_page(rows, below, limit, reads.horizon_key(meta))
 
     def home_start(self, user: int, below: Key | None, limit: int) -> HomeStart:
         """The reader's three partitions in one concurrent run: one round trip.
@@ -444,9 +470,9 @@ class CassandraStore(Store):
         if limit > 0:
             ops.append(reads.cached_query(user))
         meta, relations, *page = self._run(ops, EXEC_PROFILE_DEFAULT)
-        return HomeStart(reads.horizon_key(meta), reads.celebrity_rows(relations),
-                         reads.relation_set(relations),
-                         reads.cached_page(page[0], below, limit) if page else [])
+        horizon = reads.horizon_key(meta)
+        return HomeStart(horizon, reads.celebrity_rows(relations), reads.relation_set(relations),
+                         reads.cached_page(page[0], below, limit, horizon) if page else [])
 
     def horizon(self, user: int) -> Key | None:
         return reads.horizon_key(self._rows("horizon_get", (user,)))

@@ -86,7 +86,8 @@ class TaskWriter:
         """
         store = self.store
         found = store._lookup({"home_get": sorted(cql.wipe_users(plan.wipes)),
-                               "user_time": sorted(plan.users), "meta_get": cql.meta_users(plan)})
+                               "user_time": sorted(plan.users),
+                               "meta_get": cql.meta_users(plan, store.blind(plan, ts))})
         removes, _ = cql.removed_keys(plan.removes, {}, {})
         meta = store._write_user_rows(plan, found, removes, ts + cql.REMOVE)
         adds, inserted = store._write_adds(plan, meta, ts, inactive_ms)
