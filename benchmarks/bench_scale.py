@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/bench_scale.py --users 20000 200000 --rate 500 --seconds 60
     .venv/bin/python benchmarks/bench_scale.py --store cassandra --users 20000 200000 \
         --name scale-cassandra
+    .venv/bin/python benchmarks/bench_scale.py --store cassandra --users 200000 \
+        --store-options upkeep=1 upkeep=8 --name scale-upkeep
 
 For each size a fresh pipeline (broker, job, store: SQLite through the driver's sink, or
 with ``--store cassandra`` a local Cassandra node through the executor sink;
@@ -26,7 +28,8 @@ join's state (rows and bytes from Spark's state store, and the checkpoint's stat
 directory on disk), and the peak RSS of the whole tree. A figure per size is plotted
 against the user count (``results/scale.png``) and the ratios to the smallest size
 are printed: what the state layout is judged by is how these grow with the graph
-while the input stays the same.
+while the input stays the same. With ``--store-options`` each Cassandra URL option
+string is a series of its own (every size each), in the order given.
 """
 
 from __future__ import annotations
@@ -117,12 +120,12 @@ def bulk(pipe: Any, users: int, degree: int) -> dict[str, Any]:
             "caught_up_s": round(seconds, 1), "events_per_s": round(len(events) / seconds)}
 
 
-def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_size(users: int, args: argparse.Namespace, options: str = "") -> dict[str, Any]:
     with pipeline(celebrity_threshold=1000, max_records=args.max_records,
                   trigger_seconds=args.trigger_seconds, conf=dict(args.conf),
-                  store=args.store) as pipe:
-        print(f"\n== {users:,} users, {users * args.degree:,} follows, into {args.store}",
-              flush=True)
+                  store=args.store, store_options=options) as pipe:
+        print(f"\n== {users:,} users, {users * args.degree:,} follows, into {args.store}"
+              + (f"?{options}" if options else ""), flush=True)
         graph = bulk(pipe, users, args.degree)
         print(f"graph: {graph['events']:,} events caught up in {graph['caught_up_s']} s "
               f"({graph['events_per_s']:,}/s)", flush=True)
@@ -155,7 +158,7 @@ def one_size(users: int, args: argparse.Namespace) -> dict[str, Any]:
     executor_s = executor_seconds(cpu_before, cpu_after)
     node_s = cpu_after.get("cassandra", 0.0) - cpu_before.get("cassandra", 0.0)
     result = {
-        "store": args.store,
+        "store": args.store, "store_options": options,
         "users": users, "follows": users * args.degree, "job": job, "graph": graph,
         "settle": settled,
         "warmup": warm,
@@ -268,15 +271,20 @@ def main() -> int:
     ap.add_argument("--settle-timeout", type=float, default=600.0)
     ap.add_argument("--conf", type=spark_setting, action="append", default=[],
                     metavar="KEY=VALUE", help="a Spark setting over the job's (repeatable)")
+    ap.add_argument("--store-options", nargs="+", default=[""], metavar="OPTIONS",
+                    help="Cassandra URL options, a series each (e.g. upkeep=1 upkeep=8)")
     args = ap.parse_args()
     sizes: list[dict[str, Any]] = []
-    for users in sorted(args.users):
-        sizes.append(one_size(users, args))
-        # each size is saved as it ends: a 1M-user size runs for most of an hour
-        save(args.name, {"args": vars(args), "sizes": sizes, "ratios": ratios(sizes)})
+    for options in args.store_options:
+        for users in sorted(args.users):
+            sizes.append(one_size(users, args, options))
+            # each size is saved as it ends: a 1M-user size runs for most of an hour
+            save(args.name, {"args": vars(args), "sizes": sizes, "ratios": ratios(sizes)})
     grown = ratios(sizes)
-    print(f"\nagainst {sizes[0]['users']:,} users, at " +
-          ", ".join(f"{r['users']:,}" for r in sizes) + " users:")
+    def named(r: dict[str, Any]) -> str:
+        return f"{r['users']:,}" + (f" ({r['store_options']})" if r["store_options"] else "")
+
+    print(f"\nagainst {named(sizes[0])} users, at " + ", ".join(map(named, sizes)) + " users:")
     for label, values in grown.items():
         print(f"  {label:<28} " + "  ".join(f"{v:5.2f}x" for v in values))
     RESULTS.mkdir(parents=True, exist_ok=True)

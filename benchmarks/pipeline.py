@@ -191,11 +191,11 @@ def scratch(prefix: str) -> Iterator[Path]:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def cassandra_keyspace(hosts: str) -> str:
-    """A new keyspace's store URL on ``hosts``, its schema applied."""
+def cassandra_keyspace(hosts: str, options: str = "") -> str:
+    """A new keyspace's store URL on ``hosts`` (with URL ``options``), its schema applied."""
     from views.stores.cassandra.schema import apply_at
 
-    url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}"
+    url = f"cassandra://{hosts}/bench_{uuid.uuid4().hex[:10]}" + (f"?{options}" if options else "")
     apply_at(url)
     return url
 
@@ -205,11 +205,13 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
              max_records: int | None = 50_000, trigger_seconds: float = 0.0,
              shuffle_partitions: int = 2, key_buckets: int | None = None,
              conf: dict[str, str] | None = None, kafka_source: str | None = None,
-             start: bool = True, store: str = "sqlite") -> Iterator[Pipeline]:
+             start: bool = True, store: str = "sqlite",
+             store_options: str = "") -> Iterator[Pipeline]:
     """Start everything in a temp dir (:func:`scratch`); stop and clean up at the end.
 
     Without ``start`` the query is left to ``pipe.query = pipe.launch()`` (to time a backlog
     produced before the job runs). ``max_records`` None: the store's own batch cap.
+    ``store_options``: the Cassandra store's URL options (``upkeep=1``, ...).
     """
     if store not in STORES:
         raise ValueError(f"store {store!r}: one of {STORES}")
@@ -222,7 +224,7 @@ def pipeline(*, partitions: int = 4, celebrity_threshold: int = 1000, cap: int =
 
             node = services.enter_context(LocalCassandra(work / "cassandra",
                                                          heap_mb=CASSANDRA_HEAP_MB))
-            url = cassandra_keyspace(node.hosts)
+            url = cassandra_keyspace(node.hosts, store_options)
         yield from _pipeline(work, broker, url, partitions=partitions,
                              celebrity_threshold=celebrity_threshold, cap=cap,
                              max_records=max_records, trigger_seconds=trigger_seconds,
