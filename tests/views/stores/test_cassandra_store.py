@@ -443,6 +443,17 @@ def test_blind_users_are_those_a_batch_only_adds_to_and_whose_turn_it_is_not() -
     assert cql.blind_users(plan, ts, 1, limit=2) == set()  # upkeep 1: every user kept up
 
 
+def test_a_catching_up_batch_keeps_its_users_up() -> None:
+    """The store's limit: a user's adds in a blind batch are at most the slack over upkeep
+    (here 200 // 8), so a catch-up's hundreds a user keep its meta, trims and merges."""
+    store = CassandraStore(parse_url("cassandra://h/ks"), cap=800)  # not connected
+    plan = _plan(*(Delta.timeline_add(1, 100 + i, 7, i) for i in range(26)),
+                 *(Delta.timeline_add(2, 200 + i, 7, i) for i in range(25)))
+    ts = next(t for t in range(0, 4000, cql.STRIDE) if not cql.due(np.array([1, 2]), t, 8).any())
+    assert (store.trim_slack, store.upkeep) == (200, 8)
+    assert store.blind(plan, ts) == {2}
+
+
 def test_a_dormant_user_kept_up_loses_what_blind_batches_stored() -> None:
     plan = _plan(Delta.timeline_add(1, 10, 7, 5), Delta.timeline_add(2, 11, 7, 5),
                  Delta.timeline_add(3, 12, 7, 5))

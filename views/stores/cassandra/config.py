@@ -32,11 +32,12 @@ discovers), so it may follow the last host or every host, but there is one. Opti
 ``trim_slack``  rows a timeline may grow past the cap before it is trimmed
                (default max(16, cap/4): trims are amortized, as in SQLite)
 ``upkeep``     batches a timeline's upkeep is spread over (default 8; 1: every batch).
-               A batch that only adds to a user's timeline writes just its
-               ``home_chunks`` row; the user's ``timeline_meta`` (horizon, counts,
-               newest read), merge and dormancy are kept up in about one of
-               ``upkeep`` such batches, and in every batch that reads, removes,
-               wipes or raises the horizon (``statements.blind_users``)
+               A batch that only adds a few entries to a user's timeline (at most
+               ``trim_slack`` over ``upkeep``) writes just its ``home_chunks`` row;
+               the user's ``timeline_meta`` (horizon, counts, newest read), merge
+               and dormancy are kept up in about one of ``upkeep`` such batches,
+               and in every batch that reads, removes, wipes or raises the horizon
+               (``statements.blind_users``)
 ``retry``      seconds the job's writes keep retrying while the cluster does not answer
                (a node restarting), with backoff, before the job stops (default 120)
 ``schema``     ``check`` (default: require ``fanout schema apply``) or ``auto``

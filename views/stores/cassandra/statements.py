@@ -753,8 +753,9 @@ def due(users: np.ndarray, ts: int, upkeep: int) -> np.ndarray:
 def blind_users(plan: WritePlan, ts: int, upkeep: int, limit: int) -> set[int]:
     """Users whose share of the batch is their ``home_chunks`` row alone.
 
-    The batch only adds to their timelines, at most ``limit`` entries each (the cap
-    plus the slack: no cut to make as they come), and they are not :func:`due`. The
+    The batch only adds to their timelines, at most ``limit`` entries each (the
+    writer's slack over ``upkeep``: no cut to make as they come, and a timeline grows
+    by about the slack between two turns), and they are not :func:`due`. The
     writer neither reads nor writes their timeline_meta: in a steady stream a batch
     gives each of thousands of users an entry or two, and the meta's read and write
     cost the node three times the row itself (benchmarks/RESULTS.md, "The Cassandra

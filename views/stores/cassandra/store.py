@@ -340,9 +340,12 @@ class CassandraStore(Store):
     def blind(self, plan: WritePlan, ts: int) -> set[int]:
         """The users whose share of the batch is one ``home_chunks`` row.
 
-        :func:`.statements.blind_users`; ``ts`` is the batch's ``T``.
+        :func:`.statements.blind_users`; ``ts`` is the batch's ``T``. A user's adds in a
+        blind batch are at most the slack over ``upkeep``, so the entries that blind
+        batches store between two turns come to about the slack: a catching-up
+        batch, which gives a user hundreds, keeps every user it reaches up.
         """
-        return cql.blind_users(plan, ts, self.upkeep, self.cap + self.trim_slack)
+        return cql.blind_users(plan, ts, self.upkeep, max(1, self.trim_slack // self.upkeep))
 
     def _write_user_rows(self, plan: WritePlan, found: dict[str, dict[int, reads.Rows]],
                          removes: list[cql.Removed], ts: int) -> dict[int, cql.Meta]:
