@@ -45,9 +45,10 @@ are folded into the batch's row, cut to the newest ``cap``, and the older rows
 deleted with one clustering-range tombstone, in one single-partition batch,
 raising the user's horizon to the first entry cut. A user's adds in one batch past
 ``cap + trim_slack`` are cut the same way as they come (:func:`~.statements.capped_adds`):
-a row stays one small mutation. Adds at or below a user's horizon are not written:
-reads go through the query there. Timelines run over the cap by at most the slack
-plus a batch, which costs space, not correctness — entries above the horizon are
+a row stays one small mutation. Adds at or below a user's horizon are not written
+(a blind batch's are, and are not read: below): reads go through the query there.
+Timelines run over the cap by the slack plus a batch, or the few entries a user's blind
+batches add between two merges: space, not correctness — entries above the horizon are
 exact however many there are. ``timeline_meta`` and profiles (newest ``created_at``
 wins) are read-then-written: safe because one job writes a keyspace.
 
@@ -79,8 +80,9 @@ partitions.
 while a batch lands may mix rows from before and after it — say a timeline entry
 whose tweet was deleted in that batch. The read path tolerates it: hydration drops
 deleted tweets, and the next read sees the batch whole. A user's cached page is the
-whole ``home_chunks`` partition, folded and cut in the reader (at most about ``cap +
-trim_slack`` entries in :data:`~.statements.CHUNKS_MAX` rows). A page's requests do not grow
+whole ``home_chunks`` partition, folded and cut in the reader (about ``cap + trim_slack``
+entries in about :data:`~.statements.CHUNKS_MAX` rows, the entries at or below the horizon
+left out). A page's requests do not grow
 with its length: the reader's own partitions in one concurrent run
 (:meth:`home_start`), then every table's keys by ``IN``, a request per 100 keys
 (:mod:`~views.stores.cassandra.rows`). :meth:`counts` and
