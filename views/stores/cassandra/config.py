@@ -261,7 +261,7 @@ def _int(name: str, text: str) -> int:
     if not text.isdigit():
         msg = f"store option {name}={text!r} must be a positive integer"
         raise ConfigError(msg)
-    return _positive(name, int(text))
+    return _positive(f"store option {name}", int(text))
 
 
 _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
