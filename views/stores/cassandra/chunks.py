@@ -89,11 +89,20 @@ def fold(chunks: Sequence[Chunk]) -> np.ndarray:
     return out[::-1].copy()
 
 
-def page(entries: np.ndarray, below: Key | None, limit: int) -> np.ndarray:
-    """Folded entries strictly below ``below`` (all if None), the first ``limit``."""
-    if below is not None and len(entries):
+def page(entries: np.ndarray, below: Key | None, limit: int,
+         above: Key | None = None) -> np.ndarray:
+    """Folded entries between ``above`` and ``below``, both excluded, the first ``limit``.
+
+    None: no bound on that side.
+    """
+    if len(entries):
         c, t = entries[:, 0], entries[:, 1]
-        entries = entries[(c < below[0]) | ((c == below[0]) & (t < below[1]))]
+        keep = np.ones(len(entries), bool)
+        if below is not None:
+            keep &= (c < below[0]) | ((c == below[0]) & (t < below[1]))
+        if above is not None:
+            keep &= (c > above[0]) | ((c == above[0]) & (t > above[1]))
+        entries = entries[keep]
     return entries[:max(limit, 0)]
 
 

@@ -130,11 +130,7 @@ def cached_page(rows: Rows, below: Key | None, limit: int,
     or below ``horizon`` are not the cache's (a blind batch may have stored some:
     :func:`~views.stores.cassandra.statements.blind_users`).
     """
-    entries = fold(as_chunks(rows))
-    if horizon is not None and len(entries):
-        c, t = entries[:, 0], entries[:, 1]
-        entries = entries[(c > horizon[0]) | ((c == horizon[0]) & (t > horizon[1]))]
-    found = page(entries, below, limit)
+    found = page(fold(as_chunks(rows)), below, limit, above=horizon)
     return list(map(as_entry, found.tolist()))
 
 

@@ -850,8 +850,10 @@ def dormant_added(adds: Adds, meta: Mapping[int, Meta]) -> list[int]:
     Kept up now, their partitions go again (:func:`drop_ops`), so that what blind
     batches stored under the dormant horizon is not kept until they read.
     """
-    users = np.unique(adds.columns()[0]).tolist()
-    return [u for u in users if u in meta and meta[u].horizon == DORMANT]
+    dormant = [u for u, m in meta.items() if m.horizon == DORMANT]
+    if not dormant:
+        return []
+    return np.asarray(dormant)[np.isin(dormant, adds.columns()[0])].tolist()
 
 
 def drop_ops(users: Iterable[int], ts: int) -> list[Op]:
