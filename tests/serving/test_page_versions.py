@@ -41,7 +41,7 @@ from views.stores.cassandra.changes import CassandraFeed, Changes
 from views.stores.plan import WritePlan
 from views.stores.rows import TweetRow
 from views.stores.sqlite import SQLiteFeed
-from views.stores.versions import ROWS_SHARD, shard
+from views.stores.versions import ROWS_SHARD, ChangeFeed, shard
 
 pytestmark = pytest.mark.long
 
@@ -404,38 +404,48 @@ def test_reads_within_the_window_share_one_question(cassandra_hosts: str) -> Non
     a window after a commit sees it."""
     with _windowed(cassandra_hosts, WINDOW_MS, Post(100, 10, T0 + 1, "a")) as (join, pages,
                                                                               state):
-        time.sleep(PAST_WINDOW_S)
+        state.later()
         first = _read(pages, state, 1)
         asked = state.versions.questions
         assert all(_read(pages, state, 1) == first for _ in range(20))
         assert state.versions.questions == asked  # one window: no new question
         join.run([Post(101, 10, T0 + 2, "b")])
-        time.sleep(PAST_WINDOW_S)
+        assert b'"101"' not in _read(pages, state, 1)  # still the window's answer
+        state.later()
         assert b'"101"' in _read(pages, state, 1)
         assert state.versions.questions == asked + 1
 
 
-#: The answer window of the tests that hold reads to it, and a sleep past it. Wide enough
-#: that what must happen within one window does on a starved worker: in the suite's unit
-#: step (an eighth of the CPU beside the stacks) a 400 ms window once passed between two
-#: reads of a test.
-WINDOW_MS, PAST_WINDOW_S = 2000, 2.1
+#: The answer window of the tests that hold reads to it. Their versions read a clock the
+#: test moves by hand (``state.later()``: past one window), so what must happen within
+#: one window does however slowly the worker runs.
+WINDOW_MS = 2000
 
 
 @contextlib.contextmanager
 def _windowed(cassandra_hosts: str, window_ms: int, post: Post
               ) -> Iterator[tuple[LocalJoin, Pages, types.SimpleNamespace]]:
-    """A store whose answer window is ``window_ms``, user 1 following 10, who posted ``post``."""
+    """A store whose answer window is ``window_ms``, user 1 following 10, who posted ``post``;
+    its page versions on a clock that ``state.later()`` moves one window and a little on."""
     with fresh_keyspace(cassandra_hosts, f"page_fresh_ms={window_ms}") as url:
         store = writer_from_url(url, cap=50).open()
         try:
             join = LocalJoin(JoinConfig(cap=50, promote_at=1000, demote_below=999), store)
             join.run([Follow(1, 10, T0), post])
-            pages, state = _pages(store)
+            now = [1000.0]
+            feed = store.version()
+            assert isinstance(feed, ChangeFeed)
+            versions = FeedVersions(store, feed.for_shards(None), clock=lambda: now[0])
+
+            def later() -> None:
+                now[0] += window_ms / 1000 * 1.05
+
+            state = types.SimpleNamespace(store=store, versions=versions, celebrities=None,
+                                          later=later)
             try:
-                yield join, pages, state
+                yield join, Pages(PageCache(1 << 24), freshness=None, fan_out=True), state
             finally:
-                state.versions.close()
+                versions.close()
         finally:
             store.close()
 
@@ -453,7 +463,7 @@ def test_a_cached_page_is_answered_without_waiting_only_within_the_window(
         cached = pages.answer_cached(state, read, HOME, None)
         assert cached is not None and cached[2] == body
         assert (pages.cache.hits, pages.cache.misses) == (1, 1)
-        time.sleep(PAST_WINDOW_S)  # the window passed: only the store can say what is committed
+        state.later()  # the window passed: only the store can say what is committed
         assert pages.answer_cached(state, read, HOME, None) is None
         join.run([Post(101, 10, T0 + 2, "second")])
         assert b"second" in pages.answer_now(state, read, HOME, None)[2]
