@@ -1,8 +1,8 @@
 """The local Cassandra node's lifecycle (``infra.services.cassandra``), on real JVMs.
 
-A node of its own (not the session's): it is stopped, restarted on the same data
-directory with its native port taken by another socket, and must come back with its
-data on another port. The port choice and the failure paths need no running node.
+A node of its own (not the session's): it is killed and restarted on the same data
+directory with every acknowledged write, then stopped and restarted with its native
+port taken by another socket, and must come back with its data on another port. The port choice and the failure paths need no running node.
 """
 
 from __future__ import annotations
@@ -89,52 +89,42 @@ def test_a_node_that_names_no_jit_takes_the_environments(tmp_path: Path,
         LocalCassandra(tmp_path)
 
 
-def _rows(hosts: str, keyspace: str) -> list[tuple[int, str]]:
+#: The writes the node acknowledges before it is killed.
+ACKED = 20_000
+
+
+def _keys(hosts: str, keyspace: str) -> set[int]:
     cluster, session = connect(parse_url(f"cassandra://{hosts}/{keyspace}"), wait=30)
     try:
-        return sorted(session.execute(f"SELECT k, v FROM {keyspace}.kv"))
+        # Read page by page: one count(*) over the table is a single read that a node
+        # starved by the suite's other workers aborts at its read timeout.
+        return {row[0] for row in session.execute(
+            SimpleStatement(f"SELECT k, v FROM {keyspace}.kv", fetch_size=1000), timeout=60)
+            if row[1] == "acked"}
     finally:
         cluster.shutdown()
 
 
-def test_a_node_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
-    _jars_or_skip()
-    data = tmp_path / "node"
-    with LocalCassandra(data, heap_mb=512) as node:
-        first_port = node.port
-        assert node.ready() and running(node.pid, node.marker)
-        assert node.started_in is not None and node.rss_bytes() > 100 * 2**20
-        # The JVM stops at C1 (infra.services.cassandra.JIT), as Spark's and Kafka's do.
-        assert "-XX:TieredStopAtLevel=1" in cmdline(node.pid)
-        cluster, session = connect(parse_url(node.url("kv_ks")), wait=30)
-        try:
-            session.execute("CREATE KEYSPACE kv_ks WITH replication = "
-                            "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-            session.execute("CREATE TABLE kv_ks.kv (k int PRIMARY KEY, v text)")
-            session.execute("INSERT INTO kv_ks.kv (k, v) VALUES (1, 'kept')")
-        finally:
-            cluster.shutdown()
-        with pytest.raises(CassandraError, match="already runs"):
-            LocalCassandra(data).start()  # a second JVM on the same files is refused
-    assert not node.ready()
-    with socket.socket() as squatter:  # the old native port is taken: a new one is used
-        squatter.bind(("127.0.0.1", first_port))
-        squatter.listen()
-        with LocalCassandra(data, heap_mb=512) as node:
-            assert node.port != first_port
-            assert _rows(node.hosts, "kv_ks") == [(1, "kept")]
+def test_a_node_keeps_acknowledged_writes_across_a_sigkill_and_a_stop(tmp_path: Path) -> None:
+    """One node's life: acknowledged writes, a SIGKILL, a start; a stop, and a start with
+    its native port taken by another socket (it comes back on another port).
 
-
-def test_acknowledged_writes_survive_a_sigkill(tmp_path: Path) -> None:
-    # The job records a batch's offsets once Cassandra acknowledged its writes, and never
-    # writes that batch again: an acknowledged write the node loses is lost from the view.
-    # With the commit log synced every 10 s (periodic), 120 of 20,000 were gone after a
-    # SIGKILL; a write is acknowledged only once its commit log is synced (batch; group
-    # keeps that too, and passes this test as well).
+    The job records a batch's offsets once Cassandra acknowledged its writes, and never
+    writes that batch again: an acknowledged write the node loses is lost from the view.
+    With the commit log synced every 10 s (periodic), 120 of 20,000 were gone after a
+    SIGKILL; a write is acknowledged only once its commit log is synced (batch; group
+    keeps that too, and passes this test as well).
+    """
     _jars_or_skip()
     data = tmp_path / "node"
     node = LocalCassandra(data, heap_mb=512).start()
     try:
+        assert node.ready() and running(node.pid, node.marker)
+        assert node.started_in is not None and node.rss_bytes() > 100 * 2**20
+        # The JVM stops at C1 (infra.services.cassandra.JIT), as Spark's and Kafka's do.
+        assert "-XX:TieredStopAtLevel=1" in cmdline(node.pid)
+        with pytest.raises(CassandraError, match="already runs"):
+            LocalCassandra(data).start()  # a second JVM on the same files is refused
         cluster, session = connect(parse_url(node.url("kv_ks")), wait=30)
         try:
             session.execute("CREATE KEYSPACE kv_ks WITH replication = "
@@ -143,24 +133,26 @@ def test_acknowledged_writes_survive_a_sigkill(tmp_path: Path) -> None:
             insert = session.prepare("INSERT INTO kv_ks.kv (k, v) VALUES (?, ?)")
             # As the job's sink does: a write the node timed out on (a starved box with
             # its commit log synced per batch) runs again until it is acknowledged.
-            execute(session, [(insert, (k, "acked")) for k in range(20_000)],
-                    ["insert"] * 20_000, profile=EXEC_PROFILE_DEFAULT, concurrency=64,
+            execute(session, [(insert, (k, "acked")) for k in range(ACKED)],
+                    ["insert"] * ACKED, profile=EXEC_PROFILE_DEFAULT, concurrency=64,
                     retry_s=120)
         finally:
             cluster.shutdown()
         node.kill()
     finally:
         node.stop()
+    assert not node.ready()
     with LocalCassandra(data, heap_mb=512) as again:
-        cluster, session = connect(parse_url(again.url("kv_ks")), wait=30)
-        try:
-            # Read page by page: one count(*) over the table is a single read that a node
-            # starved by the suite's other workers aborts at its read timeout.
-            keys = {row[0] for row in session.execute(
-                SimpleStatement("SELECT k FROM kv_ks.kv", fetch_size=1000), timeout=60)}
-            assert keys == set(range(20_000)), f"{20_000 - len(keys)} acknowledged writes lost"
-        finally:
-            cluster.shutdown()
+        first_port = again.port
+        lost = ACKED - len(_keys(again.hosts, "kv_ks"))
+        assert lost == 0, f"{lost} acknowledged writes lost to the SIGKILL"
+    assert not again.ready()
+    with socket.socket() as squatter:  # the old native port is taken: a new one is used
+        squatter.bind(("127.0.0.1", first_port))
+        squatter.listen()
+        with LocalCassandra(data, heap_mb=512) as node:
+            assert node.port != first_port
+            assert _keys(node.hosts, "kv_ks") == set(range(ACKED))
 
 
 def test_a_new_rings_port_taken_before_its_node_binds_it_is_chosen_again(
