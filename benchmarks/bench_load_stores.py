@@ -9,7 +9,8 @@ the API, and for Cassandra a local node), fills it with the same synthetic histo
 drives the same open-loop Locust run (latency from the intended send time, in
 HdrHistograms), and stops the stack. The figures are taken from each run's
 ``summary.json``: all reads and first home pages (p50/p99/p99.9), errors, and the
-fan-out probe's post → visible latency. The load average is recorded before and after
+fan-out probe's post → visible latency; for Cassandra, what its node logged (bytes,
+warnings, batch size warnings). The load average is recorded before and after
 each run; compare the two stores as ratios from one invocation. Results go to
 ``benchmarks/results/load-stores.json``; the full reports stay in the work directory.
 """
@@ -68,7 +69,19 @@ def _run(store: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     summary = work / "reports" / store / "summary.json"
     if summary.exists():
         result |= _figures(json.loads(summary.read_text()))
+    node_log = work / store / "load" / "logs" / "cassandra.log"
+    if node_log.exists():
+        result["node_log"] = _node_log(node_log)
     return result
+
+
+def _node_log(path: Path) -> dict[str, int]:
+    """What the Cassandra node logged in the run: bytes, warnings, and of those the
+    batch size warnings, which the node logs for each batch past 5 KiB."""
+    lines = path.read_text(errors="replace").splitlines()
+    warnings = [line for line in lines if line.startswith("WARN")]
+    return {"bytes": path.stat().st_size, "warnings": len(warnings),
+            "batch_size_warnings": sum("BatchStatement - Batch for" in w for w in warnings)}
 
 
 def main() -> int:

@@ -28,6 +28,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
 from infra.cli import _parser
+from ingest.events import MAX_TEXT
 from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_name, writing_store
 from views.delta import Delta, pack
 from views.errors import StoreError
@@ -43,6 +44,7 @@ from views.stores.cassandra.config import (
     load_balancing,
     parse_url,
 )
+from views.stores.cassandra.executor import requests
 from views.stores.cassandra.schema import (
     SchemaError,
     Step,
@@ -627,9 +629,14 @@ def test_writes_go_in_batches_per_partition_then_per_replica_set() -> None:
     half = (cql.PACK_MAX + 2) // 2
     assert sorted(len(g) for g in packed) == [half, half, cql.BATCH_MAX]  # odd users, even users
     assert sorted(i for g in packed for i in g) == list(range(len(many)))
-    # Blobs bound a pack too: Cassandra refuses a batch over several partitions past 50 KiB.
-    blobs = [("home_adds", (u, 1, b"x" * n, 7)) for u, n in enumerate((3000, 1000, 2000, 5000))]
+    # Sizes bound a pack too: the node warns of every batch over several partitions past
+    # 5 KiB and refuses one past 50 KiB.
+    blobs = [("home_adds", (u, 1, b"x" * n, 7)) for u, n in enumerate((2800, 1000, 2000, 5000))]
+    assert [cql.data_size(params) for _, params in blobs] == [2936, 1136, 2136, 5136]
     assert cql.units(blobs) == [[0, 1], [2], [3]]
+    texts = [("user_set", (u, "h" * n, "ü" * n, 1, 7)) for u, n in enumerate((1000, 400, 300))]
+    assert cql.data_size(texts[0][1]) == 48 + 5 * 16 + 3 * 8 + 1000 + 2000
+    assert cql.units(texts) == [[0], [1, 2]]
     # Every batched statement binds its partition key where PARTITION_KEY says it does.
     keys = {"home_chunks": "user_id", "timeline_meta": "user_id", "author_tweets": "author_id",
             "follows": "follower_id", "celebrity_follows": "user_id", "celebrities": "bucket",
@@ -655,6 +662,41 @@ def test_lookups_read_many_keys_per_request() -> None:
         columns, text = cql.STATEMENTS[one].split(" FROM ")[0], cql.STATEMENTS[many]
         key = text.split("WHERE ")[1].split(" IN")[0]
         assert text.startswith(columns.replace("SELECT ", f"SELECT {key}, "))
+
+
+def test_packed_batches_stay_under_the_nodes_batch_size_warning(cassandra_hosts: str) -> None:
+    """The rows the writer packs, at sizes that fill packs: timeline rows of up to 170
+    entries, tweets of up to 280 four-byte characters, profiles, metas, edges. The node
+    answers no batch with a warning of its size (it logs each one past 5 KiB, where it
+    logs that a batch covers several partitions once a minute)."""
+    rng = np.random.default_rng(5)
+    ts, base = 10**15, 7 * 10**12
+    ops: list[cql.Op] = []
+    for i in range(150):
+        u, n = base + i, int(rng.integers(1, 1 + MAX_TEXT))
+        ops += [("home_adds", (u, ts, b"\1" * 24 * int(rng.integers(1, 171)), ts + 1)),
+                ("meta_set", (u, 2**40, 2**40, 1000, 2**40, 32, ts + 2)),
+                ("tweet_live", (u, base, 2**40, "\N{GRINNING FACE}" * n, 0, 1, 0, ts)),
+                ("user_set", (u, "h" * 15, "\N{GRINNING FACE}" * 50, 2**40, ts)),
+                ("author_add", (u, 2**40, u, ts)),
+                ("relation_on", (u, "block", u + 1, 2**40, ts))]
+    with fresh_keyspace(cassandra_hosts) as url:
+        store = writing_store(url).open()
+        try:
+            session = store._require()  # noqa: SLF001
+            groups = cql.units(ops, store._replica)  # noqa: SLF001
+            assert max(len(g) for g in groups) == cql.PACK_MAX  # packs were made
+            built = requests(groups, ops, store._statements,  # noqa: SLF001
+                             session.cluster.protocol_version)
+            warned = []
+            for (statement, params), group in zip(built, groups, strict=True):
+                future = session.execute_async(statement, params)
+                future.result()
+                warned += [(ops[group[0]][0], len(group), w) for w in future.warnings or ()
+                           if w.startswith("Batch for")]  # not "Unlogged batch covering"
+            assert not warned
+        finally:
+            store.close()
 
 
 def _bound_columns(text: str) -> list[str]:

@@ -228,18 +228,40 @@ PARTITION_KEY: Final[dict[str, tuple[str, int | None]]] = {
 #: Statements in one batch at most. Cassandra's batch-size warning and limit count only
 #: batches over several partitions; this cap bounds the size of one request.
 BATCH_MAX: Final = 256
-#: Statements in one batch over several partitions (of one replica set) at most: under
-#: Cassandra's batch size warning (5 KiB) for the widest packed row, ``timeline_meta``'s
-#: (32 of them made 5.7 KiB). Measured with one row per partition: 4-13x less client
-#: and 4-7x less node CPU per row than a statement each
-#: (``benchmarks/bench_cql_batches.py``). The node logs, at most once a minute, that
-#: an unlogged batch covers several partitions.
+#: Statements in one batch over several partitions (of one replica set) at most.
+#: Measured with one row per partition: 4-13x less client and 4-7x less node CPU per
+#: row than a statement each (``benchmarks/bench_cql_batches.py``). The node logs, at
+#: most once a minute, that an unlogged batch covers several partitions.
 PACK_MAX: Final = 24
-#: Bytes of blobs (timeline entries, 24 a row) in one batch over several partitions at
-#: most: under the batch size warning too. Cassandra refuses a batch over several
-#: partitions past 50 KiB (``batch_size_fail_threshold``); a single partition's batch
-#: or statement is not held to it.
+#: The size of a batch over several partitions at most, as :func:`data_size` counts
+#: it: under Cassandra's batch size warning (``batch_size_warn_threshold``, 5 KiB),
+#: which the node logs for every such batch past it (not once a minute) and sends
+#: back to the client, and far under the 50 KiB past which it refuses one. A single
+#: partition's batch or statement is not held to either.
 PACK_BYTES: Final = 4096
+#: What :func:`data_size` counts for a statement besides its values, and for each
+#: value besides its bytes: over what Cassandra counts (a row's clustering, liveness
+#: and deletion time and its partition's, ~50 bytes; a cell's timestamp, TTL and
+#: deletion time, 16), so that a pack that fits stays under the warning.
+STATEMENT_BYTES: Final = 48
+VALUE_BYTES: Final = 16
+
+
+def data_size(params: Sequence[Any]) -> int:
+    """A statement's size as Cassandra's batch size counts it, or a little over.
+
+    :data:`STATEMENT_BYTES`, and per bound value :data:`VALUE_BYTES` and its bytes (a
+    blob's or text's length, 8 for a number). Cassandra counts the mutations' data.
+    """
+    size = STATEMENT_BYTES
+    for value in params:
+        if isinstance(value, bytes):
+            size += VALUE_BYTES + len(value)
+        elif isinstance(value, str):
+            size += VALUE_BYTES + len(value.encode())
+        else:
+            size += VALUE_BYTES + 8
+    return size
 
 
 #: A table a statement names (after FROM, INTO or UPDATE).
@@ -303,9 +325,9 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
     :data:`PARTITION_KEY` writes go in unlogged batches: first a group per partition
     (at most :data:`BATCH_MAX`, in their order); then partitions of one table whose
     keys ``replica`` maps to the same replicas (all of them, without ``replica``) are
-    packed together up to :data:`PACK_MAX` statements and :data:`PACK_BYTES` bytes of
-    blobs, so that a batch goes to nodes that own every row of it. Everything else is
-    one request each.
+    packed together up to :data:`PACK_MAX` statements and :data:`PACK_BYTES` of
+    :func:`data_size`, so that a batch goes to nodes that own every row of it.
+    Everything else is one request each.
     """
     out: list[list[int]] = []
     partitions: dict[tuple[str, Any], list[int]] = {}
@@ -327,10 +349,10 @@ def units(ops: Sequence[Op], replica: Callable[[Any], Hashable] | None = None
         return None if found is None else (
             found[0], None if found[1] is None else params[found[1]])
 
-    def blobs(group: list[int]) -> int:
-        return sum(len(v) for i in group for v in ops[i][1] if isinstance(v, bytes))
+    def size(group: list[int]) -> int:
+        return sum(data_size(ops[i][1]) for i in group)
 
-    return packed(out, partition, blobs, replica)
+    return packed(out, partition, size, replica)
 
 
 def packed(groups: list[list[int]], where: Callable[[list[int]], tuple[str, Any] | None],
@@ -339,7 +361,7 @@ def packed(groups: list[list[int]], where: Callable[[list[int]], tuple[str, Any]
     """Small groups of one table and replica set merged, up to :data:`PACK_MAX` each.
 
     ``where`` gives a group's table and partition key (None: a request of its own);
-    ``size`` its bytes of blobs, of which a pack holds at most :data:`PACK_BYTES`.
+    ``size`` its :func:`data_size`, of which a pack holds at most :data:`PACK_BYTES`.
     """
     out: list[list[int]] = []
     open_packs: dict[tuple[str, Hashable], tuple[list[int], list[int]]] = {}
