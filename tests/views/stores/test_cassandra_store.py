@@ -749,7 +749,8 @@ def test_keyspace_ddl_takes_validated_names_only() -> None:
         keyspace_cql("x; DROP KEYSPACE y", "{}")
 
 
-def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> None:
+def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     url = keyspace_url(cassandra_hosts, new_keyspace_name())
     config = parse_url(url)
     cluster, session = connect(config, wait=60)
@@ -758,11 +759,15 @@ def test_apply_records_steps_once_and_check_sees_them(cassandra_hosts: str) -> N
             require_current(session, config.keyspace)
         extra = Step(99, "extra", ("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY)",))
         replication = config.replication.cql_map()
-        assert [s.label for s in apply_schema(session, config.keyspace, replication,
-                                              load_steps())] == [
-            "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
-            "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard",
-            "008_home_chunks", "009_tweet_refs"]
+        with caplog.at_level(logging.WARNING, logger="cassandra"):
+            assert [s.label for s in apply_schema(session, config.keyspace, replication,
+                                                  load_steps())] == [
+                "001_tables", "002_timeline_kinds", "003_inactive_users", "004_page_changes",
+                "005_repost_changes", "006_dead_letter_partitions", "007_page_changes_by_shard",
+                "008_home_chunks", "009_tweet_refs"]
+        # The data steps prepare their statements qualified: no "USE <keyspace> with
+        # prepared statements" warning from the node.
+        assert not [r.getMessage() for r in caplog.records if "Server warning" in r.getMessage()]
         require_current(session, config.keyspace)
         assert [s.label for s in apply_schema(session, config.keyspace, replication,
                                               [*load_steps(), extra])] == ["099_extra"]

@@ -31,6 +31,7 @@ import numpy as np
 
 from ingest.retry import within
 from views.errors import StoreError
+from views.stores.cassandra.statements import in_keyspace
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,9 @@ def copy_celebrity_edges(session: Any) -> None:
 
     clock = list(session.execute("SELECT write_ts FROM writer_clock WHERE id = 0"))
     ts = int(clock[0][0]) if clock and clock[0][0] else 1
-    insert = session.prepare("INSERT INTO relations (user_id, relation, other_id, created_at) "
-                             "VALUES (?, 'celebrity', ?, 0) USING TIMESTAMP ?")
+    insert = session.prepare(in_keyspace(
+        "INSERT INTO relations (user_id, relation, other_id, created_at) "
+        "VALUES (?, 'celebrity', ?, 0) USING TIMESTAMP ?", session.keyspace))
     edges = session.execute(SimpleStatement(
         "SELECT user_id, celebrity_id FROM celebrity_follows", fetch_size=5000),
         timeout=DDL_TIMEOUT)
@@ -200,8 +202,8 @@ def list_dead_letter_partitions(session: Any) -> None:
     """
     from cassandra.query import SimpleStatement
 
-    insert = session.prepare("INSERT INTO dead_letter_partitions (bucket, topic, "
-                             "kafka_partition) VALUES (0, ?, ?)")
+    insert = session.prepare(in_keyspace("INSERT INTO dead_letter_partitions (bucket, topic, "
+                                         "kafka_partition) VALUES (0, ?, ?)", session.keyspace))
     found = list(session.execute(SimpleStatement(
         "SELECT DISTINCT topic, kafka_partition FROM dead_letters", fetch_size=5000),
         timeout=DDL_TIMEOUT))
@@ -225,8 +227,8 @@ def copy_home_timelines(session: Any) -> None:
                                 "keyspace_name = %s AND table_name = 'home_timeline'",
                                 (session.keyspace,))):
         return
-    insert = session.prepare("INSERT INTO home_chunks (user_id, batch_ts, adds) "
-                             "VALUES (?, 0, ?) USING TIMESTAMP 0")
+    insert = session.prepare(in_keyspace("INSERT INTO home_chunks (user_id, batch_ts, adds) "
+                                         "VALUES (?, 0, ?) USING TIMESTAMP 0", session.keyspace))
     rows = session.execute(SimpleStatement(
         "SELECT user_id, created_at, tweet_id, author_id FROM home_timeline", fetch_size=5000),
         timeout=DDL_TIMEOUT)
