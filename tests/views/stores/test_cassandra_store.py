@@ -118,6 +118,8 @@ def test_ports_and_ipv6_hosts() -> None:
     ("cassandra://a/ks?ssl=yes", "0/1/true/false"),
     ("cassandra://a/ks?trim_slack=-1", "whole number"),
     ("cassandra://a/ks?upkeep=0", "at least 1"),
+    ("cassandra://a/ks?upkeep=1025", "upkeep='1025' must be at most 1024"),
+    ("cassandra://a/ks?concurrency=4096", "concurrency='4096' must be at most 2048"),
     ("sqlite:///x", "not a cassandra"),
 ])
 def test_bad_urls_say_what_is_wrong(url: str, says: str) -> None:

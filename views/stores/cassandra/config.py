@@ -257,11 +257,15 @@ def _count(name: str, text: str) -> int:
     return int(text)
 
 
-def _int(name: str, text: str) -> int:
+def _int(name: str, text: str, most: int | None = None) -> int:
     if not text.isdigit():
         msg = f"store option {name}={text!r} must be a positive integer"
         raise ConfigError(msg)
-    return _positive(f"store option {name}", int(text))
+    value = _positive(f"store option {name}", int(text))
+    if most is not None and value > most:
+        msg = f"store option {name}={text!r} must be at most {most}"
+        raise ConfigError(msg)
+    return value
 
 
 _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
@@ -270,7 +274,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
     "local_dc": lambda t: ("local_dc", t or None),
     "read_cl": lambda t: ("read_cl", consistency_level(t)),
     "write_cl": lambda t: ("write_cl", consistency_level(t, write=True)),
-    "concurrency": lambda t: ("concurrency", min(_int("concurrency", t), 2048)),
+    "concurrency": lambda t: ("concurrency", _int("concurrency", t, 2048)),
     "timeout": lambda t: ("timeout", _number("timeout", t, 0, 3600)),
     "speculate_ms": lambda t: ("speculate_s", _count("speculate_ms", t) / 1000),
     "heartbeat": lambda t: ("heartbeat_s", float(_count("heartbeat", t))),
@@ -278,7 +282,7 @@ _OPTIONS: Final[dict[str, Callable[[str], tuple[str, Any]]]] = {
                                     _number("heartbeat_timeout", t, 0, 3600)),
     "scan_timeout": lambda t: ("scan_timeout", _number("scan_timeout", t, 0, 86400)),
     "trim_slack": lambda t: ("trim_slack", _count("trim_slack", t)),
-    "upkeep": lambda t: ("upkeep", min(_int("upkeep", t), 1024)),
+    "upkeep": lambda t: ("upkeep", _int("upkeep", t, 1024)),
     "retry": lambda t: ("retry_s", _number("retry", t, -1, 86400)),
     "schema": lambda t: ("auto_schema", _schema_mode(t)),
     "ssl": lambda t: ("ssl", _flag("ssl", t)),
