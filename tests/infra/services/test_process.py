@@ -8,17 +8,41 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from infra.services import process
 from infra.services.process import Heartbeat, run_saying
 from tests.support.paths import ROOT
 
 
-def test_a_slow_command_is_said_to_go_on_and_gives_its_output_and_status(caplog):
+class _Gate(logging.Handler):
+    """Makes ``path`` once ``what`` has been said ``times`` times: the command it gates
+    ends only then, however slowly the test's process runs."""
+
+    def __init__(self, path: Path, what: str, times: int) -> None:
+        super().__init__()
+        self.path, self.what, self.left = path, what, times
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.what):
+            self.left -= 1
+            if self.left == 0:
+                self.path.touch()
+
+
+def test_a_slow_command_is_said_to_go_on_and_gives_its_output_and_status(caplog, tmp_path):
     caplog.set_level(logging.INFO, logger="infra.services.process")
-    done = run_saying(["sh", "-c", "sleep 0.6; echo out; echo err >&2; exit 3"], "napping",
-                      timeout=30, capture=True, every=0.2)
+    gate = _Gate(tmp_path / "said twice", "napping: ", 2)
+    logging.getLogger("infra.services.process").addHandler(gate)
+    try:
+        done = run_saying(["sh", "-c", f"while [ ! -e '{gate.path}' ]; do sleep 0.05; done; "
+                           "echo out; echo err >&2; exit 3"], "napping",
+                          timeout=30, capture=True, every=0.2)
+    finally:
+        logging.getLogger("infra.services.process").removeHandler(gate)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("napping: ")]
     assert len(lines) >= 2
@@ -44,13 +68,15 @@ def test_a_command_past_its_timeout_is_killed():
     assert time.monotonic() - began < 5
 
 
-def test_a_heartbeat_speaks_at_most_once_per_interval(caplog):
+def test_a_heartbeat_speaks_at_most_once_per_interval(caplog, monkeypatch):
+    """Called every 10 ms for 0.7 s of a clock the test moves (the box's may stall)."""
     caplog.set_level(logging.INFO, logger="infra.services.process")
+    now = [1000.0]
+    monkeypatch.setattr(process, "time", SimpleNamespace(monotonic=lambda: now[0]))
     beat = Heartbeat("waiting", every=0.2)
-    deadline = time.monotonic() + 0.7
-    while time.monotonic() < deadline:
+    for _ in range(70):
+        now[0] += 0.01
         beat()
-        time.sleep(0.01)
     said = [r for r in caplog.records if r.getMessage().startswith("waiting: ")]
     assert 2 <= len(said) <= 3
 
