@@ -297,7 +297,7 @@ def test_a_stream_ends_when_its_token_expires(world: World):
             webclient.client(base_url=base, timeout=5) as http:
         client = Client(3, 3)
         request = http.build_request("GET", "/v1/users/3/home/stream", params={"limit": 3},
-                                     headers=bearer(3, ttl=2))
+                                     headers=bearer(3, ttl=4))  # 3-4 s: whole seconds
         client._response = http.send(request, stream=True)
         assert client._response.status_code == 200
         client._lines = client._response.iter_lines()
