@@ -10,6 +10,7 @@ store's own driver objects: its cluster, its profiles and its prepared statement
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from tests.support.cassandra import fresh_keyspace
 from views.stores import store_from_url
 from views.stores.cassandra import statements as cql
 from views.stores.cassandra.config import (
+    RECONNECT_MAX_S,
     SPECULATIVE_ATTEMPTS,
     WRITE_PROFILE,
     ConfigError,
@@ -48,6 +50,13 @@ def test_the_defaults_speculate_reads_and_heartbeat_every_two_seconds() -> None:
             read.speculative_execution_policy.max_attempts) == (0.2, SPECULATIVE_ATTEMPTS)
     assert not isinstance(write.speculative_execution_policy,
                           ConstantSpeculativeExecutionPolicy)
+
+
+def test_a_node_that_was_down_is_tried_every_ten_seconds_at_most_and_never_given_up() -> None:
+    """The driver's default waits up to 600 s between tries and stops after 64."""
+    policy = cluster_options(parse_url("cassandra://c1/ks"))["reconnection_policy"]
+    waits = list(itertools.islice(policy.new_schedule(), 1000))
+    assert len(waits) == 1000 and max(waits) == RECONNECT_MAX_S == 10 and waits[0] <= 1.15
 
 
 def test_the_url_tunes_speculation_and_heartbeats() -> None:

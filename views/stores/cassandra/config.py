@@ -68,6 +68,7 @@ from cassandra import ConsistencyLevel
 from cassandra.policies import (
     ConstantSpeculativeExecutionPolicy,
     DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
     TokenAwarePolicy,
 )
 
@@ -77,6 +78,8 @@ DEFAULT_PORT: Final = 9042
 WRITE_PROFILE: Final = "fanout-write"
 #: Speculative executions of a read after the first: with RF 3, every replica is tried.
 SPECULATIVE_ATTEMPTS: Final = 2
+#: The longest wait between two attempts to reach a node that is down (seconds).
+RECONNECT_MAX_S: Final = 10.0
 #: Keyspace names Cassandra accepts unquoted (it caps them at 48 characters).
 KEYSPACE_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 #: Datacenter names as nodetool shows them; quoted as CQL string literals.
@@ -342,6 +345,11 @@ def cluster_options(config: CassandraConfig) -> dict[str, Any]:
         "control_connection_timeout": config.timeout,
         "idle_heartbeat_interval": config.heartbeat_s,
         "idle_heartbeat_timeout": config.heartbeat_timeout_s,
+        # A node back from an outage is found within RECONNECT_MAX_S: the driver's
+        # default doubles its wait up to 600 s (and gives up after 64 tries), so an API
+        # or job that saw a long outage could stay degraded minutes after the node is up.
+        "reconnection_policy": ExponentialReconnectionPolicy(1.0, RECONNECT_MAX_S,
+                                                             max_attempts=None),
     }
     if config.username:
         from cassandra.auth import PlainTextAuthProvider
