@@ -542,20 +542,20 @@ def check_streams(holders: list[StreamHolder], wait: float = 30.0) -> StreamRepo
     """Stop dropping, let each holder catch up with ``GET /home``, and count (module doc).
 
     Each holder keeps reading (with no more drops) until its page equals the first page
-    ``/home`` serves, or ``wait`` seconds pass; then it is stopped.
+    ``/home`` serves, or ``wait`` seconds pass; then it is stopped. Every holder's page
+    is read at least once, however long the holders before it took.
     """
     for holder in holders:
         holder.drop_every = 0
     deadline = time.monotonic() + wait
     for holder in holders:
         with webclient.client(base_url=holder.api_url, timeout=REQUEST_TIMEOUT_S) as client:
-            home: list[dict[str, Any]] = []
-            while time.monotonic() < deadline:
+            while True:
                 response = client.get(f"/v1/users/{holder.user}/home",
                                       params={"limit": holder.limit}, headers=holder.auth)
-                home = response.json().get("entries", []) if response.status_code == 200 \
-                    else []
-                if holder.page() == home:
+                home: list[dict[str, Any]] = response.json().get("entries", []) \
+                    if response.status_code == 200 else []
+                if holder.page() == home or time.monotonic() >= deadline:
                     break
                 time.sleep(0.1)
         held, served = {_key(e) for e in holder.page()}, {_key(e) for e in home}

@@ -57,3 +57,26 @@ def test_what_a_stream_should_not_send_is_counted():
     assert holder.page() == [entry] and holder.last == "x"
     holder.take({"event": "reset", "data": "{}"})
     assert holder.page() == [] and holder.tally.resets == 1
+
+
+def test_every_holder_is_read_even_after_the_wait_is_spent(tmp_path: Path):
+    """A holder that never matches spends the whole wait; the holder after it is still
+    compared with the page ``/home`` serves, not with nothing."""
+    world = World(tmp_path / "checker.sqlite")
+    with running(create_app(stream_settings(world.path))) as base:
+        stuck = StreamHolder(base, 2, mint(2, SECRET.encode(), 600), limit=3, drop_every=0)
+        stuck.take({"event": "add", "data": '{"entry": {"tweet_id": "999999", "created_at": 1}}'})
+        caught_up = StreamHolder(base, 3, mint(3, SECRET.encode(), 600), limit=3,
+                                 drop_every=0).start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(caught_up.page()) < 3:  # user 3's first page, held
+                assert time.monotonic() < deadline, "the stream's first page within 30 s"
+                time.sleep(0.05)
+            report = check_streams([stuck, caught_up], wait=0.5)
+        finally:
+            caught_up.stop()
+            caught_up.join(5)
+    assert stuck.tally.phantom == 1 and stuck.tally.missed == 3, report.render()
+    assert caught_up.tally.missed == caught_up.tally.phantom == 0, report.render()
+    world.harness.store.close()
