@@ -263,7 +263,8 @@ def test_e_cassandra_killed_mid_replay_the_job_rides_it_out(cassandra_run: Run) 
         again.stdout
     finish(replay)
     run.verify()
-    assert webclient.get(f"{base}/healthz", timeout=30).status_code == 200
+    wait_for(lambda: webclient.get(f"{base}/healthz", timeout=30).status_code == 200, 60,
+             "the API to find the store again (its driver tries every 10 s at most)")
     _streams_exact(holders)
     # Whether a write landed in the outage depends on where the job was; the retry and
     # its log line are checked in tests/views/stores/test_executor_sink.py.
@@ -293,7 +294,8 @@ def test_f_cassandra_job_killed_while_the_api_takes_writes_and_holds_streams(
         time.sleep(5)  # posts go on into the log while no job runs
         up = run.fanout("up", timeout=600)
         assert "job: started" in up.stdout, up.stdout
-        wait_for(lambda: sum(op.status == 202 and op.began > time.time() - 5
+        after_up = time.time()
+        wait_for(lambda: sum(op.status == 202 and op.began >= after_up
                              for op in history.writes) >= 5, 120, "posts after `fanout up`")
     finally:
         workload.stop()

@@ -290,8 +290,12 @@ class Outcomes:
 
 
 def _writer(base: str, user: int, authors: list[int], writes: int, out: Outcomes,
-            progress: threading.Semaphore) -> None:
-    """Alternate tweets and follows as ``user``; count what failed, keep what was accepted."""
+            progress: threading.Semaphore, up: threading.Event) -> None:
+    """Alternate tweets and follows as ``user``; count what failed, keep what was accepted.
+
+    A write that fails in transit waits for ``up`` (the API answering again) before the
+    next: the writes spent while the API is down are one a writer, however slowly it
+    comes back."""
     rng = random.Random(user)
     others = [a for a in authors if a != user]
     with webclient.client(base_url=base, timeout=15, headers={"X-User-Id": str(user)}) as client:
@@ -305,7 +309,7 @@ def _writer(base: str, user: int, authors: list[int], writes: int, out: Outcomes
             except httpx.TransportError:
                 with out.lock:
                     out.failed += 1
-                time.sleep(0.5)  # the API is down: do not burn the writes on a closed port
+                up.wait(120)  # the API is down: do not burn the writes on a closed port
                 continue
             finally:
                 progress.release()
@@ -341,8 +345,10 @@ def test_api_killed_under_load_loses_no_accepted_write(kafka_settings, tmp_path,
     wait_for(answering, 60, "the API to answer /healthz")
     users, per_writer, kills = list(range(1, 9)), 60, 2
     authors = list(range(1, 201))  # whom they follow: mostly new pairs
-    out, progress = Outcomes(), threading.Semaphore(0)
-    writers = [threading.Thread(target=_writer, args=(base, u, authors, per_writer, out, progress))
+    out, progress, up = Outcomes(), threading.Semaphore(0), threading.Event()
+    up.set()
+    writers = [threading.Thread(target=_writer,
+                                args=(base, u, authors, per_writer, out, progress, up))
                for u in users]
     for thread in writers:
         thread.start()
@@ -350,9 +356,11 @@ def test_api_killed_under_load_loses_no_accepted_write(kafka_settings, tmp_path,
     for k in range(kills):  # kill after 1/3 and 2/3 of the writes were attempted
         for _ in range(total * (k + 1) // (kills + 1) - total * k // (kills + 1)):
             assert progress.acquire(timeout=60), "writers made no progress for 60 s"
+        up.clear()
         api.kill()
         api.start()
         wait_for(answering, 60, "the restarted API to answer /healthz")
+        up.set()
     for thread in writers:
         thread.join(timeout=180)
         assert not thread.is_alive(), "a writer did not finish within 180 s"

@@ -25,6 +25,7 @@ from ingest.settings import KafkaSettings
 from serving.app import create_app
 from serving.settings import ServingSettings
 from tests.support.api import running
+from tests.support.process import wait_for
 from views import fingerprint, job, pointer
 from views.join import JoinConfig
 from views.local import LocalJoin
@@ -131,14 +132,15 @@ def test_the_api_switches_every_request_at_once_to_the_view_the_pointer_names(tm
 
         reader = threading.Thread(target=read)
         reader.start()
-        time.sleep(0.3)
+        wait_for(lambda: seen, 30, "a first read of the old view")
         pointer.write(path, Pointer(ViewRecord(1, b, str(tmp_path / "cb"), {}),
                                     ViewRecord(0, a, str(tmp_path / "ca"), {}), 1))
         deadline = time.monotonic() + 10
         while pointer.serving_workers(path).get(os.getpid(), {}).get("switch") != 1:
             assert time.monotonic() < deadline, "the API did not acknowledge the switch"
             time.sleep(0.01)
-        time.sleep(0.3)
+        acknowledged = len(seen)  # the next read but one began after the acknowledgement
+        wait_for(lambda: len(seen) >= acknowledged + 2, 30, "two reads after the switch")
         stop.set()
         reader.join()
         health = webclient.get(f"{base}/healthz").json()
