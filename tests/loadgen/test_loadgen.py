@@ -41,7 +41,7 @@ from loadgen.workload import (
     parse_user_range,
 )
 from tests.support.paths import ROOT
-from tests.support.probes import run_until
+from tests.support.probes import run_until, steps
 
 
 class FakeClock:
@@ -449,7 +449,7 @@ def test_probe_measures_until_visible_and_counts_timeouts():
     api = FakeApi(delay_polls=2, never={9})
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
     settings = ProbeSettings(interval=0.01, deadline=0.3, poll=0.01, concurrency=1)
-    probe = FanoutProbe(client, [Target(7, 8, False, 3)], settings)
+    probe = FanoutProbe(client, [Target(7, 8, False, 3)], settings, clock=steps())
     sample = probe.measure(Target(7, 8, False, 3))
     assert sample.lag is not None and sample.kind == "normal"
     assert api.polls[max(api.posted)] == 3
@@ -474,7 +474,8 @@ def test_probe_pages_down_when_newer_tweets_came_in_the_same_batch():
         return httpx.Response(200, json={"entries": page, "next_cursor": "p3"})
 
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
-    probe = FanoutProbe(client, [Target(1, 2, False)], ProbeSettings(deadline=1, poll=0.01))
+    probe = FanoutProbe(client, [Target(1, 2, False)], ProbeSettings(deadline=1, poll=0.01),
+                        clock=steps())
     assert probe.measure(Target(1, 2, False)).lag is not None
 
 
@@ -489,7 +490,7 @@ def test_probe_stops_paging_once_past_where_the_tweet_belongs():
 
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
     probe = FanoutProbe(client, [Target(1, 2, False)],
-                        ProbeSettings(deadline=0.1, poll=0.02))
+                        ProbeSettings(deadline=0.1, poll=0.02), clock=steps())
     assert probe.measure(Target(1, 2, False)).lag is None
     assert set(pages) == {"first"}  # older tweets on page one: no use reading on
 
@@ -498,9 +499,10 @@ def test_probe_run_alternates_classes_and_stops_on_time():
     api = FakeApi(delay_polls=0)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
     targets = [Target(1, 2, False), Target(3, 4, False), Target(5, 6, True)]
-    # One probe at a time, a turn each 0.1 s: they start in the order of their turns, and
-    # none is skipped for the one before it still running.
-    settings = ProbeSettings(interval=0.1, deadline=1, poll=0.01, reposts=False, concurrency=1)
+    # One probe at a time, a turn each 0.5 s: they start in the order of their turns, and
+    # none is skipped for the one before it still running (a probe here takes ms; a turn
+    # is skipped only when one stalls past two turns).
+    settings = ProbeSettings(interval=0.5, deadline=1, poll=0.01, reposts=False, concurrency=1)
     probe = FanoutProbe(client, targets, settings)
     result = run_until(probe, lambda r: len(r.samples) >= 6)
     kinds = [s.kind for s in sorted(result.samples, key=lambda s: s.posted_at)]
@@ -582,8 +584,8 @@ gevent.get_hub()
 began = time.monotonic()
 while time.monotonic() - began < 2.0:  # imports that take a while on a busy machine
     pass
+began = time.monotonic()  # before the loop's clock is read: a stall between cannot count
 fresh_loop_time()
-began = time.monotonic()
 gevent.spawn_later(1.0, lambda: None).join()
 print(round(time.monotonic() - began, 3))
 """

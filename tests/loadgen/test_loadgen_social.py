@@ -51,7 +51,7 @@ from loadgen.workload import (
     Workload,
     parse_mix,
 )
-from tests.support.probes import run_until
+from tests.support.probes import run_until, steps
 
 ACTOR = 5
 
@@ -366,7 +366,7 @@ TARGETS = [Target(1, 2, False), Target(3, 4, False), Target(5, 6, True)]
 def test_the_repost_probe_times_the_repost_and_checks_the_authors_own_read():
     api = SocialApi(delay=2)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
-    probe = FanoutProbe(client, TARGETS, ProbeSettings(deadline=1, poll=0.01))
+    probe = FanoutProbe(client, TARGETS, ProbeSettings(deadline=1, poll=0.01), clock=steps())
     sample = probe.measure_repost(TARGETS[0])
     assert sample.kind == "repost" and sample.author == 1 and sample.lag is not None
     (original, by), = [(o, api.by[o]) for o in api.reposted.values()]
@@ -377,7 +377,7 @@ def test_the_repost_probe_times_the_repost_and_checks_the_authors_own_read():
 def test_a_read_your_writes_miss_is_counted_and_the_repost_still_measured():
     api = SocialApi(delay=0, miss_own=True)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
-    probe = FanoutProbe(client, TARGETS, ProbeSettings(deadline=1, poll=0.01))
+    probe = FanoutProbe(client, TARGETS, ProbeSettings(deadline=1, poll=0.01), clock=steps())
     assert probe.measure_repost(TARGETS[1]).lag is not None
     assert probe.result.own_misses == 1
 
@@ -385,8 +385,8 @@ def test_a_read_your_writes_miss_is_counted_and_the_repost_still_measured():
 def test_the_probe_cycles_normal_celebrity_and_repost():
     api = SocialApi(delay=0)
     client = httpx.Client(transport=httpx.MockTransport(api), base_url="http://api")
-    probe = FanoutProbe(client, TARGETS, ProbeSettings(interval=0.1, deadline=1, poll=0.01,
-                                                       concurrency=1))
+    probe = FanoutProbe(client, TARGETS, ProbeSettings(interval=0.5, deadline=1, poll=0.01,
+                                                       concurrency=1))  # no turn skipped
     result = run_until(probe, lambda r: len(r.samples) >= 6)
     kinds = [s.kind for s in sorted(result.samples, key=lambda s: s.posted_at)]
     assert kinds[:6] == ["normal", "celebrity", "repost"] * 2, kinds

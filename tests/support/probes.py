@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -31,3 +32,9 @@ def run_until(probe: FanoutProbe, enough: Callable[[ProbeResult], bool]) -> Prob
     finally:
         stop.set()
         watcher.join()
+
+
+def steps(start: float = 1000.0, step: float = 0.01) -> Callable[[], float]:
+    """A probe's clock that moves ``step`` seconds each time it is read: a deadline then
+    counts the probe's own reads and polls, not the wall clock of a box that may stall."""
+    return itertools.count(start, step).__next__
