@@ -125,6 +125,11 @@ def _every_scrape_counts_every_read(api: str) -> set[str]:
         assert webclient.get(f"{api}/v1/users/{user + 1}/tweets", timeout=10).status_code == 200
     key = ("fanout_http_request_duration_seconds_count{method=GET,"
            "route=/v1/users/{user_id}/tweets,status=200}")
+    # A worker counts a request once its answer is sent: the last may be counted a moment
+    # after the client has it. Counts only rise, so once one scrape shows them all,
+    # every later one must.
+    wait_for(lambda: samples(webclient.get(f"{api}/metrics", timeout=10).text).get(key) == READS,
+             10, f"a scrape counting all {READS} reads")
     counts = {samples(webclient.get(f"{api}/metrics", timeout=10).text)[key] for _ in range(6)}
     assert counts == {READS}, counts
     return {n.split("{")[0] for n in samples(webclient.get(f"{api}/metrics", timeout=10).text)}

@@ -125,6 +125,11 @@ def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
     # 100 batches kept 65x the live state on disk at 1M users.
     assert spark.conf.get("spark.sql.streaming.minBatchesToRetain") == str(MIN_BATCHES_TO_RETAIN)
     checkpoint = tmp_path / "ck"
+    # Purged as each batch ends: an asynchronous purge is skipped while the one before
+    # still runs, so a busy box would end with a batch's logs more now and then.
+    async_purge = "spark.sql.streaming.asyncLogPurge.enabled"
+    was = spark.conf.get(async_purge)
+    spark.conf.set(async_purge, "false")
     # rate-micro-batch makes a batch each trigger; "rate" only when a second has passed.
     query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 50).load()
              .writeStream.format("noop").trigger(processingTime="50 milliseconds")
@@ -137,6 +142,7 @@ def test_a_checkpoint_keeps_the_logs_of_its_last_batches_only(spark, tmp_path):
             time.sleep(0.1)
     finally:
         query.stop()
+        spark.conf.set(async_purge, was)
     batches = sorted(int(f.name) for f in (checkpoint / "offsets").iterdir()
                      if f.name.isdigit())
     assert batches[-1] >= 3 * MIN_BATCHES_TO_RETAIN
