@@ -124,11 +124,18 @@ def _read(base: str, before: dict[int, dict], stop: threading.Event, out: Reads)
             if missing:
                 # A celebrity's repost hides the original's older appearance at once, and
                 # shows in the API's celebrity cache within its refresh (bounded staleness,
-                # serving.celebrities): a missing entry counts if it is still missing then.
-                time.sleep(CELEBRITY_REFRESH_S * 3)
-                again = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}", timeout=10)
-                still = _missing(before[user], again.json()) if again.status_code == 200 \
-                    else missing
+                # serving.celebrities): a missing entry counts if it is still missing after
+                # a few refreshes (three reads, 3 refreshes apart: a refresh reads the store,
+                # which a rebuild beside keeps busy).
+                still = missing
+                for _ in range(3):
+                    time.sleep(CELEBRITY_REFRESH_S * 3)
+                    again = webclient.get(f"{base}/v1/users/{user}/home?limit={PAGE}",
+                                          timeout=10)
+                    still = _missing(before[user], again.json()) if again.status_code == 200 \
+                        else missing
+                    if not still:
+                        break
                 if still:
                     out.bad.append(f"user {user} at {time.time():.1f}: missing {still}")
                 else:
@@ -345,7 +352,7 @@ def _built_beside_under_load(run: BesideRun, up_env: dict[str, str] | None = Non
     assert set(found) == set(tweets), f"writes missing from the new view: {set(tweets) - set(found)}"
     assert "0 divergent" in run.verify()
     print(f"built beside and switched in {built_s:.0f}s; {reads.checked} reads checked "
-          f"({reads.transient} with a celebrity's entry shown one refresh late), "
+          f"({reads.transient} with a celebrity's entry shown a refresh or a few late), "
           f"p99 {sorted(reads.seconds)[int(len(reads.seconds) * 0.99)] * 1000:.0f} ms")
 
     back = run.fanout("rebuild", "--back", "--sample", "60", timeout=900).stdout
