@@ -18,7 +18,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from views.stores import store_from_url
 from views.stores.cassandra.config import parse_url
@@ -40,13 +40,21 @@ def new_keyspace_name(prefix: str = "fanout_test") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
 
-def writing_store(url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
-    """A store (not open) that runs a timed-out write again within the URL's ``retry``,
-    as the job's writers do (:meth:`CassandraStore.for_tasks`); ``from_url``'s fails at
-    the first timeout, which a node starved by the suite's other workers now and then
-    gives."""
+S = TypeVar("S", bound=CassandraStore)
+
+
+def writing(kind: type[S], url: str, cap: int = 800, inactive_days: float = 0.0) -> S:
+    """A store of ``kind`` (not open) that runs a timed-out write again within the URL's
+    ``retry``, as the job's writers do (:meth:`CassandraStore.for_tasks`); ``from_url``'s
+    fails at the first timeout, which a node starved by the suite's other workers now
+    and then gives."""
     config = parse_url(url)
-    return CassandraStore(config, cap=cap, inactive_days=inactive_days, retry_s=config.retry_s)
+    return kind(config, cap=cap, inactive_days=inactive_days, retry_s=config.retry_s)
+
+
+def writing_store(url: str, cap: int = 800, inactive_days: float = 0.0) -> CassandraStore:
+    """:func:`writing` of the plain store."""
+    return writing(CassandraStore, url, cap, inactive_days)
 
 
 def writer_from_url(url: str, cap: int = 800, inactive_days: float = 0.0) -> Store:

@@ -29,7 +29,13 @@ from cassandra.query import tuple_factory
 
 from infra.cli import _parser
 from ingest.events import MAX_TEXT
-from tests.support.cassandra import fresh_keyspace, keyspace_url, new_keyspace_name, writing_store
+from tests.support.cassandra import (
+    fresh_keyspace,
+    keyspace_url,
+    new_keyspace_name,
+    writing,
+    writing_store,
+)
 from views.delta import Delta, pack
 from views.errors import StoreError
 from views.stores import store_from_url
@@ -473,7 +479,7 @@ def test_a_blind_batch_writes_one_row_and_a_kept_up_one_counts_the_rows_it_misse
     cache above the horizon stays exact throughout. The cap is above the 300 batches, so
     no merge cuts: how often the user's turn comes is the clock's draw (:func:`cql.due`),
     and a cap under the entries a late second merge finds would cut it to the cap."""
-    store = _recording(_with(keyspace, "upkeep=4"), cap=400)
+    store = writing(RecordingStore, _with(keyspace, "upkeep=4"), cap=400)
     store.executed = []
     store.open()
     u, a = 10**9 + 40, 10**9 + 41
@@ -817,19 +823,12 @@ class RecordingStore(CassandraStore):
         return super()._rows(name, params, **kwargs)
 
 
-def _recording(url: str, cap: int) -> RecordingStore:
-    """A recording store that runs a timed-out write again, as the job's writers do
-    (``tests.support.cassandra.writing_store``): each run is noted once all the same."""
-    config = parse_url(url)
-    return RecordingStore(config, cap=cap, retry_s=config.retry_s)
-
-
 def _with(url: str, options: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{options}"
 
 
 def test_a_batch_writes_in_phase_order(keyspace: str, session: Any) -> None:
-    store = _recording(_with(keyspace, "trim_slack=0&upkeep=1"), cap=1)
+    store = writing(RecordingStore, _with(keyspace, "trim_slack=0&upkeep=1"), cap=1)
     store.executed = []
     store.open()
     u, w, a, t1, t2 = 10**9 + 2, 10**9 + 3, 10**9 + 1, 10**9 + 10, 10**9 + 11
@@ -934,8 +933,7 @@ def test_a_repost_moved_by_a_batch_cut_short_moves_when_it_runs_again(keyspace: 
     """The rows at the old key go before the repost's row names the new one: a batch
     applied again after a crash still reads the old key (DESIGN §4b, §4)."""
     a, b, r, o1, o2, rid = _ids(6)
-    config = parse_url(keyspace)
-    store = CutShort(config, retry_s=config.retry_s)  # a timed-out write is run again
+    store = writing(CutShort, keyspace)
     store.open()
     try:
         store.crash = False
